@@ -1,0 +1,126 @@
+"""The library's verbs, used by the CLI and by anyone scripting cloudtrain: plan, up, down.
+
+Each takes an open `State` and cloudtrain's home folder; progress goes to an `on_event`
+callback, never to the terminal. Jobs are the `Coordinator`'s business.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cloudtrain import registry
+from cloudtrain.errors import ConfigError, NotFoundError
+from cloudtrain.provider import (
+    Event,
+    NodeInfo,
+    OnEvent,
+    Plan,
+    Provider,
+    ProviderContext,
+    ignore_event,
+)
+from cloudtrain.spec import ClusterSpec
+from cloudtrain.state import State
+
+log = logging.getLogger(__name__)
+
+
+def provider(name: str, home: Path, options: Mapping[str, Any] | None = None) -> Provider:
+    """The provider called `name`, built for this home folder."""
+    return registry.create(name, ProviderContext(home=home, options=dict(options or {})))
+
+
+def plan(spec: ClusterSpec, home: Path) -> Plan:
+    """What `up` would create, at what price. Pure: no cloud call, nothing written.
+
+    Clouds this version cannot create yet are planned from the catalog alone."""
+    if spec.provider in registry.available():
+        return provider(spec.provider, home).plan(spec)
+    from cloudtrain import planner
+
+    return Plan(spec=spec, offers=planner.offers(spec))
+
+
+def check_existing(state: State, spec: ClusterSpec) -> None:
+    """Refuse `up` of an existing name with a different spec (it would be a second cluster)."""
+    current = state.cluster(spec.name)
+    if current is None:
+        return
+    changes = current.spec.differences(spec)
+    if changes:
+        raise ConfigError(
+            f"cluster {spec.name!r} exists with a different spec ({'; '.join(changes)}); "
+            f"`cloudtrain down {spec.name}` first, or choose another --name"
+        )
+
+
+def up(
+    state: State, home: Path, spec: ClusterSpec, on_event: OnEvent = ignore_event
+) -> list[NodeInfo]:
+    """Create the cluster, or complete it if it exists with the same spec. Blocks until every
+    node runs. Idempotent. Raises `ConfigError` before any cloud call for bad input."""
+    check_existing(state, spec)
+    the_plan = plan(spec, home)  # validates against the catalog first, whatever the provider
+    prov = provider(spec.provider, home)
+    state.put_cluster(
+        spec,
+        status="provisioning",
+        price_per_hour=the_plan.price_per_hour,
+        plan={
+            "offers": [o.__dict__ for o in the_plan.offers],
+            "requests": [dict(r) for r in the_plan.requests],
+        },
+    )
+    state.add_event(spec.name, "up", f"provisioning {spec.num_nodes} node(s) on {spec.provider}")
+    with state.intent(spec.name, "apply", {"provider": spec.provider}):
+        nodes = prov.apply(the_plan, on_event)
+    state.set_nodes(spec.name, nodes)
+    state.set_cluster_status(spec.name, "up")
+    state.add_event(spec.name, "up", f"{len(nodes)} node(s) running")
+    return nodes
+
+
+def down(
+    state: State,
+    home: Path,
+    name: str,
+    *,
+    provider_name: str | None = None,
+    on_event: OnEvent = ignore_event,
+) -> bool:
+    """Tear the cluster down: stop its jobs, keep their logs, delete every node and resource
+    the provider finds by tag, forget the cluster. Blocks until gone. Idempotent: returns
+    False when there was nothing to do. Without a state record, `provider_name` (default
+    local) is asked for nodes tagged with `name`."""
+    from cloudtrain.coordinator import Coordinator
+
+    record = state.cluster(name)
+    pname = record.provider if record else provider_name or "local"
+    if pname not in registry.available():
+        raise NotFoundError(
+            f"no cluster named {name!r} here, and provider {pname!r} is not available"
+        )
+    prov = provider(pname, home)
+    found = prov.describe(name)
+    if record is None and not found:
+        return False
+    if record is not None and state.nodes(name):
+        coord = Coordinator(state, prov, home=home)
+        try:
+            for job in state.jobs(name):
+                if not job.finished:
+                    on_event(Event("job", f"cancelling job {job.id}"))
+                    coord.cancel(job.id)
+            coord.archive_logs(name)
+        finally:
+            coord.close()
+    on_event(Event("terminate", f"terminating {len(found)} node(s) of {name!r} on {pname}"))
+    with state.intent(name, "terminate", {"provider": pname}):
+        prov.terminate(name)
+    if record is not None:
+        state.delete_cluster(name)
+    state.add_event(name, "down", f"cluster {name!r} terminated")
+    return True

@@ -1,0 +1,5 @@
+"""``python -m cloudtrain.cli`` is the ``cloudtrain`` command."""
+
+from cloudtrain.cli.main import main
+
+main()

@@ -1,0 +1,73 @@
+"""The CLI's one context object: where state lives, the consoles, lazily opened resources.
+
+Everything environmental is an attribute, so tests build an `App` with their own home folder
+and consoles and compare exact text.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from rich.console import Console
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from cloudtrain.coordinator import Coordinator
+    from cloudtrain.provider import Event
+    from cloudtrain.state import State
+
+
+def _console(stream: TextIO) -> Console:
+    """A console on `stream`; wide when it is not a terminal, so piped tables are not cut."""
+    width = None if stream.isatty() else 160
+    return Console(file=stream, highlight=False, width=width)
+
+
+NODE_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
+
+
+@dataclass
+class App:
+    home: Path
+    out: Console = field(default_factory=lambda: _console(sys.stdout))
+    err: Console = field(default_factory=lambda: _console(sys.stderr))
+    json: bool = False
+    _state: State | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def state(self) -> State:
+        if self._state is None:
+            from cloudtrain.state import State
+
+            self._state = State.open(self.home)
+        return self._state
+
+    def coordinator(self, provider_name: str) -> Coordinator:
+        from cloudtrain import api
+        from cloudtrain.coordinator import Coordinator
+
+        return Coordinator(self.state, api.provider(provider_name, self.home), home=self.home)
+
+    def close(self) -> None:
+        if self._state is not None:
+            self._state.close()
+            self._state = None
+
+    def note(self, message: str) -> None:
+        """A progress line on stderr (stdout stays for results and logs)."""
+        self.err.print(message, markup=False)
+
+    def event(self, event: Event) -> None:
+        where = f"node {event.node}: " if event.node is not None else ""
+        self.err.print(Text(f"  {where}{event.message}", style="dim"))
+
+    def node_line(self, index: int, line: str) -> None:
+        """One line of a node's log, prefixed ``[node i]``; thread-safe."""
+        prefix = Text(f"[node {index}] ", style=NODE_STYLES[index % len(NODE_STYLES)])
+        with self._lock:
+            self.out.print(prefix + Text(line), soft_wrap=True)

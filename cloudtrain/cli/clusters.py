@@ -1,0 +1,200 @@
+"""Cluster commands: up, down, status, gpus."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from cloudtrain.cli.app import App
+
+if TYPE_CHECKING:
+    from cloudtrain.spec import TaskSpec
+
+pass_app = click.make_pass_decorator(App)
+
+
+def cluster_options(fn: Any) -> Any:
+    """The flags that shape a cluster; each overrides the task file's field."""
+    options = [
+        click.option("--name", "-n", help="Cluster name: lowercase letters, digits, '-'."),
+        click.option("--provider", "-p", help="local (default), aws, gcp, azure …"),
+        click.option("--nodes", "num_nodes", type=str, help="Number of nodes."),
+        click.option("--gpus", help="Accelerator and count per node, e.g. A100:8, V100:1."),
+        click.option("--spot", is_flag=True, default=None, help="Use spot/preemptible nodes."),
+        click.option("--region", help="Region to use."),
+        click.option("--zone", help="Zone to use."),
+        click.option("--disk-gb", type=int, help="Root disk size per node (default 200)."),
+        click.option("--image", help="Machine image to boot."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
+    """A validated task from an optional YAML file with the cluster flags on top."""
+    from cloudtrain import taskfile
+
+    overrides = {
+        "name": flags.get("name"),
+        "provider": flags.get("provider"),
+        "num_nodes": flags.get("num_nodes"),
+        "resources.accelerator": flags.get("gpus"),
+        "resources.spot": flags.get("spot"),
+        "resources.region": flags.get("region"),
+        "resources.zone": flags.get("zone"),
+        "resources.disk_gb": flags.get("disk_gb"),
+        "resources.image": flags.get("image"),
+    }
+    if task_file is None:
+        return taskfile.from_flags(overrides)
+    return taskfile.load(task_file, overrides)
+
+
+def bring_up(app: App, task: TaskSpec, dry_run: bool) -> None:
+    """`up`'s body, shared with `launch`."""
+    from cloudtrain import api, registry
+    from cloudtrain.cli import render
+
+    spec = task.cluster
+    if dry_run:
+        plan = api.plan(spec, app.home)
+        app.out.print(render.plan_table(plan))
+        app.out.print(
+            f"dry run: would create {spec.num_nodes} node(s) of {plan.offer.instance_type} on "
+            f"{spec.provider} for ${plan.price_per_hour:.2f}/h; nothing was created",
+            markup=False,
+        )
+        if spec.provider not in registry.available():
+            app.note(f"note: the {spec.provider} provider cannot create clusters in this version")
+        return
+    app.note(f"Bringing up {spec.name!r}: {spec.num_nodes} node(s) on {spec.provider} …")
+    with app.err.status(f"provisioning {spec.name}"):
+        nodes = api.up(app.state, app.home, spec, app.event)
+    record = app.state.cluster(spec.name)
+    price = record.price_per_hour if record and record.price_per_hour is not None else 0.0
+    app.out.print(render.nodes_table(nodes))
+    app.out.print(f"cluster {spec.name} is up: {len(nodes)} node(s), ${price:.2f}/h", markup=False)
+
+
+@click.command()
+@click.argument("task_file", required=False, type=click.Path(path_type=Path))
+@cluster_options
+@click.option("--dry-run", is_flag=True, help="Print the plan and its price; create nothing.")
+@pass_app
+def up(app: App, /, task_file: Path | None, dry_run: bool, **flags: Any) -> None:
+    """Create a cluster (or complete a half-made one) from flags and/or TASK_FILE."""
+    bring_up(app, load_task(task_file, **flags), dry_run)
+
+
+@click.command()
+@click.argument("name")
+@click.option(
+    "--provider",
+    "-p",
+    help="Where to look when the local state has no record (found by tag; default local).",
+)
+@pass_app
+def down(app: App, name: str, provider: str | None) -> None:
+    """Tear down cluster NAME: stop its jobs, delete every node and resource it has.
+
+    Idempotent: a cluster that does not exist is "nothing to do" (exit 0).
+    """
+    from cloudtrain import api
+
+    with app.err.status(f"tearing down {name}"):
+        done = api.down(app.state, app.home, name, provider_name=provider, on_event=app.event)
+    if done:
+        app.out.print(f"cluster {name} is down; nothing of it is left running", markup=False)
+    else:
+        app.out.print(f"nothing to do: no cluster named {name!r}", markup=False)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--cluster", "-c", help="Only this cluster's jobs.")
+@pass_app
+def status(app: App, as_json: bool, cluster: str | None) -> None:
+    """Clusters, their nodes, and jobs (running jobs are read from their nodes)."""
+    from cloudtrain.cli import render
+    from cloudtrain.errors import CloudtrainError
+
+    state = app.state
+    clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
+    refreshed = {}
+    for c in clusters:
+        running = [j for j in state.jobs(c.name) if not j.finished]
+        if running:
+            coord = app.coordinator(c.provider)
+            try:
+                for job in running:
+                    refreshed[job.id] = coord.refresh(job.id)
+            except CloudtrainError as exc:
+                app.note(f"warning: could not read jobs of {c.name!r} from its nodes: {exc}")
+            finally:
+                coord.close()
+    jobs = [refreshed.get(j.id, j) for j in state.jobs(cluster)]
+    nodes = {c.name: state.nodes(c.name) for c in clusters}
+    if as_json:
+        data = {
+            "clusters": [
+                {
+                    "name": c.name,
+                    "provider": c.provider,
+                    "status": c.status,
+                    "price_per_hour": c.price_per_hour,
+                    "created_at": c.created_at,
+                    "spec": c.spec.to_dict(),
+                    "nodes": [n.to_dict() for n in nodes[c.name]],
+                }
+                for c in clusters
+            ],
+            "jobs": [render.job_json(j) for j in jobs],
+        }
+        click.echo(json.dumps(data, indent=2))
+        return
+    if not clusters and not jobs:
+        app.out.print("no clusters and no jobs; `cloudtrain up --name demo --nodes 2` makes one")
+        return
+    app.out.print(render.clusters_table(clusters, {k: len(v) for k, v in nodes.items()}))
+    if jobs:
+        app.out.print(render.jobs_table(jobs[:20]))
+
+
+@click.command()
+@click.option("--provider", "-p", help="Only this provider (aws, gcp, azure).")
+@click.option("--accelerator", "-a", help="Only this GPU (V100, V100-32GB, A100, A100-80GB).")
+@click.option("--spot", is_flag=True, help="Sort and show by spot price.")
+@click.option("--all", "show_all", is_flag=True, help="Include retired machine types.")
+@pass_app
+def gpus(
+    app: App, provider: str | None, accelerator: str | None, spot: bool, show_all: bool
+) -> None:
+    """What the catalog offers, with prices, cheapest first."""
+    from cloudtrain import catalog
+    from cloudtrain.cli import render
+    from cloudtrain.errors import ConfigError
+    from cloudtrain.spec import parse_gpus, suggest
+
+    cat = catalog.load()
+    count = None
+    if accelerator:
+        raw = accelerator
+        accelerator, count = parse_gpus(raw, "--accelerator")
+        if ":" not in raw:
+            count = None  # every count of that GPU
+    if provider and provider not in cat.providers():
+        raise ConfigError(
+            f"--provider {provider!r} has no catalog entries{suggest(provider, cat.providers())};"
+            f" allowed: {', '.join(cat.providers())}"
+        )
+    rows = cat.find(
+        provider=provider, accelerator=accelerator, count=count, spot=spot, include_retired=show_all
+    )
+    app.out.print(render.gpus_table(rows, spot, cat.prices_read_on))
+
+
+COMMANDS = (up, down, status, gpus)

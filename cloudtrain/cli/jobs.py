@@ -1,0 +1,279 @@
+"""Job commands: train, launch, logs, cancel.
+
+Ctrl-C while `train` follows a job stops following and leaves the job running on its nodes
+(it is detached from this process); the command prints how to follow it again and how to stop
+it, and exits 130. Pressing Ctrl-C again exits at once; cancelling is always explicit
+(`cloudtrain cancel JOB`). Ctrl-C while the job is still starting stops the ranks already started.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from cloudtrain.cli.app import App
+from cloudtrain.cli.clusters import bring_up, cluster_options, load_task
+
+if TYPE_CHECKING:
+    from cloudtrain.coordinator import Coordinator, JobSpec
+    from cloudtrain.spec import TaskSpec
+    from cloudtrain.state import JobRecord
+
+pass_app = click.make_pass_decorator(App)
+TASK_SUFFIXES = (".yaml", ".yml")
+
+
+def _envs(pairs: tuple[str, ...]) -> dict[str, str]:
+    from cloudtrain.errors import ConfigError
+
+    envs = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--env {pair!r}: write NAME=VALUE")
+        envs[key] = value
+    return envs
+
+
+def job_from_task(task: TaskSpec, **options: Any) -> JobSpec:
+    from cloudtrain.coordinator import JobSpec
+    from cloudtrain.errors import ConfigError
+
+    if not task.run:
+        raise ConfigError(
+            "the task file has no `run:` to train with (e.g. run: train.py --epochs 3)"
+        )
+    return JobSpec(
+        entrypoint=tuple(shlex.split(task.run)),
+        workdir=task.workdir,
+        setup=task.setup,
+        envs={**task.envs, **options["envs"]},
+        nproc_per_node=options["nproc_per_node"],
+        max_restarts=options["max_restarts"],
+        name=task.cluster.name,
+    )
+
+
+def job_from_script(
+    script: Path, args: tuple[str, ...], workdir: Path | None, **options: Any
+) -> JobSpec:
+    from cloudtrain.coordinator import JobSpec
+    from cloudtrain.errors import ConfigError
+
+    if not script.is_file():
+        raise ConfigError(f"script {str(script)!r} does not exist (or is not a file)")
+    script = script.resolve()
+    root = (workdir or script.parent).resolve()
+    if not script.is_relative_to(root):
+        raise ConfigError(f"script {str(script)!r} is not inside --workdir {str(root)!r}")
+    return JobSpec(
+        entrypoint=(script.relative_to(root).as_posix(), *args),
+        workdir=root,
+        envs=options["envs"],
+        nproc_per_node=options["nproc_per_node"],
+        max_restarts=options["max_restarts"],
+        name=script.stem,
+    )
+
+
+def run_job(app: App, coord: Coordinator, cluster: str, job: JobSpec, detach: bool) -> JobRecord:
+    """Submit, then follow until the end (unless `detach`). Ctrl-C while following leaves the
+    job running and exits 130 after saying how to find it again."""
+    rec = coord.submit(cluster, job, on_line=app.node_line)
+    app.note(f"job {rec.id} running on {rec.num_nodes} node(s) × {rec.nproc_per_node} process(es)")
+    if detach:
+        app.note(
+            f"detached; follow it with `cloudtrain logs {rec.id} -f`, "
+            f"stop it with `cloudtrain cancel {rec.id}`"
+        )
+        return rec
+    try:
+        rec = coord.follow(rec.id, app.node_line)
+    except KeyboardInterrupt:
+        app.note(
+            f"\nstopped following; job {rec.id} keeps running on its nodes.\n"
+            f"  cloudtrain logs {rec.id} -f    # follow it again\n"
+            f"  cloudtrain cancel {rec.id}     # stop it"
+        )
+        raise
+    tail = rec.detail.get("log_tail")
+    if rec.status == "failed" and tail:
+        app.note(f"last lines of node {rec.detail.get('failed_node')}:\n{tail.rstrip()}")
+    app.note(f"job {rec.id} {rec.status}")
+    return coord.raise_for_status(rec)
+
+
+def job_options(fn: Any) -> Any:
+    options = [
+        click.option(
+            "--nproc-per-node",
+            type=click.IntRange(min=1),
+            help="Processes per node (default: GPUs per node, 1 on CPU).",
+        ),
+        click.option(
+            "--max-restarts",
+            type=click.IntRange(min=0),
+            default=0,
+            show_default=True,
+            help="torchrun restarts of the worker group before the job fails.",
+        ),
+        click.option(
+            "--env",
+            "envs",
+            multiple=True,
+            metavar="NAME=VALUE",
+            help="Environment for the job (repeatable).",
+        ),
+        click.option("--detach", "-d", is_flag=True, help="Return once the job runs."),
+        click.option(
+            "--down",
+            is_flag=True,
+            help="Tear the cluster down when the job ends, whatever its outcome.",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _teardown(app: App, cluster: str) -> None:
+    from cloudtrain import api
+
+    with app.err.status(f"tearing down {cluster}"):
+        api.down(app.state, app.home, cluster, on_event=app.event)
+    app.note(f"cluster {cluster} is down")
+
+
+def _train_and_maybe_down(app: App, cluster: str, job: JobSpec, detach: bool, down: bool) -> None:
+    from cloudtrain.errors import NotFoundError
+
+    record = app.state.cluster(cluster)
+    if record is None:
+        raise NotFoundError(
+            f"no cluster named {cluster!r}; `cloudtrain up --name {cluster}` "
+            "makes one, `cloudtrain status` lists them"
+        )
+    coord = app.coordinator(record.provider)
+    try:
+        run_job(app, coord, cluster, job, detach and not down)
+    except KeyboardInterrupt:
+        if down:
+            app.note(
+                f"the cluster {cluster!r} stays up with its job; "
+                f"`cloudtrain down {cluster}` when done"
+            )
+        raise
+    except BaseException:
+        if down:
+            _teardown(app, cluster)
+        raise
+    finally:
+        coord.close()
+    if down:
+        _teardown(app, cluster)
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--cluster", "-c", help="The cluster to run on (default: the task file's name).")
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Folder synced to every node (default: the script's folder).",
+)
+@job_options
+@click.argument("target", type=click.Path(path_type=Path))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@pass_app
+def train(
+    app: App,
+    /,
+    cluster: str | None,
+    workdir: Path | None,
+    target: Path,
+    args: tuple[str, ...],
+    detach: bool,
+    down: bool,
+    **options: Any,
+) -> None:
+    """Run TARGET on every node of a cluster with torchrun and stream the logs.
+
+    TARGET is a script (its arguments after `--`) or a task file whose `run:` says what to run.
+    """
+    from cloudtrain.errors import ConfigError
+
+    options["envs"] = _envs(options["envs"])
+    if target.suffix in TASK_SUFFIXES:
+        if args:
+            raise ConfigError("arguments after a task file are not used; put them in its `run:`")
+        task = load_task(target)
+        job = job_from_task(task, **options)
+        cluster = cluster or task.cluster.name
+    else:
+        job = job_from_script(target, args, workdir, **options)
+    if cluster is None:
+        raise ConfigError("which cluster? pass --cluster/-c NAME (`cloudtrain status` lists them)")
+    _train_and_maybe_down(app, cluster, job, detach, down)
+
+
+@click.command()
+@click.argument("task_file", type=click.Path(path_type=Path))
+@cluster_options
+@job_options
+@pass_app
+def launch(app: App, /, task_file: Path, detach: bool, down: bool, **flags: Any) -> None:
+    """Bring up TASK_FILE's cluster (or reuse it), run its job, and with --down tear it down."""
+    options = {k: flags.pop(k) for k in ("nproc_per_node", "max_restarts", "envs")}
+    options["envs"] = _envs(options["envs"])
+    task = load_task(task_file, **flags)
+    job = job_from_task(task, **options)  # checked before anything is created
+    bring_up(app, task, dry_run=False)
+    _train_and_maybe_down(app, task.cluster.name, job, detach, down)
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--follow", "-f", is_flag=True, help="Keep streaming until the job ends.")
+@pass_app
+def logs(app: App, job_id: str, follow: bool) -> None:
+    """Print a job's logs from every node (again, or live with -f)."""
+    from cloudtrain.errors import NotFoundError
+
+    rec = app.state.job(job_id)
+    if rec is None:
+        raise NotFoundError(f"no job {job_id!r}; `cloudtrain status` lists jobs")
+    record = app.state.cluster(rec.cluster)
+    coord = app.coordinator(record.provider if record else "local")
+    try:
+        rec = coord.logs(job_id, app.node_line, follow=follow)
+    finally:
+        coord.close()
+    app.note(f"job {rec.id} {rec.status}")
+
+
+@click.command()
+@click.argument("job_id")
+@pass_app
+def cancel(app: App, job_id: str) -> None:
+    """Stop every rank of JOB_ID on every node; nothing of it keeps running."""
+    from cloudtrain.errors import NotFoundError
+
+    rec = app.state.job(job_id)
+    if rec is None:
+        raise NotFoundError(f"no job {job_id!r}; `cloudtrain status` lists jobs")
+    if rec.finished:
+        app.out.print(f"job {job_id} already {rec.status}; nothing to do", markup=False)
+        return
+    record = app.state.cluster(rec.cluster)
+    coord = app.coordinator(record.provider if record else "local")
+    try:
+        with app.err.status(f"cancelling {job_id}"):
+            rec = coord.cancel(job_id)
+    finally:
+        coord.close()
+    app.out.print(f"job {job_id} {rec.status}", markup=False)
+
+
+COMMANDS = (train, launch, logs, cancel)

@@ -1,0 +1,172 @@
+"""Tables and JSON for the CLI's results. Pure functions of records: easy to test."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from cloudtrain.catalog import InstanceType
+    from cloudtrain.provider import NodeInfo, Plan
+    from cloudtrain.state import ClusterRecord, JobRecord
+
+JOB_STYLES = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
+
+
+def ago(ts: float | None, now: float | None = None) -> str:
+    if ts is None:
+        return "-"
+    seconds = max(0, int((now or time.time()) - ts))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def duration(start: float | None, end: float | None, now: float | None = None) -> str:
+    if start is None:
+        return "-"
+    seconds = int((end or now or time.time()) - start)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def plan_table(plan: Plan) -> Table:
+    spec = plan.spec
+    table = Table(title=f"plan for cluster {spec.name!r}", title_justify="left")
+    for col in (
+        "provider",
+        "region",
+        "zones",
+        "instance type",
+        "GPUs/node",
+        "nodes",
+        "$/node/h",
+        "$/h",
+    ):
+        table.add_column(col, justify="right" if col.startswith("$") else "left")
+    for i, offer in enumerate(plan.offers):
+        gpus = f"{offer.accelerator}:{offer.accelerator_count}" if offer.accelerator else "-"
+        table.add_row(
+            offer.provider,
+            offer.region,
+            ",".join(offer.zones),
+            offer.instance_type,
+            gpus,
+            str(spec.num_nodes),
+            f"{offer.price_per_node_hour:.2f}",
+            f"{offer.price_per_node_hour * spec.num_nodes:.2f}",
+            style=None if i == 0 else "dim",
+        )
+    return table
+
+
+def nodes_table(nodes: Sequence[NodeInfo]) -> Table:
+    table = Table(title_justify="left")
+    for col in ("node", "id", "state", "private ip", "public ip", "zone", "type"):
+        table.add_column(col)
+    for n in nodes:
+        table.add_row(
+            str(n.index),
+            n.node_id,
+            n.state,
+            n.private_ip or "-",
+            n.public_ip or "-",
+            n.zone or "-",
+            n.instance_type or "-",
+        )
+    return table
+
+
+def clusters_table(clusters: Sequence[ClusterRecord], node_counts: dict[str, int]) -> Table:
+    table = Table(title="clusters", title_justify="left")
+    for col in ("name", "provider", "nodes", "GPUs/node", "status", "$/h", "created"):
+        table.add_column(col, justify="right" if col == "$/h" else "left")
+    for c in clusters:
+        spec = c.spec
+        price = "-" if c.price_per_hour is None else f"{c.price_per_hour:.2f}"
+        table.add_row(
+            c.name,
+            c.provider,
+            f"{node_counts.get(c.name, 0)}/{spec.num_nodes}",
+            spec.resources.gpus or "cpu",
+            c.status,
+            price,
+            ago(c.created_at),
+        )
+    return table
+
+
+def jobs_table(jobs: Sequence[JobRecord]) -> Table:
+    table = Table(title="jobs", title_justify="left")
+    for col in ("job", "cluster", "name", "status", "nodes×procs", "started", "duration", "exit"):
+        table.add_column(col)
+    for j in jobs:
+        style = JOB_STYLES.get(j.status)
+        status = f"[{style}]{j.status}[/]" if style else j.status
+        table.add_row(
+            j.id,
+            j.cluster,
+            j.name,
+            status,
+            f"{j.num_nodes}×{j.nproc_per_node}",
+            ago(j.started_at),
+            duration(j.started_at, j.ended_at),
+            "-" if j.exit_code is None else str(j.exit_code),
+        )
+    return table
+
+
+def gpus_table(rows: Sequence[InstanceType], spot: bool, prices_read_on: str) -> Table:
+    kind = "spot" if spot else "on-demand"
+    table = Table(
+        title=f"GPU machines, cheapest first ({kind} $/h, prices read {prices_read_on})",
+        title_justify="left",
+    )
+    for col in (
+        "provider",
+        "instance type",
+        "GPUs",
+        "GPU mem",
+        "vCPUs",
+        "RAM GiB",
+        "region",
+        "$/h",
+        "$/GPU/h",
+        "note",
+    ):
+        table.add_column(col, justify="right" if col.startswith(("$", "vCPU", "RAM")) else "left")
+    for r in rows:
+        price = r.price(spot)
+        table.add_row(
+            r.provider,
+            r.instance_type,
+            f"{r.accelerator}:{r.accelerator_count}",
+            f"{r.gpu_memory_gb} GB",
+            str(r.vcpus),
+            str(r.memory_gib),
+            r.region,
+            "-" if price is None else f"{price:.2f}",
+            "-" if price is None else f"{price / r.accelerator_count:.2f}",
+            r.status if r.retired else "",
+        )
+    return table
+
+
+def job_json(j: JobRecord) -> dict[str, Any]:
+    return {
+        "id": j.id,
+        "cluster": j.cluster,
+        "name": j.name,
+        "status": j.status,
+        "num_nodes": j.num_nodes,
+        "nproc_per_node": j.nproc_per_node,
+        "command": list(j.command),
+        "created_at": j.created_at,
+        "started_at": j.started_at,
+        "ended_at": j.ended_at,
+        "exit_code": j.exit_code,
+        "detail": dict(j.detail),
+    }

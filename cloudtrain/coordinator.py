@@ -1,0 +1,469 @@
+"""Runs jobs on a cluster: sync the workdir, run setup once per node, start ``torchrun`` on every
+node detached from this process, follow the logs, record the outcome, stop everything on cancel.
+
+A job lives on its nodes in ``<node root>/jobs/<job id>/`` (``node.log``, ``pid``, ``exit_code``,
+``cancelled``) and in the state database; everything here reads the nodes through executors and
+the node agent (`cloudtrain.node`), so a new CLI process can always find a running job again.
+
+Job lifecycle (the ``status`` column)::
+
+    pending ──► running ──► succeeded     every node's torchrun exited 0
+                  │    └──► failed        a node exited non-zero (the others are stopped) or
+                  │                       its process vanished; `detail` names node and log tail
+                  └───────► cancelled     `cancel`, or an interrupted start
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shlex
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from cloudtrain.errors import CommandError, JobError, NotFoundError
+from cloudtrain.executors.base import Executor, fan_out
+from cloudtrain.provider import NodeInfo, Provider
+from cloudtrain.state import JobRecord, State
+from cloudtrain.torchrun import Launch, entrypoint_args, read_failure
+
+log = logging.getLogger(__name__)
+
+OnLine = Callable[[int, str], None]
+KILL_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to run: `entrypoint` is a script and its arguments (``train.py --epochs 3``),
+    ``-m module ...``, or any command; a leading ``python`` is dropped (torchrun runs it)."""
+
+    entrypoint: tuple[str, ...]
+    workdir: Path | None = None
+    setup: str | None = None
+    envs: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    nproc_per_node: int | None = None
+    max_restarts: int = 0
+    name: str | None = None
+
+
+def _job_dir(node: NodeInfo, job_id: str) -> str:
+    return f"{node.root}/jobs/{job_id}"
+
+
+def _workdir(node: NodeInfo) -> str:
+    return f"{node.root}/workdir"
+
+
+class Coordinator:
+    """Jobs on the clusters in `state`, reached through `provider`'s executors."""
+
+    def __init__(self, state: State, provider: Provider, *, home: Path) -> None:
+        self.state = state
+        self.provider = provider
+        self.home = home
+        self._executors: dict[str, Executor] = {}
+
+    def _executor(self, node: NodeInfo) -> Executor:
+        if node.node_id not in self._executors:
+            self._executors[node.node_id] = self.provider.executor(node)
+        return self._executors[node.node_id]
+
+    def close(self) -> None:
+        for ex in self._executors.values():
+            ex.close()
+        self._executors.clear()
+
+    def _nodes(self, cluster: str) -> list[NodeInfo]:
+        nodes = self.state.nodes(cluster)
+        if not nodes:
+            raise NotFoundError(f"cluster {cluster!r} has no nodes; run `cloudtrain up` first")
+        return nodes
+
+    # -- starting ---------------------------------------------------------------------------
+
+    def submit(self, cluster: str, job: JobSpec, on_line: OnLine | None = None) -> JobRecord:
+        """Start `job` on every node of `cluster` and return once all of them run it.
+
+        Blocks for the sync, setup and start; not for the training. Raises `CommandError` when
+        setup fails on a node, `NotFoundError` for an unknown cluster. On any failure (or
+        Ctrl-C) the ranks already started are stopped and the job is recorded as such."""
+        record = self.state.cluster(cluster)
+        if record is None:
+            raise NotFoundError(f"no cluster named {cluster!r}; `cloudtrain status` lists them")
+        nodes = self._nodes(cluster)
+        spec = record.spec
+        nproc = job.nproc_per_node or spec.resources.count or 1
+        args = entrypoint_args(job.entrypoint)
+        name = job.name or Path(job.entrypoint[0]).stem or "job"
+        rec = self.state.new_job(
+            cluster, name, num_nodes=len(nodes), nproc_per_node=nproc, command=list(args)
+        )
+        self.state.add_event(
+            cluster, "job", f"job {rec.id} submitted: {shlex.join(args)}", job_id=rec.id
+        )
+        try:
+            if job.workdir is not None:
+                fan_out(lambda n: self._executor(n).put(job.workdir, _workdir(n)), nodes)  # type: ignore[arg-type]
+            else:
+                fan_out(
+                    lambda n: self._executor(n).run(["mkdir", "-p", _workdir(n)]).check(), nodes
+                )
+            if job.setup:
+                fan_out(lambda n: self._setup(n, job, on_line), nodes)
+            head = nodes[0]
+            port = int(
+                self._executor(head)
+                .run([head.python, "-m", "cloudtrain.node", "port"], timeout=60)
+                .check()
+                .stdout.strip()
+            )
+            pids = fan_out(lambda n: self._start(rec, n, nodes, nproc, args, port, job), nodes)
+        except BaseException as exc:
+            self._stop(rec.id, nodes, mark=True)
+            status = "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed"
+            self.state.update_job(
+                rec.id,
+                status=status,
+                ended_at=time.time(),
+                detail={"error": f"{type(exc).__name__}: {exc}"},
+            )
+            raise
+        detail = {
+            "head": f"{head.private_ip}:{port}",
+            "nodes": [
+                {"index": n.index, "node_id": n.node_id, "pid": p}
+                for n, p in zip(nodes, pids, strict=True)
+            ],
+        }
+        self.state.update_job(rec.id, status="running", started_at=time.time(), detail=detail)
+        self.state.add_event(
+            cluster, "job", f"job {rec.id} running on {len(nodes)} node(s)", job_id=rec.id
+        )
+        return self._job(rec.id)
+
+    def _setup(self, node: NodeInfo, job: JobSpec, on_line: OnLine | None) -> None:
+        """Run the setup script once per node: skipped when its hash (with the workdir's
+        location) matches the last successful run on that node."""
+        assert job.setup is not None
+        digest = hashlib.sha256(job.setup.encode()).hexdigest()
+        marker = f"{node.root}/setup.sha256"
+        ex = self._executor(node)
+        if ex.run(["cat", marker]).stdout.strip() == digest:
+            return
+        emit = (lambda line: on_line(node.index, line)) if on_line else None
+        ex.run(
+            ["/bin/sh", "-c", job.setup], cwd=_workdir(node), env=dict(job.envs), on_output=emit
+        ).check()
+        ex.run(["/bin/sh", "-c", 'printf "%s\\n" "$1" > "$2"', "sh", digest, marker]).check()
+
+    def _env(
+        self, rec: JobRecord, node: NodeInfo, nodes: Sequence[NodeInfo], job: JobSpec
+    ) -> dict[str, str]:
+        record = self.state.cluster(rec.cluster)
+        gpus = record.spec.resources.count if record else 0
+        ips = [n.private_ip or "" for n in nodes]
+        env = {"PYTHONUNBUFFERED": "1"}
+        if not gpus:
+            env["OMP_NUM_THREADS"] = "1"
+        if node.extra.get("ifname"):
+            env["GLOO_SOCKET_IFNAME"] = str(node.extra["ifname"])
+        env.update(job.envs)
+        env.update(
+            {
+                "CLOUDTRAIN_CLUSTER": rec.cluster,
+                "CLOUDTRAIN_JOB_ID": rec.id,
+                "CLOUDTRAIN_NODE_RANK": str(node.index),
+                "CLOUDTRAIN_NUM_NODES": str(len(nodes)),
+                "CLOUDTRAIN_NODE_IPS": ",".join(ips),
+                "CLOUDTRAIN_HEAD_IP": ips[0],
+                "CLOUDTRAIN_GPUS_PER_NODE": str(gpus),
+                "CLOUDTRAIN_NODE_ROOT": node.root,
+            }
+        )
+        env.setdefault("CLOUDTRAIN_CHECKPOINT_DIR", f"{node.root}/checkpoints")
+        if "CLOUDTRAIN_CHECKPOINT_DIR" in job.envs:
+            env["CLOUDTRAIN_CHECKPOINT_DIR"] = job.envs["CLOUDTRAIN_CHECKPOINT_DIR"]
+        return env
+
+    def _start(
+        self,
+        rec: JobRecord,
+        node: NodeInfo,
+        nodes: Sequence[NodeInfo],
+        nproc: int,
+        args: Sequence[str],
+        port: int,
+        job: JobSpec,
+    ) -> int:
+        head = nodes[0]
+        argv = Launch(
+            python=node.python,
+            num_nodes=len(nodes),
+            nproc_per_node=nproc,
+            head=f"{head.private_ip}:{port}",
+            job_id=rec.id,
+            is_head=node.index == head.index,
+            local_addr=node.private_ip or "",
+            max_restarts=job.max_restarts,
+            args=args,
+        ).argv()
+        return self._executor(node).start_detached(
+            argv,
+            env=self._env(rec, node, nodes, job),
+            cwd=_workdir(node),
+            job_dir=_job_dir(node, rec.id),
+        )
+
+    # -- watching ---------------------------------------------------------------------------
+
+    def _job(self, job_id: str) -> JobRecord:
+        rec = self.state.job(job_id)
+        if rec is None:
+            raise NotFoundError(f"no job {job_id!r}; `cloudtrain status` lists jobs")
+        return rec
+
+    def _job_nodes(self, rec: JobRecord) -> list[NodeInfo]:
+        nodes = self.state.nodes(rec.cluster)
+        if not nodes:
+            raise NotFoundError(f"job {rec.id}: its cluster {rec.cluster!r} is gone (torn down)")
+        return nodes
+
+    def _status(self, node: NodeInfo, job_id: str) -> dict[str, Any]:
+        out = (
+            self._executor(node)
+            .run(
+                [node.python, "-m", "cloudtrain.node", "status", _job_dir(node, job_id)], timeout=60
+            )
+            .check()
+            .stdout
+        )
+        return dict(json.loads(out))
+
+    def refresh(self, job_id: str) -> JobRecord:
+        """Read the job's state from its nodes and record it. Idempotent; blocks for one round
+        trip to every node."""
+        rec = self._job(job_id)
+        if rec.finished:
+            return rec
+        nodes = self._job_nodes(rec)
+        statuses = fan_out(lambda n: self._status(n, job_id), nodes)
+        return self._conclude(rec, nodes, statuses)
+
+    def _conclude(
+        self, rec: JobRecord, nodes: Sequence[NodeInfo], statuses: Sequence[Mapping[str, Any]]
+    ) -> JobRecord:
+        if any(s["exit_code"] is None and s["alive"] for s in statuses):
+            return rec  # still running somewhere
+        codes = [s["exit_code"] for s in statuses]
+        now = time.time()
+        if any(s["cancelled"] for s in statuses):
+            self.state.update_job(
+                rec.id, status="cancelled", ended_at=now, exit_code=_first_nonzero(codes)
+            )
+            self.state.add_event(rec.cluster, "job", f"job {rec.id} cancelled", job_id=rec.id)
+            return self._job(rec.id)
+        failed = [
+            (s.get("ended") or now, n, c)
+            for n, s, c in zip(nodes, statuses, codes, strict=True)
+            if c != 0
+        ]
+        if not failed:
+            self.state.update_job(rec.id, status="succeeded", exit_code=0, ended_at=now)
+            self.state.add_event(rec.cluster, "job", f"job {rec.id} succeeded", job_id=rec.id)
+            return self._job(rec.id)
+        _, node, code = min(failed, key=lambda f: (f[0], f[1].index))
+        failure = read_failure(self.tail(rec.id, node, lines=80))
+        reason = failure.reason(code)
+        tail = failure.tail
+        self.state.update_job(
+            rec.id,
+            status="failed",
+            exit_code=code if code is not None else -1,
+            ended_at=now,
+            detail={"failed_node": node.index, "reason": reason, "log_tail": tail},
+        )
+        self.state.add_event(
+            rec.cluster, "job", f"job {rec.id} failed: node {node.index} {reason}", job_id=rec.id
+        )
+        return self._job(rec.id)
+
+    def tail(self, job_id: str, node: NodeInfo, lines: int = 20) -> str:
+        """The last `lines` lines of the job's log on `node`."""
+        return (
+            self._executor(node)
+            .run(
+                [
+                    node.python,
+                    "-m",
+                    "cloudtrain.node",
+                    "follow",
+                    "--once",
+                    "--tail",
+                    str(lines),
+                    _job_dir(node, job_id),
+                ],
+                timeout=60,
+            )
+            .stdout
+        )
+
+    def follow(self, job_id: str, on_line: OnLine) -> JobRecord:
+        """Stream every node's log to `on_line(node_index, line)` until the job ends, keep a
+        copy under ``<home>/logs/<job>/``, and record the outcome. When a node fails, the
+        others are stopped. Blocks; a KeyboardInterrupt stops following and leaves the job."""
+        rec = self._job(job_id)
+        nodes = self._job_nodes(rec)
+        stop_once = threading.Lock()
+
+        def watch(node: NodeInfo) -> None:
+            copy_dir = self.home / "logs" / job_id
+            copy_dir.mkdir(parents=True, exist_ok=True)
+            with open(copy_dir / f"node-{node.index}.log", "w") as copy:
+
+                def emit(line: str) -> None:
+                    copy.write(line + "\n")
+                    on_line(node.index, line)
+
+                self._executor(node).run(
+                    [node.python, "-m", "cloudtrain.node", "follow", _job_dir(node, job_id)],
+                    on_output=emit,
+                )
+            status = self._status(node, job_id)
+            failed = status["exit_code"] != 0 and not status["cancelled"]
+            if failed and stop_once.acquire(blocking=False):
+                log.info(
+                    "job %s: node %d exited %s; stopping the others",
+                    job_id,
+                    node.index,
+                    status["exit_code"],
+                )
+                self._stop(job_id, [n for n in nodes if n is not node], mark=False)
+
+        threads = [threading.Thread(target=watch, args=(n,), daemon=True) for n in nodes]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=0.2)
+        return self.refresh(job_id)
+
+    def logs(self, job_id: str, on_line: OnLine, *, follow: bool = False) -> JobRecord:
+        """Print a job's logs from its nodes (or the copy kept when its cluster is gone)."""
+        rec = self._job(job_id)
+        if follow and not rec.finished:
+            return self.follow(job_id, on_line)
+        nodes = self.state.nodes(rec.cluster)
+        if nodes and rec.status != "pending":
+            for node in nodes:
+                out = (
+                    self._executor(node)
+                    .run(
+                        [
+                            node.python,
+                            "-m",
+                            "cloudtrain.node",
+                            "follow",
+                            "--once",
+                            _job_dir(node, job_id),
+                        ],
+                        timeout=300,
+                    )
+                    .stdout
+                )
+                for line in out.splitlines():
+                    on_line(node.index, line)
+            return self.refresh(job_id)
+        copies = sorted((self.home / "logs" / job_id).glob("node-*.log"))
+        if not copies:
+            raise NotFoundError(f"job {job_id}: no logs left (its cluster {rec.cluster!r} is gone)")
+        for copy in copies:
+            index = int(copy.stem.split("-")[1])
+            for line in copy.read_text().splitlines():
+                on_line(index, line)
+        return rec
+
+    def archive_logs(self, cluster: str) -> None:
+        """Copy every job's node logs of `cluster` to ``<home>/logs`` (before a teardown)."""
+        nodes = self.state.nodes(cluster)
+        for rec in self.state.jobs(cluster):
+            copy_dir = self.home / "logs" / rec.id
+            for node in nodes:
+                try:
+                    out = (
+                        self._executor(node)
+                        .run(
+                            [
+                                node.python,
+                                "-m",
+                                "cloudtrain.node",
+                                "follow",
+                                "--once",
+                                _job_dir(node, rec.id),
+                            ],
+                            timeout=300,
+                        )
+                        .stdout
+                    )
+                except CommandError as exc:
+                    log.warning(
+                        "could not copy the logs of %s from node %d: %s", rec.id, node.index, exc
+                    )
+                    continue
+                if out:
+                    copy_dir.mkdir(parents=True, exist_ok=True)
+                    (copy_dir / f"node-{node.index}.log").write_text(out)
+
+    # -- stopping ---------------------------------------------------------------------------
+
+    def _stop(self, job_id: str, nodes: Sequence[NodeInfo], *, mark: bool) -> None:
+        def stop(node: NodeInfo) -> None:
+            argv = [
+                node.python,
+                "-m",
+                "cloudtrain.node",
+                "kill",
+                "--match",
+                f"CLOUDTRAIN_JOB_ID={job_id}",
+                "--match",
+                f"CLOUDTRAIN_NODE_ROOT={node.root}",
+                "--grace",
+                str(KILL_GRACE_S),
+                "--job-dir",
+                _job_dir(node, job_id),
+            ]
+            if mark:
+                argv.append("--mark")
+            self._executor(node).run(argv, timeout=KILL_GRACE_S + 60).check()
+
+        fan_out(stop, nodes)
+
+    def cancel(self, job_id: str) -> JobRecord:
+        """Stop every rank of the job on every node; blocks until they are gone. Idempotent."""
+        rec = self._job(job_id)
+        if rec.finished:
+            return rec
+        nodes = self._job_nodes(rec)
+        self._stop(job_id, nodes, mark=True)
+        statuses = fan_out(lambda n: self._status(n, job_id), nodes)
+        return self._conclude(rec, nodes, statuses)
+
+    def raise_for_status(self, rec: JobRecord) -> JobRecord:
+        """Raise `JobError` unless `rec` succeeded."""
+        if rec.status == "succeeded":
+            return rec
+        detail = rec.detail
+        if rec.status == "cancelled":
+            raise JobError(rec.id, "cancelled", cancelled=True)
+        where = f"node {detail.get('failed_node')} {detail.get('reason', '')}".strip()
+        raise JobError(rec.id, f"failed: {where}")
+
+
+def _first_nonzero(codes: Sequence[int | None]) -> int | None:
+    return next((c for c in codes if c not in (0, None)), None)

@@ -1,0 +1,1 @@
+"""Catalog data shipped with cloudtrain (read through importlib.resources)."""

@@ -1,0 +1,91 @@
+"""The exceptions cloudtrain raises. Library code raises them; only the CLI maps them to exit codes.
+
+CloudtrainError
+├── ConfigError              bad input: a spec, a flag, a YAML file (nothing was created)
+├── ProviderError            a cloud said no (provider, code, retryable)
+│   ├── AuthError            credentials missing or not allowed
+│   ├── QuotaError           an account limit; raising it is the user's move
+│   └── CapacityError        the zone/region has no capacity now; the next may
+├── BootstrapError           a node failed a bootstrap phase (node, phase)
+├── CommandError             a command on a node exited non-zero (returncode, argv, stderr_tail)
+├── JobError                 a training job failed or was cancelled
+├── NotFoundError            a cluster or job that does not exist
+└── StateError               the local state file is unusable
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class CloudtrainError(Exception):
+    """Root of every error cloudtrain raises on purpose."""
+
+
+class ConfigError(CloudtrainError):
+    """Invalid input. The message names the field, the value and what is allowed."""
+
+
+class NotFoundError(CloudtrainError):
+    """A cluster or job that cloudtrain does not know."""
+
+
+class StateError(CloudtrainError):
+    """The local state file cannot be read or written."""
+
+
+class ProviderError(CloudtrainError):
+    """An error reported by a provider, mapped from its SDK at the provider boundary."""
+
+    def __init__(self, provider: str, code: str, message: str, *, retryable: bool = False) -> None:
+        super().__init__(f"{provider}: {code}: {message}")
+        self.provider = provider
+        self.code = code
+        self.retryable = retryable
+
+
+class AuthError(ProviderError):
+    """Credentials are missing, expired or not allowed to do this."""
+
+
+class QuotaError(ProviderError):
+    """An account quota stops the request; the message says which quota."""
+
+
+class CapacityError(ProviderError):
+    """No capacity for this shape in this zone now; another zone or region may have it."""
+
+    def __init__(self, provider: str, code: str, message: str) -> None:
+        super().__init__(provider, code, message, retryable=True)
+
+
+class BootstrapError(CloudtrainError):
+    """A node failed a bootstrap phase."""
+
+    def __init__(self, node: str, phase: str, message: str) -> None:
+        super().__init__(f"node {node}: phase {phase!r} failed: {message}")
+        self.node = node
+        self.phase = phase
+
+
+class CommandError(CloudtrainError):
+    """A command run through an executor exited non-zero."""
+
+    def __init__(self, returncode: int, argv: Sequence[str], stderr_tail: str) -> None:
+        shown = " ".join(argv)
+        if len(shown) > 200:
+            shown = shown[:197] + "..."
+        tail = f"\n{stderr_tail.rstrip()}" if stderr_tail.strip() else ""
+        super().__init__(f"command exited {returncode}: {shown}{tail}")
+        self.returncode = returncode
+        self.argv = tuple(argv)
+        self.stderr_tail = stderr_tail
+
+
+class JobError(CloudtrainError):
+    """A job ended badly: failed on a node, or was cancelled."""
+
+    def __init__(self, job_id: str, message: str, *, cancelled: bool = False) -> None:
+        super().__init__(f"job {job_id}: {message}")
+        self.job_id = job_id
+        self.cancelled = cancelled

@@ -1,0 +1,116 @@
+"""The executor interface: one node, a few methods, the httpx transport idea.
+
+Every method blocks until done, except `start_detached`, which returns once the process runs
+in its own session on the node and goes on without the caller. `run` never raises for a
+non-zero exit: it returns the code, and `RunResult.check()` turns it into a `CommandError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from cloudtrain.errors import CommandError
+
+#: Directory entries never copied to a node by `put`, besides what `.cloudtrainignore` names.
+DEFAULT_EXCLUDES = (".git", ".venv", "venv", "__pycache__", ".mypy_cache", ".pytest_cache")
+IGNORE_FILE = ".cloudtrainignore"
+
+#: Starts "$@" detached: its own session, stdin from /dev/null, stdout+stderr to
+#: JOB_DIR/node.log; writes JOB_DIR/pid now and JOB_DIR/exit_code (atomically) when it ends;
+#: prints the pid. Run as ``sh -c DETACH_SCRIPT NAME JOB_DIR ARGV...``; executors run the same
+#: script locally and over SSH so a job's files look the same on every node.
+DETACH_SCRIPT = """\
+d=$1; shift
+( "$@" > "$d/node.log" 2>&1 < /dev/null
+  printf '%s\\n' "$?" > "$d/exit_code.tmp" && mv "$d/exit_code.tmp" "$d/exit_code"
+) > /dev/null 2>&1 < /dev/null &
+printf '%s\\n' "$!" > "$d/pid"
+printf '%s\\n' "$!"
+"""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def check(self) -> RunResult:
+        """Self when the command succeeded; `CommandError` with the stderr tail otherwise."""
+        if self.returncode != 0:
+            tail = "\n".join((self.stderr or self.stdout).splitlines()[-20:])
+            raise CommandError(self.returncode, self.argv, tail)
+        return self
+
+
+class Executor(Protocol):
+    """Runs commands on one node."""
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        on_output: Callable[[str], None] | None = None,
+    ) -> RunResult:
+        """Run `argv` to completion. `on_output` gets each line of stdout+stderr as it comes
+        (then `stdout` holds both). Raises `CommandError` only when it cannot start or times out."""
+        ...
+
+    def start_detached(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, job_dir: str
+    ) -> int:
+        """Start `argv` in a new session on the node, not a child of this process. It writes
+        ``job_dir/node.log`` (stdout+stderr), ``job_dir/pid``, and ``job_dir/exit_code`` when it
+        ends (atomically). Returns its pid on the node; does not wait for it."""
+        ...
+
+    def put(self, local: Path, remote: str, *, excludes: Sequence[str] = ()) -> None:
+        """Copy a file or a directory tree to `remote`, only what changed. Directories skip
+        `DEFAULT_EXCLUDES`, `excludes` and the names in the tree's `.cloudtrainignore`."""
+        ...
+
+    def close(self) -> None:
+        """Release connections. Idempotent."""
+        ...
+
+
+def ignore_patterns(tree: Path, extra: Iterable[str] = ()) -> list[str]:
+    """The glob patterns a sync of `tree` skips: defaults, `extra`, and `.cloudtrainignore`."""
+    patterns = [*DEFAULT_EXCLUDES, *extra]
+    ignore = tree / IGNORE_FILE
+    if ignore.is_file():
+        for line in ignore.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                patterns.append(line.rstrip("/"))
+    return patterns
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def fan_out(fn: Callable[[T], R], items: Sequence[T], *, max_workers: int = 32) -> list[R]:
+    """Apply `fn` to every item concurrently (bounded), results in order. The first exception
+    is raised after every call has finished, so one slow node never hides another's error."""
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
+        futures = [pool.submit(fn, item) for item in items]
+        errors = [f.exception() for f in futures]
+        for error in errors:
+            if error is not None:
+                raise error
+        return [f.result() for f in futures]

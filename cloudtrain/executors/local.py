@@ -1,0 +1,172 @@
+"""The local executor: commands are subprocesses of this machine.
+
+Used by the local provider, where a "node" is a folder. Detached processes are started through
+the same small shell wrapper as on remote nodes (`DETACH_SCRIPT`), so a job's files
+(``node.log``, ``pid``, ``exit_code``) look the same everywhere.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, cast
+
+from cloudtrain.errors import CommandError
+from cloudtrain.executors.base import DETACH_SCRIPT, RunResult, ignore_patterns
+
+
+class LocalExecutor:
+    """Runs commands on this machine. `base_env` is added to this process's environment."""
+
+    def __init__(self, base_env: Mapping[str, str] | None = None) -> None:
+        self._base_env = dict(base_env or {})
+
+    def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        return {**os.environ, **self._base_env, **(env or {})}
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        on_output: Callable[[str], None] | None = None,
+    ) -> RunResult:
+        args = tuple(argv)
+        try:
+            if on_output is None:
+                done = subprocess.run(
+                    args,
+                    env=self._env(env),
+                    cwd=cwd,
+                    timeout=timeout,
+                    capture_output=True,
+                    text=True,
+                    stdin=subprocess.DEVNULL,
+                    check=False,
+                )
+                return RunResult(args, done.returncode, done.stdout, done.stderr)
+            return self._stream(args, env, cwd, timeout, on_output)
+        except subprocess.TimeoutExpired:
+            raise CommandError(124, args, f"timed out after {timeout} s") from None
+        except OSError as exc:
+            raise CommandError(127, args, str(exc)) from None
+
+    def _stream(
+        self,
+        args: tuple[str, ...],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        timeout: float | None,
+        on_output: Callable[[str], None],
+    ) -> RunResult:
+        proc = subprocess.Popen(
+            args,
+            env=self._env(env),
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+        )
+        timed_out = threading.Event()
+
+        def expire() -> None:
+            timed_out.set()
+            proc.kill()
+
+        timer = threading.Timer(timeout, expire) if timeout else None
+        if timer:
+            timer.start()
+        lines: list[str] = []
+        try:
+            for line in cast("IO[str]", proc.stdout):
+                line = line.rstrip("\n")
+                lines.append(line)
+                on_output(line)
+            code = proc.wait()
+        finally:
+            if timer:
+                timer.cancel()
+            if proc.poll() is None:  # on_output raised (e.g. KeyboardInterrupt): do not leak it
+                proc.kill()
+                proc.wait()
+        if timed_out.is_set():
+            raise subprocess.TimeoutExpired(args, timeout or 0)
+        return RunResult(args, code, "\n".join(lines) + ("\n" if lines else ""), "")
+
+    def start_detached(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, job_dir: str
+    ) -> int:
+        Path(job_dir).mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            ["/bin/sh", "-c", DETACH_SCRIPT, "cloudtrain-detach", job_dir, *argv],
+            env=self._env(env),
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            check=False,
+        )
+        if done.returncode != 0 or not done.stdout.strip().isdigit():
+            raise CommandError(done.returncode, argv, done.stderr or done.stdout)
+        return int(done.stdout.strip())
+
+    def put(self, local: Path, remote: str, *, excludes: Sequence[str] = ()) -> None:
+        target = Path(remote)
+        if local.is_file():
+            _copy_if_changed(local, target)
+            return
+        patterns = ignore_patterns(local, excludes)
+        wanted: set[Path] = set()
+        for dirpath, dirnames, filenames in os.walk(local):
+            rel_dir = Path(dirpath).relative_to(local)
+            dirnames[:] = [d for d in dirnames if not _ignored(rel_dir / d, patterns)]
+            (target / rel_dir).mkdir(parents=True, exist_ok=True)
+            wanted.add(rel_dir)
+            for name in filenames:
+                rel = rel_dir / name
+                if not _ignored(rel, patterns):
+                    wanted.add(rel)
+                    _copy_if_changed(Path(dirpath) / name, target / rel)
+        _remove_stale(target, wanted)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _ignored(rel: Path, patterns: Sequence[str]) -> bool:
+    text = rel.as_posix()
+    return any(fnmatch.fnmatch(rel.name, p) or fnmatch.fnmatch(text, p) for p in patterns)
+
+
+def _copy_if_changed(src: Path, dst: Path) -> None:
+    """Copy when size or mtime differ (rsync's quick check); keeps the mtime."""
+    st = src.stat()
+    try:
+        dt = dst.stat()
+        if dt.st_size == st.st_size and int(dt.st_mtime) == int(st.st_mtime):
+            return
+    except FileNotFoundError:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, dst)
+
+
+def _remove_stale(target: Path, wanted: set[Path]) -> None:
+    """Delete what the last sync copied and the source no longer has (rsync --delete)."""
+    for dirpath, dirnames, filenames in os.walk(target, topdown=False):
+        rel_dir = Path(dirpath).relative_to(target)
+        for name in filenames:
+            if rel_dir / name not in wanted:
+                (Path(dirpath) / name).unlink()
+        for name in dirnames:
+            if rel_dir / name not in wanted:
+                shutil.rmtree(Path(dirpath) / name, ignore_errors=True)

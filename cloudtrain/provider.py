@@ -1,0 +1,199 @@
+"""The provider contract: the five verbs every cloud implements, and the objects they pass.
+
+A provider is scoped to one account/project and finds its clusters **by the tags it put on them**,
+never by local state, so losing the state file leaks nothing. The verbs:
+
+=============  ==========  ===========  ================================================
+verb           side effect  blocks       guarantees
+=============  ==========  ===========  ================================================
+``plan``       none         no           pure; raises `ConfigError` for a shape the
+                                         provider cannot give, before any cloud call
+``apply``      creates      until nodes  idempotent on the cluster name: completes a
+                            are running  half-made cluster, never makes a second one;
+                                         all N nodes or none; capacity errors move to
+                                         the next offer, quota/auth errors stop at once
+``describe``   none         no           the cluster's nodes from the cloud's own tags
+``terminate``  deletes      until gone   idempotent; removes the nodes and every
+                                         per-cluster resource it made
+``executor``   none         no           how to run commands on one node
+=============  ==========  ===========  ================================================
+
+SDK errors are mapped to `cloudtrain.errors` at this boundary (`CapacityError`, `QuotaError`,
+`AuthError`). Providers are registered by name in the ``cloudtrain.providers`` entry-point group.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from cloudtrain.executors.base import Executor
+    from cloudtrain.spec import ClusterSpec
+
+#: Tag/label keys put on every resource a provider creates (clouds adapt the separator).
+TAG_CLUSTER = "cloudtrain:cluster"
+TAG_NODE = "cloudtrain:node"
+TAG_OWNER = "cloudtrain:owner"
+
+
+class Capability(enum.Enum):
+    """What a provider supports beyond the five verbs."""
+
+    GPU = "gpu"
+    SPOT = "spot"
+    MULTI_NODE = "multi-node"
+    STOP = "stop"
+    PLACEMENT_GROUP = "placement-group"
+    ELASTIC = "elastic"
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One way to satisfy a spec: where, which machine type, at what price."""
+
+    provider: str
+    region: str
+    zones: tuple[str, ...]
+    instance_type: str
+    price_per_node_hour: float
+    spot: bool = False
+    accelerator: str | None = None
+    accelerator_count: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `apply` will do. Printable for ``--dry-run``; the price is kept for cost reports.
+
+    `requests` are the exact requests the first offer would send, so a dry run shows what the
+    real run sends (the TorchX habit: dry run and run share one object).
+    """
+
+    spec: ClusterSpec
+    offers: tuple[Offer, ...]
+    requests: Sequence[Mapping[str, Any]] = ()
+
+    @property
+    def offer(self) -> Offer:
+        """The offer tried first."""
+        return self.offers[0]
+
+    @property
+    def price_per_hour(self) -> float:
+        """The whole cluster's $/hour at the first offer's price."""
+        return self.offers[0].price_per_node_hour * self.spec.num_nodes
+
+
+def _empty() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as the provider observes it.
+
+    `extra` holds provider-only facts. Two keys every provider sets, read by the coordinator:
+    ``root`` (the node's cloudtrain folder, where jobs/ lives) and ``python`` (the interpreter
+    with torch and cloudtrain on the node).
+    """
+
+    cluster: str
+    index: int
+    node_id: str
+    private_ip: str | None
+    public_ip: str | None
+    state: str  # pending | running | stopping | stopped | terminated
+    zone: str | None = None
+    instance_type: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=_empty)
+
+    @property
+    def root(self) -> str:
+        return str(self.extra["root"])
+
+    @property
+    def python(self) -> str:
+        return str(self.extra.get("python", "python3"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "index": self.index,
+            "node_id": self.node_id,
+            "private_ip": self.private_ip,
+            "public_ip": self.public_ip,
+            "state": self.state,
+            "zone": self.zone,
+            "instance_type": self.instance_type,
+            "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeInfo:
+        return cls(
+            cluster=data["cluster"],
+            index=int(data["index"]),
+            node_id=data["node_id"],
+            private_ip=data.get("private_ip"),
+            public_ip=data.get("public_ip"),
+            state=data["state"],
+            zone=data.get("zone"),
+            instance_type=data.get("instance_type"),
+            extra=MappingProxyType(dict(data.get("extra") or {})),
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    """Progress reported by a provider while it works (an attempt, a node coming up)."""
+
+    kind: str  # e.g. "attempt", "capacity", "node", "resource", "wait"
+    message: str
+    node: int | None = None
+
+
+OnEvent = Callable[[Event], None]
+
+
+def ignore_event(event: Event) -> None:
+    """An `OnEvent` that drops everything."""
+
+
+@dataclass(frozen=True)
+class ProviderContext:
+    """What a provider is built with: cloudtrain's home folder and the provider-only options."""
+
+    home: Path
+    options: Mapping[str, Any] = field(default_factory=_empty)
+
+
+class Provider(Protocol):
+    """The contract every provider implements; see the module docstring for the guarantees."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[frozenset[Capability]]
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        """Pure. Raises `ConfigError` when this provider cannot give the spec."""
+        ...
+
+    def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
+        """Create or complete the cluster; blocks until every node runs. Idempotent."""
+        ...
+
+    def describe(self, cluster: str) -> list[NodeInfo]:
+        """The cluster's live nodes from the provider's own tags, by index; [] when none."""
+        ...
+
+    def terminate(self, cluster: str) -> None:
+        """Remove every node and per-cluster resource; blocks until gone. Idempotent."""
+        ...
+
+    def executor(self, node: NodeInfo) -> Executor:
+        """An executor that runs commands on `node`."""
+        ...

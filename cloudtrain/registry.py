@@ -1,0 +1,64 @@
+"""Providers by name: the built-in ones and any registered by other packages.
+
+A third-party package adds a provider with an entry point::
+
+    [project.entry-points."cloudtrain.providers"]
+    mycloud = "mycloud_cloudtrain.provider:MyCloudProvider"
+
+The class is built with a `ProviderContext`. Built-in providers are looked up without reading
+entry points, so `cloudtrain` starts fast; clouds that are planned but not built yet are known
+by name so that a user gets a clear answer instead of "unknown provider".
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, cast
+
+from cloudtrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from cloudtrain.provider import Provider, ProviderContext
+
+GROUP = "cloudtrain.providers"
+
+BUILTIN: dict[str, str] = {
+    "local": "cloudtrain.providers.local.provider:LocalProvider",
+    "fake": "cloudtrain.providers.fake.provider:FakeProvider",
+}
+
+#: Cloud providers this version knows of and can plan (the catalog has them) but cannot create.
+PLANNED = ("aws", "gcp", "azure", "ssh")
+
+
+@cache
+def _plugins() -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group=GROUP) if ep.name not in BUILTIN}
+
+
+def known() -> tuple[str, ...]:
+    """Every provider name a spec may use: built-in, planned and plugins."""
+    return tuple(sorted({*BUILTIN, *PLANNED, *_plugins()}))
+
+
+def available() -> tuple[str, ...]:
+    """The providers that can create clusters in this installation."""
+    return tuple(sorted({*BUILTIN, *_plugins()}))
+
+
+def create(name: str, context: ProviderContext) -> Provider:
+    """Build the provider called `name`. Raises `ConfigError` if it is unknown or not built."""
+    target = BUILTIN.get(name) or _plugins().get(name)
+    if target is None:
+        if name in PLANNED:
+            raise ConfigError(
+                f"provider {name!r} is planned but not implemented in this version of "
+                f"cloudtrain; available now: {', '.join(available())} "
+                f"(`cloudtrain up --provider {name} --dry-run` shows the plan and its price)"
+            )
+        raise ConfigError(f"provider {name!r} is not known; known: {', '.join(known())}")
+    module_name, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), attr)
+    return cast("Provider", cls(context))

@@ -1,0 +1,49 @@
+"""The node-side runtime a training script imports: ``from cloudtrain import runtime``.
+
+    runtime.init()                          # process group from torchrun's env (or a group of 1)
+    sampler = runtime.BalancedSampler(dataset)
+    model = runtime.wrap(model, "ddp")      # or "fsdp" (FSDP2)
+    loss = runtime.average(loss.item())     # mean over all replicas
+    runtime.save_checkpoint(runtime.checkpoint_dir() / "last.pt", state)
+
+Importing this package imports torch; ``import cloudtrain`` alone does not.
+"""
+
+from cloudtrain.runtime.checkpoint import (
+    CheckpointError,
+    checkpoint_dir,
+    load_checkpoint,
+    save_checkpoint,
+)
+from cloudtrain.runtime.dist import (
+    average,
+    barrier,
+    device,
+    init,
+    is_main,
+    local_rank,
+    rank,
+    shutdown,
+    world_size,
+)
+from cloudtrain.runtime.parallel import STRATEGIES, wrap
+from cloudtrain.runtime.sampler import BalancedSampler
+
+__all__ = [
+    "STRATEGIES",
+    "BalancedSampler",
+    "CheckpointError",
+    "average",
+    "barrier",
+    "checkpoint_dir",
+    "device",
+    "init",
+    "is_main",
+    "load_checkpoint",
+    "local_rank",
+    "rank",
+    "save_checkpoint",
+    "shutdown",
+    "world_size",
+    "wrap",
+]

@@ -1,0 +1,297 @@
+"""What the user asks for: a cluster and a task, validated once and frozen.
+
+Every check here runs before any provider is touched. A failed check raises `SpecError`, whose
+message names the field, the bad value and what is allowed; `field` is the dotted path of the
+field (``resources.accelerator``) so a YAML loader can point at the line it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from cloudtrain.errors import ConfigError
+
+NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,39}")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_NODES = 1024
+MAX_DISK_GB = 65536
+
+# The fields of a task file, and of its `resources` block. Anything else is an error.
+TASK_FIELDS = ("name", "provider", "resources", "num_nodes", "workdir", "setup", "run", "envs")
+RESOURCE_FIELDS = ("accelerator", "spot", "region", "zone", "disk_gb", "image")
+
+
+class SpecError(ConfigError):
+    """A spec field is invalid. `field` is its dotted path, e.g. ``resources.accelerator``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _empty() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one node has. `accelerator` None means a CPU-only node."""
+
+    accelerator: str | None = None
+    count: int = 0
+    spot: bool = False
+    region: str | None = None
+    zone: str | None = None
+    disk_gb: int = 200
+    image: str | None = None
+
+    @property
+    def gpus(self) -> str | None:
+        """The accelerator as the user writes it (``A100:8``), or None on CPU."""
+        return f"{self.accelerator}:{self.count}" if self.accelerator else None
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A cluster: a name, where, how many nodes and what each node has."""
+
+    name: str
+    provider: str
+    num_nodes: int
+    resources: Resources = field(default_factory=Resources)
+    ssh_cidr: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=_empty)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able form, stable across versions; `from_dict` reads it back."""
+        return {
+            "name": self.name,
+            "provider": self.provider,
+            "num_nodes": self.num_nodes,
+            "resources": dataclasses.asdict(self.resources),
+            "ssh_cidr": self.ssh_cidr,
+            "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ClusterSpec:
+        res = Resources(**data.get("resources", {}))
+        return cls(
+            name=data["name"],
+            provider=data["provider"],
+            num_nodes=int(data["num_nodes"]),
+            resources=res,
+            ssh_cidr=data.get("ssh_cidr"),
+            extra=MappingProxyType(dict(data.get("extra", {}))),
+        )
+
+    def differences(self, other: ClusterSpec) -> list[str]:
+        """Readable differences (``num_nodes: 2 → 3``); empty when both describe one cluster."""
+        mine, theirs = _flatten(self.to_dict()), _flatten(other.to_dict())
+        return [
+            f"{key}: {mine.get(key)!r} → {theirs.get(key)!r}"
+            for key in sorted(set(mine) | set(theirs))
+            if mine.get(key) != theirs.get(key)
+        ]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task: the cluster it needs and what to run on it."""
+
+    cluster: ClusterSpec
+    workdir: Path | None = None
+    setup: str | None = None
+    run: str | None = None
+    envs: Mapping[str, str] = field(default_factory=_empty)
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def suggest(value: str, allowed: Sequence[str]) -> str:
+    """`` — did you mean 'x'?`` when a close match exists, else an empty string."""
+    close = difflib.get_close_matches(value, list(allowed), n=1, cutoff=0.6)
+    return f" — did you mean {close[0]!r}?" if close else ""
+
+
+def validate_name(name: object, field: str = "name") -> str:
+    """A cluster name that is safe as a cloud tag value, a label and a hostname."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise SpecError(
+            field,
+            f"{field} {name!r} is not a valid cluster name: use 1 to 40 characters, lowercase "
+            "letters, digits and '-', starting with a letter (e.g. 'exp1', 'bert-large')",
+        )
+    return name
+
+
+def parse_gpus(value: str, field: str = "resources.accelerator") -> tuple[str, int]:
+    """``A100:8`` → ("A100", 8); a bare ``A100`` means one GPU. The name must be in the catalog."""
+    from cloudtrain import catalog  # the catalog file is read on first use only
+
+    known = catalog.load().accelerators()
+    text = value.strip()
+    name, sep, count_text = text.partition(":")
+    canonical = {k.lower(): k for k in known}.get(name.lower())
+    if canonical is None:
+        raise SpecError(
+            field,
+            f"{field} {value!r}: unknown accelerator {name!r}{suggest(name, known)}; "
+            f"known: {', '.join(known)} (write NAME:COUNT, e.g. A100:8)",
+        )
+    if not sep:
+        return canonical, 1
+    try:
+        count = int(count_text)
+    except ValueError:
+        raise SpecError(
+            field,
+            f"{field} {value!r}: the GPU count {count_text!r} is not a whole number "
+            "(write NAME:COUNT, e.g. A100:8)",
+        ) from None
+    if count < 1:
+        raise SpecError(field, f"{field} {value!r}: the GPU count must be at least 1 (got {count})")
+    return canonical, count
+
+
+def validate_num_nodes(value: object, field: str = "num_nodes") -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = int(str(value))
+        except ValueError:
+            raise SpecError(
+                field, f"{field} {value!r} is not a whole number; allowed: 1 to {MAX_NODES}"
+            ) from None
+    if not 1 <= value <= MAX_NODES:
+        raise SpecError(field, f"{field} {value} is out of range; allowed: 1 to {MAX_NODES}")
+    return value
+
+
+def validate_provider(value: object, field: str = "provider") -> str:
+    from cloudtrain import registry
+
+    known = registry.known()
+    if not isinstance(value, str) or value not in known:
+        shown = value if isinstance(value, str) else repr(value)
+        hint = suggest(value, known) if isinstance(value, str) else ""
+        raise SpecError(
+            field, f"{field} {shown!r} is not a known provider{hint}; known: {', '.join(known)}"
+        )
+    return value
+
+
+def _opt_str(data: Mapping[str, Any], key: str, field: str) -> str | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(field, f"{field} {value!r} must be a non-empty string")
+    return value
+
+
+def _bool(data: Mapping[str, Any], key: str, field: str) -> bool:
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        raise SpecError(field, f"{field} {value!r} must be true or false")
+    return value
+
+
+def resources_from_dict(data: Mapping[str, Any], prefix: str = "resources.") -> Resources:
+    unknown = [k for k in data if k not in RESOURCE_FIELDS]
+    if unknown:
+        key = str(unknown[0])
+        raise SpecError(
+            prefix + key,
+            f"unknown field {prefix + key!r}{suggest(key, RESOURCE_FIELDS)}; "
+            f"allowed: {', '.join(RESOURCE_FIELDS)}",
+        )
+    accelerator, count = None, 0
+    raw_acc = data.get("accelerator")
+    if raw_acc is not None:
+        if not isinstance(raw_acc, str):
+            raise SpecError(
+                prefix + "accelerator",
+                f"{prefix}accelerator {raw_acc!r} must be a string like 'A100:8'",
+            )
+        accelerator, count = parse_gpus(raw_acc, prefix + "accelerator")
+    disk = data.get("disk_gb", 200)
+    if isinstance(disk, bool) or not isinstance(disk, int) or not 10 <= disk <= MAX_DISK_GB:
+        raise SpecError(
+            prefix + "disk_gb",
+            f"{prefix}disk_gb {disk!r} is not allowed; use a whole number of GB from 10 to "
+            f"{MAX_DISK_GB}",
+        )
+    return Resources(
+        accelerator=accelerator,
+        count=count,
+        spot=_bool(data, "spot", prefix + "spot"),
+        region=_opt_str(data, "region", prefix + "region"),
+        zone=_opt_str(data, "zone", prefix + "zone"),
+        disk_gb=disk,
+        image=_opt_str(data, "image", prefix + "image"),
+    )
+
+
+def task_from_dict(data: Mapping[str, Any], *, base_dir: Path | None = None) -> TaskSpec:
+    """Validate a task mapping (a parsed task file with flags applied) into a `TaskSpec`.
+
+    `base_dir` is where a relative `workdir` is resolved from (the task file's folder).
+    """
+    unknown = [k for k in data if k not in TASK_FIELDS]
+    if unknown:
+        key = str(unknown[0])
+        raise SpecError(
+            key,
+            f"unknown field {key!r}{suggest(key, TASK_FIELDS)}; allowed: {', '.join(TASK_FIELDS)}",
+        )
+    name = validate_name(data.get("name"))
+    provider = validate_provider(data.get("provider", "local"))
+    num_nodes = validate_num_nodes(data.get("num_nodes", 1))
+    raw_res = data.get("resources") or {}
+    if not isinstance(raw_res, Mapping):
+        raise SpecError("resources", f"resources must be a mapping, got {raw_res!r}")
+    resources = resources_from_dict(raw_res)
+    workdir = None
+    raw_wd = _opt_str(data, "workdir", "workdir")
+    if raw_wd is not None:
+        workdir = (base_dir or Path.cwd()) / Path(raw_wd).expanduser()
+        if not workdir.is_dir():
+            raise SpecError("workdir", f"workdir {raw_wd!r} is not a directory ({workdir})")
+        workdir = workdir.resolve()
+    envs_raw = data.get("envs") or {}
+    if not isinstance(envs_raw, Mapping):
+        raise SpecError("envs", f"envs must be a mapping of NAME: value, got {envs_raw!r}")
+    envs: dict[str, str] = {}
+    for key, value in envs_raw.items():
+        if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
+            raise SpecError(
+                f"envs.{key}", f"envs: {key!r} is not a valid environment variable name"
+            )
+        if isinstance(value, Mapping | list):
+            raise SpecError(f"envs.{key}", f"envs.{key} must be a string or number")
+        if value is None:
+            envs[key] = ""
+        else:
+            envs[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    return TaskSpec(
+        cluster=ClusterSpec(name=name, provider=provider, num_nodes=num_nodes, resources=resources),
+        workdir=workdir,
+        setup=_opt_str(data, "setup", "setup"),
+        run=_opt_str(data, "run", "run"),
+        envs=MappingProxyType(envs),
+    )

@@ -1,0 +1,123 @@
+"""What cloudtrain knows about torchrun: the command for one node, and reading its failures.
+
+The command is the documented torchrun interface (``python -m torch.distributed.run``) with the
+c10d rendezvous hosted by the head node's agent. `--rdzv-conf is_host=` and `--local-addr` are
+given explicitly: agents that share a hostname (the local provider's nodes, or VMs with
+identical hostnames) otherwise guess the store host from the hostname and hang.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cloudtrain.errors import ConfigError
+
+_PYTHON = re.compile(r"(.*/)?python(3(\.\d+)?)?")
+_AGENT_TRACEBACK_END = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+_ROOT_CAUSE = re.compile(r"^\s*(rank|exitcode)\s*:\s*(-?\d+)")
+
+
+def entrypoint_args(entrypoint: Sequence[str]) -> list[str]:
+    """torchrun's trailing arguments for an entrypoint: ``[script, args]``,
+    ``[--module, mod, args]`` or ``[--no-python, cmd, args]``; a leading ``python`` is dropped
+    (torchrun runs the script with its own interpreter)."""
+    tokens = list(entrypoint)
+    if tokens and _PYTHON.fullmatch(tokens[0]):
+        tokens = tokens[1:]
+    if not tokens:
+        raise ConfigError("the job has nothing to run: give a script (train.py) or a run: command")
+    if tokens[0] == "-m":
+        return ["--module", *tokens[1:]]
+    if tokens[0].endswith(".py"):
+        return tokens
+    return ["--no-python", *tokens]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One node's share of a job."""
+
+    python: str
+    num_nodes: int
+    nproc_per_node: int
+    head: str  # "ip:port" of the rendezvous store, on the head node
+    job_id: str
+    is_head: bool
+    local_addr: str
+    max_restarts: int
+    args: Sequence[str]
+
+    def argv(self) -> list[str]:
+        return [
+            self.python, "-m", "torch.distributed.run",
+            "--nnodes", str(self.num_nodes),
+            "--nproc-per-node", str(self.nproc_per_node),
+            "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", self.head,
+            "--rdzv-id", self.job_id,
+            "--rdzv-conf", f"is_host={int(self.is_head)}",
+            "--local-addr", self.local_addr,
+            "--max-restarts", str(self.max_restarts),
+            *self.args,
+        ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed node's log, with torchrun's own traceback taken out."""
+
+    tail: str
+    rank: int | None = None
+    worker_exit: int | None = None
+
+    def reason(self, agent_exit: int | None) -> str:
+        if agent_exit is None:
+            return "its processes vanished"
+        if self.worker_exit is not None and self.rank is not None:
+            return f"exited {agent_exit} (rank {self.rank} exited {self.worker_exit})"
+        return f"exited {agent_exit}"
+
+
+def read_failure(log_tail: str, lines: int = 20) -> Failure:
+    """Drop the agent's ChildFailedError traceback and its boxed report (keeping the failed
+    rank and its exit code from it), so what is left is what the training script printed."""
+    kept: list[str] = []
+    rank = worker_exit = None
+    skipping = False
+    for line in log_tail.splitlines():
+        if line.startswith("Traceback (most recent call last):"):
+            skipping = True  # the agent's traceback or the script's: decided at its end
+            block = [line]
+            continue
+        if skipping:
+            block.append(line)
+            if line.startswith(_AGENT_TRACEBACK_END):
+                skipping = False  # the agent's: drop it and what follows up to the report
+            elif not line.startswith((" ", "\t")):
+                skipping = False  # the script's own traceback ended: keep it
+                kept.extend(block)
+            continue
+        match = _ROOT_CAUSE.match(line)
+        if match:
+            value = int(match.group(2))
+            if match.group(1) == "rank":
+                rank = value if rank is None else rank
+            else:
+                worker_exit = value if worker_exit is None else worker_exit
+            continue
+        if (
+            line.startswith(("====", "----"))
+            or line.strip().endswith(" FAILED")
+            or re.match(
+                r"^\s*(Failures:|<NO_OTHER_FAILURES>|Root Cause|\[\d+\]:|time\s*:|host\s*:|"
+                r"error_file\s*:|traceback\s*:)",
+                line,
+            )
+        ):
+            continue
+        kept.append(line)
+    if skipping:
+        kept.extend(block)
+    return Failure("\n".join(kept[-lines:]), rank, worker_exit)

@@ -1,0 +1,1 @@
+"""Built-in providers; each folder holds the same file names (provider.py …)."""

@@ -1,0 +1,179 @@
+"""An in-memory provider for tests: a fake cloud with tags, zones and injectable failures.
+
+It behaves like a real cloud where the contract says it must — gang creation, capacity errors
+that move to the next zone, quota errors that stop, resume by counting tagged instances — and
+records every request in `FakeCloud.requests`, so tests assert on what a cloud would have been
+asked. Commands on its nodes go to `FakeExecutor`s driven by the handler in the options.
+
+Options (`ProviderContext.options`): ``cloud`` (a `FakeCloud`; default: one per home folder)
+and ``handler`` (a `cloudtrain.executors.fake.Handler`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+from cloudtrain.errors import CapacityError, ConfigError, QuotaError
+from cloudtrain.executors.fake import FakeExecutor, Handler, succeed
+from cloudtrain.provider import (
+    TAG_CLUSTER,
+    TAG_NODE,
+    Capability,
+    Event,
+    NodeInfo,
+    Offer,
+    OnEvent,
+    Plan,
+    ProviderContext,
+    ignore_event,
+)
+from cloudtrain.spec import ClusterSpec
+
+ZONES = ("fake-1a", "fake-1b", "fake-1c")
+
+
+@dataclass
+class FakeInstance:
+    instance_id: str
+    zone: str
+    instance_type: str
+    tags: dict[str, str]
+    private_ip: str
+    state: str = "running"
+
+
+@dataclass
+class FakeCloud:
+    """The fake cloud's whole state; tests read and poke it directly."""
+
+    instances: dict[str, FakeInstance] = field(default_factory=dict)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    #: zones that answer every create with a capacity error
+    exhausted_zones: set[str] = field(default_factory=set)
+    #: when set, every create fails with this quota error code
+    quota_error: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+    def live(self, cluster: str | None = None) -> list[FakeInstance]:
+        return [
+            i
+            for i in self.instances.values()
+            if i.state != "terminated" and (cluster is None or i.tags[TAG_CLUSTER] == cluster)
+        ]
+
+    def create(self, cluster: str, indices: list[int], zone: str, itype: str) -> None:
+        """All of `indices` or none (gang semantics), like one RunInstances call."""
+        with self.lock:
+            self.requests.append(
+                {"action": "create", "cluster": cluster, "indices": indices, "zone": zone}
+            )
+            if self.quota_error:
+                raise QuotaError("fake", self.quota_error, "instance quota exceeded")
+            if zone in self.exhausted_zones:
+                raise CapacityError("fake", "InsufficientCapacity", f"no capacity in {zone}")
+            for index in indices:
+                n = next(self._ids)
+                iid = f"fi-{n:06d}"
+                self.instances[iid] = FakeInstance(
+                    iid,
+                    zone,
+                    itype,
+                    {TAG_CLUSTER: cluster, TAG_NODE: str(index)},
+                    f"10.0.0.{n % 250 + 2}",
+                )
+
+    def terminate(self, cluster: str) -> None:
+        with self.lock:
+            self.requests.append({"action": "terminate", "cluster": cluster})
+            for inst in self.live(cluster):
+                inst.state = "terminated"
+
+
+_CLOUDS: dict[Path, FakeCloud] = {}
+
+
+class FakeProvider:
+    """A provider over a `FakeCloud`."""
+
+    name: ClassVar[str] = "fake"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE}
+    )
+
+    def __init__(self, context: ProviderContext) -> None:
+        cloud = context.options.get("cloud")
+        self.cloud: FakeCloud = (
+            cloud if cloud is not None else _CLOUDS.setdefault(context.home, FakeCloud())
+        )
+        self.handler: Handler = context.options.get("handler") or succeed
+        self.executors: dict[str, FakeExecutor] = {}
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        res = spec.resources
+        if res.zone is not None and res.zone not in ZONES:
+            raise ConfigError(
+                f"resources.zone {res.zone!r} is not a fake zone; allowed: {', '.join(ZONES)}"
+            )
+        zones = (res.zone,) if res.zone else ZONES
+        itype = f"fake-{res.accelerator.lower()}x{res.count}" if res.accelerator else "fake-cpu"
+        price = 1.0 * max(res.count, 1) * (0.3 if res.spot else 1.0)
+        offer = Offer("fake", "fake-1", zones, itype, price, res.spot, res.accelerator, res.count)
+        request = {"action": "create", "cluster": spec.name, "count": spec.num_nodes}
+        return Plan(spec=spec, offers=(offer,), requests=(request,))
+
+    def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
+        spec = plan.spec
+        existing = self.describe(spec.name)
+        if len(existing) > spec.num_nodes:
+            raise ConfigError(
+                f"cluster {spec.name!r} has {len(existing)} nodes, more than the "
+                f"{spec.num_nodes} asked for"
+            )
+        missing = sorted(set(range(spec.num_nodes)) - {n.index for n in existing})
+        if not missing:
+            return existing
+        zones: tuple[str, ...] = plan.offer.zones
+        if existing:  # complete the cluster where it is
+            zones = tuple(z for z in zones if z == existing[0].zone) or (str(existing[0].zone),)
+        attempts = []
+        for offer in plan.offers:
+            for zone in zones if offer is plan.offer else offer.zones:
+                on_event(Event("attempt", f"creating {len(missing)} node(s) in {zone}"))
+                try:
+                    self.cloud.create(spec.name, missing, zone, offer.instance_type)
+                except CapacityError as exc:
+                    attempts.append(f"{zone}: {exc.code}")
+                    on_event(Event("capacity", f"{zone}: {exc.code}, trying the next zone"))
+                    continue
+                return self.describe(spec.name)
+        raise CapacityError("fake", "NoCapacity", "every zone failed: " + "; ".join(attempts))
+
+    def describe(self, cluster: str) -> list[NodeInfo]:
+        nodes = [
+            NodeInfo(
+                cluster=cluster,
+                index=int(inst.tags[TAG_NODE]),
+                node_id=inst.instance_id,
+                private_ip=inst.private_ip,
+                public_ip=None,
+                state=inst.state,
+                zone=inst.zone,
+                instance_type=inst.instance_type,
+                extra=MappingProxyType({"root": f"/fake/{inst.instance_id}", "python": "python3"}),
+            )
+            for inst in self.cloud.live(cluster)
+        ]
+        return sorted(nodes, key=lambda n: n.index)
+
+    def terminate(self, cluster: str) -> None:
+        self.cloud.terminate(cluster)
+
+    def executor(self, node: NodeInfo) -> FakeExecutor:
+        return self.executors.setdefault(node.node_id, FakeExecutor(self.handler))

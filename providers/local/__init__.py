@@ -1,0 +1,1 @@
+"""The embedded local provider: nodes are folders on this machine, jobs are processes."""

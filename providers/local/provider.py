@@ -1,0 +1,131 @@
+"""The embedded local provider: "nodes" are folders on this machine, jobs are its processes.
+
+Prerequisites: none (torch in this Python to train). Supports: multi-node clusters (several
+torchrun agents on one machine, talking over loopback). No GPUs, spot, regions or images.
+
+Each node is ``<home>/local/<cluster>/node-<i>/`` with a ``node.json`` that plays the part of a
+cloud's tags: `describe` and `terminate` read the folders, never the state database, so a lost
+state file leaks nothing here either. `terminate` stops every process started for the node
+(found by the ``CLOUDTRAIN_NODE_ROOT`` variable in its environment), then deletes the folders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from types import MappingProxyType
+from typing import ClassVar
+
+from cloudtrain import node as agent
+from cloudtrain.errors import ConfigError
+from cloudtrain.executors.local import LocalExecutor
+from cloudtrain.provider import (
+    Capability,
+    Event,
+    NodeInfo,
+    Offer,
+    OnEvent,
+    Plan,
+    ProviderContext,
+    ignore_event,
+)
+from cloudtrain.spec import ClusterSpec
+
+LOOPBACK = "127.0.0.1"
+
+
+class LocalProvider:
+    """Clusters of folders and processes on this machine."""
+
+    name: ClassVar[str] = "local"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.MULTI_NODE})
+
+    def __init__(self, context: ProviderContext) -> None:
+        self._root = context.home / "local"
+
+    def _cluster_dir(self, cluster: str) -> Path:
+        return self._root / cluster
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        res = spec.resources
+        unsupported = {
+            "--gpus": res.gpus,
+            "--spot": res.spot or None,
+            "--region": res.region,
+            "--zone": res.zone,
+            "--image": res.image,
+        }
+        for flag, value in unsupported.items():
+            if value is not None:
+                raise ConfigError(
+                    f"provider 'local' runs on this machine's CPU and takes no {flag} "
+                    f"(got {value!r}); drop it, or choose a cloud provider (aws, gcp, azure)"
+                )
+        offer = Offer("local", "local", ("local",), "cpu", 0.0)
+        cdir = self._cluster_dir(spec.name)
+        requests = [
+            {"action": "create-node", "path": str(cdir / f"node-{i}")}
+            for i in range(spec.num_nodes)
+        ]
+        return Plan(spec=spec, offers=(offer,), requests=tuple(requests))
+
+    def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
+        spec = plan.spec
+        existing = self.describe(spec.name)
+        if len(existing) > spec.num_nodes:
+            raise ConfigError(
+                f"cluster {spec.name!r} already has {len(existing)} nodes, more than the "
+                f"{spec.num_nodes} asked for; `cloudtrain down {spec.name}` first"
+            )
+        have = {n.index for n in existing}
+        for index in range(spec.num_nodes):
+            if index in have:
+                continue
+            node_dir = self._cluster_dir(spec.name) / f"node-{index}"
+            node_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tags = {"cluster": spec.name, "index": index, "created": time.time()}
+            tmp = node_dir / "node.json.tmp"
+            tmp.write_text(json.dumps(tags))
+            os.replace(tmp, node_dir / "node.json")
+            on_event(Event("node", f"node {index} ready at {node_dir}", node=index))
+        return self.describe(spec.name)
+
+    def describe(self, cluster: str) -> list[NodeInfo]:
+        nodes = []
+        for tag_file in sorted(self._cluster_dir(cluster).glob("node-*/node.json")):
+            try:
+                tags = json.loads(tag_file.read_text())
+            except (OSError, ValueError):
+                continue  # a node half-made by a crash: apply makes it again
+            index = int(tags["index"])
+            nodes.append(
+                NodeInfo(
+                    cluster=cluster,
+                    index=index,
+                    node_id=f"{cluster}-{index}",
+                    private_ip=LOOPBACK,
+                    public_ip=None,
+                    state="running",
+                    zone="local",
+                    instance_type="cpu",
+                    extra=MappingProxyType(
+                        {"root": str(tag_file.parent), "python": sys.executable}
+                    ),
+                )
+            )
+        return sorted(nodes, key=lambda n: n.index)
+
+    def terminate(self, cluster: str) -> None:
+        cdir = self._cluster_dir(cluster)
+        if not cdir.exists():
+            return
+        for node_dir in sorted(cdir.glob("node-*")):
+            agent.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node_dir)}, grace_s=5.0)
+        shutil.rmtree(cdir, ignore_errors=True)
+
+    def executor(self, node: NodeInfo) -> LocalExecutor:
+        return LocalExecutor()

@@ -1,0 +1,1 @@
+"""Templates rendered by cloudtrain (read through importlib.resources.files)."""

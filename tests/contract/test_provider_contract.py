@@ -1,0 +1,137 @@
+"""One suite over every provider: the guarantees of `cloudtrain.provider`'s contract.
+
+Each provider joins with a `Harness` that builds it and can damage a cluster the way a crash
+or a user would (remove one node behind cloudtrain's back)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.errors import ConfigError
+from cloudtrain.provider import Capability, Event, Provider, ProviderContext
+from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
+from cloudtrain.providers.local.provider import LocalProvider
+from cloudtrain.spec import ClusterSpec
+
+
+@dataclass
+class Harness:
+    provider: Provider
+    remove_node: Callable[[str, int], None]
+    is_empty: Callable[[], bool]
+
+
+def local_harness(home: Path) -> Harness:
+    provider = LocalProvider(ProviderContext(home=home))
+
+    def remove_node(cluster: str, index: int) -> None:
+        shutil.rmtree(home / "local" / cluster / f"node-{index}")
+
+    def is_empty() -> bool:
+        root = home / "local"
+        return not root.exists() or not any(root.iterdir())
+
+    return Harness(provider, remove_node, is_empty)
+
+
+def fake_harness(home: Path) -> Harness:
+    cloud = FakeCloud()
+    provider = FakeProvider(ProviderContext(home=home, options={"cloud": cloud}))
+
+    def remove_node(cluster: str, index: int) -> None:
+        for inst in cloud.live(cluster):
+            if inst.tags["cloudtrain:node"] == str(index):
+                inst.state = "terminated"
+
+    return Harness(provider, remove_node, lambda: not cloud.live())
+
+
+HARNESSES = {"local": local_harness, "fake": fake_harness}
+
+
+@pytest.fixture(params=sorted(HARNESSES))
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
+    return HARNESSES[request.param](tmp_path)
+
+
+def spec(name: str = "c1", nodes: int = 2) -> ClusterSpec:
+    return ClusterSpec(name=name, provider="x", num_nodes=nodes)
+
+
+def test_plan_has_no_side_effects(harness: Harness) -> None:
+    plan = harness.provider.plan(spec(nodes=3))
+    assert plan.offers, "a plan has at least one offer"
+    assert len(plan.requests) >= 1
+    assert harness.provider.describe("c1") == []
+    assert harness.is_empty()
+
+
+def test_apply_creates_every_node_and_describe_finds_them_by_tag(harness: Harness) -> None:
+    events: list[Event] = []
+    nodes = harness.provider.apply(harness.provider.plan(spec(nodes=3)), events.append)
+    assert [n.index for n in nodes] == [0, 1, 2]
+    assert {n.state for n in nodes} == {"running"}
+    assert len({n.node_id for n in nodes}) == 3
+    assert all(n.cluster == "c1" and n.private_ip for n in nodes)
+    assert all("root" in n.extra for n in nodes)
+    assert harness.provider.describe("c1") == nodes
+    assert events, "apply reports progress"
+
+
+def test_apply_is_idempotent(harness: Harness) -> None:
+    plan = harness.provider.plan(spec(nodes=2))
+    first = harness.provider.apply(plan)
+    second = harness.provider.apply(plan)
+    assert [n.node_id for n in first] == [n.node_id for n in second]
+
+
+def test_apply_completes_a_half_made_cluster(harness: Harness) -> None:
+    plan = harness.provider.plan(spec(nodes=3))
+    before = harness.provider.apply(plan)
+    harness.remove_node("c1", 1)
+    assert [n.index for n in harness.provider.describe("c1")] == [0, 2]
+    after = harness.provider.apply(plan)
+    assert [n.index for n in after] == [0, 1, 2]
+    kept = {n.index: n.node_id for n in before}
+    assert after[0].node_id == kept[0] and after[2].node_id == kept[2]
+
+
+def test_more_nodes_than_asked_is_an_error_not_a_silent_bill(harness: Harness) -> None:
+    harness.provider.apply(harness.provider.plan(spec(nodes=3)))
+    with pytest.raises(ConfigError, match="more than"):
+        harness.provider.apply(harness.provider.plan(spec(nodes=2)))
+
+
+def test_terminate_removes_everything_and_is_idempotent(harness: Harness) -> None:
+    harness.provider.apply(harness.provider.plan(spec(nodes=2)))
+    harness.provider.terminate("c1")
+    assert harness.provider.describe("c1") == []
+    assert harness.is_empty()
+    harness.provider.terminate("c1")
+    harness.provider.terminate("never-existed")
+
+
+def test_clusters_are_isolated(harness: Harness) -> None:
+    harness.provider.apply(harness.provider.plan(spec("a", 1)))
+    harness.provider.apply(harness.provider.plan(spec("b", 2)))
+    harness.provider.terminate("a")
+    assert harness.provider.describe("a") == []
+    assert len(harness.provider.describe("b")) == 2
+    harness.provider.terminate("b")
+    assert harness.is_empty()
+
+
+def test_capabilities_and_executor(harness: Harness) -> None:
+    caps = type(harness.provider).capabilities
+    assert isinstance(caps, frozenset) and all(isinstance(c, Capability) for c in caps)
+    assert Capability.MULTI_NODE in caps
+    node = harness.provider.apply(harness.provider.plan(spec(nodes=1)))[0]
+    executor = harness.provider.executor(node)
+    result = executor.run(["true"])
+    assert result.returncode == 0
+    executor.close()

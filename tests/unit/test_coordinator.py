@@ -1,0 +1,136 @@
+"""The coordinator against the fake provider: the exact commands each node is asked to run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.coordinator import Coordinator, JobSpec
+from cloudtrain.torchrun import entrypoint_args
+from cloudtrain.errors import ConfigError, JobError, NotFoundError
+from cloudtrain.executors.base import RunResult
+from cloudtrain.executors.fake import Call
+from cloudtrain.provider import ProviderContext
+from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
+from cloudtrain.spec import ClusterSpec, Resources
+from cloudtrain.state import State
+
+
+class Node:
+    """What the fake nodes answer: a port, and job states set per node by the test."""
+
+    def __init__(self) -> None:
+        self.exit_codes: dict[str, int | None] = {}
+
+    def __call__(self, call: Call) -> RunResult:
+        argv = call.argv
+        if argv[1:4] == ("-m", "cloudtrain.node", "port"):
+            return RunResult(argv, 0, "29555\n", "")
+        if argv[1:4] == ("-m", "cloudtrain.node", "status"):
+            root = argv[4].split("/jobs/")[0]
+            code = self.exit_codes.get(root, 0)
+            status = {"exit_code": code, "cancelled": False, "alive": code is None,
+                      "pid": 7, "ended": 1.0, "log_bytes": 0}
+            return RunResult(argv, 0, json.dumps(status), "")
+        if argv[1:4] == ("-m", "cloudtrain.node", "follow"):
+            return RunResult(argv, 0, "line one\nline two\n", "")
+        return RunResult(argv, 0, "", "")
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Coordinator, FakeProvider, Node, State]:
+    node = Node()
+    provider = FakeProvider(
+        ProviderContext(home=tmp_path, options={"cloud": FakeCloud(), "handler": node})
+    )
+    state = State.open(tmp_path)
+    spec = ClusterSpec("c1", "fake", 2, Resources(accelerator="A100", count=8))
+    nodes = provider.apply(provider.plan(spec))
+    state.put_cluster(spec, status="up")
+    state.set_nodes("c1", nodes)
+    return Coordinator(state, provider, home=tmp_path), provider, node, state
+
+
+def started(provider: FakeProvider) -> list[Call]:
+    return [c for ex in provider.executors.values() for c in ex.calls
+            if c.kind == "start_detached"]
+
+
+def test_entrypoint_forms() -> None:
+    assert entrypoint_args(["train.py", "--lr", "1"]) == ["train.py", "--lr", "1"]
+    assert entrypoint_args(["python", "train.py"]) == ["train.py"]
+    assert entrypoint_args(["python3", "-m", "pkg.train"]) == ["--module", "pkg.train"]
+    assert entrypoint_args(["bash", "run.sh"]) == ["--no-python", "bash", "run.sh"]
+    with pytest.raises(ConfigError, match="nothing to run"):
+        entrypoint_args(["python"])
+
+
+def test_submit_starts_one_torchrun_agent_per_node_with_the_env_contract(setup) -> None:  # type: ignore[no-untyped-def]
+    coord, provider, _, state = setup
+    rec = coord.submit("c1", JobSpec(entrypoint=("train.py", "--epochs", "3"), max_restarts=2))
+    assert rec.status == "running" and rec.id == "c1-1" and rec.nproc_per_node == 8
+    calls = started(provider)
+    assert len(calls) == 2
+    nodes = state.nodes("c1")
+    head = f"{nodes[0].private_ip}:29555"
+    for call, node in zip(calls, nodes, strict=True):
+        assert call.argv == (
+            "python3", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "8",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", head, "--rdzv-id", "c1-1",
+            "--rdzv-conf", f"is_host={int(node.index == 0)}", "--local-addr", node.private_ip,
+            "--max-restarts", "2", "train.py", "--epochs", "3",
+        )
+        assert call.extra["job_dir"] == f"{node.root}/jobs/c1-1"
+        assert call.cwd == f"{node.root}/workdir"
+        env = call.env
+        assert env["CLOUDTRAIN_CLUSTER"] == "c1"
+        assert env["CLOUDTRAIN_JOB_ID"] == "c1-1"
+        assert env["CLOUDTRAIN_NODE_RANK"] == str(node.index)
+        assert env["CLOUDTRAIN_NUM_NODES"] == "2"
+        assert env["CLOUDTRAIN_NODE_IPS"] == f"{nodes[0].private_ip},{nodes[1].private_ip}"
+        assert env["CLOUDTRAIN_HEAD_IP"] == nodes[0].private_ip
+        assert env["CLOUDTRAIN_GPUS_PER_NODE"] == "8"
+        assert env["CLOUDTRAIN_CHECKPOINT_DIR"] == f"{node.root}/checkpoints"
+        assert "OMP_NUM_THREADS" not in env  # GPU nodes keep torchrun's own choice
+
+
+def test_setup_runs_once_per_node_and_workdir_is_synced(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    coord, provider, _, _ = setup
+    (tmp_path / "proj").mkdir()
+    coord.submit("c1", JobSpec(entrypoint=("t.py",), workdir=tmp_path / "proj",
+                               setup="pip install x", envs={"A": "b"}))
+    for ex in provider.executors.values():
+        puts = [c for c in ex.calls if c.kind == "put"]
+        assert [c.argv[0] for c in puts] == [str(tmp_path / "proj")]
+        setups = [c for c in ex.calls if c.argv[:2] == ("/bin/sh", "-c") and
+                  c.argv[2] == "pip install x"]
+        assert len(setups) == 1 and setups[0].env["A"] == "b"
+
+
+def test_a_failed_node_fails_the_job_with_its_log_tail(setup) -> None:  # type: ignore[no-untyped-def]
+    coord, provider, node, state = setup
+    rec = coord.submit("c1", JobSpec(entrypoint=("train.py",)))
+    node.exit_codes[state.nodes("c1")[1].root] = 3
+    lines: list[tuple[int, str]] = []
+    done = coord.follow(rec.id, lambda i, line: lines.append((i, line)))
+    assert done.status == "failed" and done.exit_code == 3
+    assert done.detail["failed_node"] == 1
+    assert "line two" in done.detail["log_tail"]
+    assert (0, "line one") in lines and (1, "line two") in lines
+    kills = [c for c in provider.executors[state.nodes("c1")[0].node_id].calls
+             if c.argv[1:4] == ("-m", "cloudtrain.node", "kill")]
+    assert kills, "the healthy node is stopped when another fails"
+    with pytest.raises(JobError, match="node 1 exited 3"):
+        coord.raise_for_status(done)
+
+
+def test_success_and_unknown_names(setup) -> None:  # type: ignore[no-untyped-def]
+    coord, _, _, _ = setup
+    rec = coord.submit("c1", JobSpec(entrypoint=("train.py",)))
+    assert coord.refresh(rec.id).status == "succeeded"
+    with pytest.raises(NotFoundError):
+        coord.submit("nope", JobSpec(entrypoint=("train.py",)))
+    with pytest.raises(NotFoundError):
+        coord.refresh("nope-9")
