@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 POLL_S = 0.05
-MAX_POLL_S = 0.5
+MAX_POLL_S = 0.1
 
 
 def free_port() -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 from functools import cache
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, cast
 
 from cloudtrain.errors import ConfigError
@@ -35,6 +34,8 @@ PLANNED = ("aws", "gcp", "azure", "ssh")
 
 @cache
 def _plugins() -> dict[str, str]:
+    from importlib.metadata import entry_points  # ~25 ms: only when a name is not built in
+
     return {ep.name: ep.value for ep in entry_points(group=GROUP) if ep.name not in BUILTIN}
 
 

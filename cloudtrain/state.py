@@ -110,6 +110,17 @@ def home() -> Path:
 _default_home = home  # `State.open` takes a parameter named home
 
 
+def _dumps(value: object) -> str:
+    """JSON text; nested mappings such as MappingProxyType become objects, tuples arrays."""
+
+    def default(obj: object) -> object:
+        if isinstance(obj, Mapping):
+            return dict(obj)
+        raise TypeError(f"{type(obj).__name__} is not JSON-serialisable: {obj!r:.80}")
+
+    return json.dumps(value, default=default)
+
+
 def _frozen(data: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(data))
 
@@ -296,8 +307,8 @@ class State:
     ) -> None:
         """Insert or update `spec.name`, keeping created_at; a None price/plan keeps the stored."""
         now = self._clock()
-        plan_json = None if plan is None else json.dumps(plan)
-        spec_json = json.dumps(spec.to_dict())
+        plan_json = None if plan is None else _dumps(plan)
+        spec_json = _dumps(spec.to_dict())
         with self._write() as conn:
             conn.execute(
                 """INSERT INTO clusters VALUES (?, ?, ?, ?, ?, ?, ?, ?)
@@ -346,7 +357,7 @@ class State:
             conn.execute("DELETE FROM nodes WHERE cluster = ?", (cluster,))
             conn.executemany(
                 "INSERT INTO nodes VALUES (?, ?, ?)",
-                [(cluster, n.index, json.dumps(n.to_dict())) for n in nodes],
+                [(cluster, n.index, _dumps(n.to_dict())) for n in nodes],
             )
 
     def nodes(self, cluster: str) -> list[NodeInfo]:
@@ -366,7 +377,7 @@ class State:
         command: Sequence[str],
     ) -> JobRecord:
         """Record a pending job with a fresh id ``<cluster>-<seq>``, unique across processes."""
-        now, command_json = self._clock(), json.dumps(list(command))
+        now, command_json = self._clock(), _dumps(list(command))
         with self._write() as conn:
             conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'job_seq'")
             seq = int(
@@ -417,7 +428,7 @@ class State:
                 """UPDATE jobs SET status = coalesce(?, status),
                     exit_code = coalesce(?, exit_code), started_at = coalesce(?, started_at),
                     ended_at = coalesce(?, ended_at), detail_json = ? WHERE id = ?""",
-                (status, exit_code, started_at, ended_at, json.dumps(merged), job_id),
+                (status, exit_code, started_at, ended_at, _dumps(merged), job_id),
             )
             row = conn.execute(_JOB_BY_ID, (job_id,)).fetchone()
         return _job(row)
@@ -454,7 +465,7 @@ class State:
         with self._write() as conn:
             cur = conn.execute(
                 "INSERT INTO intents (ts, cluster, action, detail_json) VALUES (?, ?, ?, ?)",
-                (self._clock(), cluster, action, json.dumps(dict(detail or {}))),
+                (self._clock(), cluster, action, _dumps(detail or {})),
             )
             return int(cur.lastrowid or 0)
 

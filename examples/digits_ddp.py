@@ -10,6 +10,7 @@ Every epoch is checkpointed; run it again with more --epochs and it resumes.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import torch
@@ -80,6 +81,12 @@ def main() -> None:
     sampler = runtime.BalancedSampler(train, seed=args.seed)
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
     loss_fn = nn.CrossEntropyLoss()
+    node = os.environ.get("CLOUDTRAIN_NODE_RANK", "0")
+    print(
+        f"rank {runtime.rank()}/{runtime.world_size()} on node {node}: "
+        f"{len(sampler)} of {len(train)} training samples per epoch",
+        flush=True,
+    )
     first_step = True
     for epoch in range(start, args.epochs):
         sampler.set_epoch(epoch)

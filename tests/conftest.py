@@ -16,7 +16,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A fresh CLOUDTRAIN_HOME for one test."""
     path = tmp_path / "home"
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(path))
-    yield path
+    return path
 
 
 class Cli:

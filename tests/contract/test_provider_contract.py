@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
+from cloudtrain.providers.local.provider import LocalProvider
 
 from cloudtrain.errors import ConfigError
 from cloudtrain.provider import Capability, Event, Provider, ProviderContext
-from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
-from cloudtrain.providers.local.provider import LocalProvider
 from cloudtrain.spec import ClusterSpec
 
 
@@ -98,7 +98,8 @@ def test_apply_completes_a_half_made_cluster(harness: Harness) -> None:
     after = harness.provider.apply(plan)
     assert [n.index for n in after] == [0, 1, 2]
     kept = {n.index: n.node_id for n in before}
-    assert after[0].node_id == kept[0] and after[2].node_id == kept[2]
+    assert after[0].node_id == kept[0]
+    assert after[2].node_id == kept[2]
 
 
 def test_more_nodes_than_asked_is_an_error_not_a_silent_bill(harness: Harness) -> None:
@@ -128,7 +129,8 @@ def test_clusters_are_isolated(harness: Harness) -> None:
 
 def test_capabilities_and_executor(harness: Harness) -> None:
     caps = type(harness.provider).capabilities
-    assert isinstance(caps, frozenset) and all(isinstance(c, Capability) for c in caps)
+    assert isinstance(caps, frozenset)
+    assert all(isinstance(c, Capability) for c in caps)
     assert Capability.MULTI_NODE in caps
     node = harness.provider.apply(harness.provider.plan(spec(nodes=1)))[0]
     executor = harness.provider.executor(node)

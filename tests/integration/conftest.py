@@ -29,14 +29,23 @@ class Shell:
 
     def __call__(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*CLOUDTRAIN, *args], env=self.env, cwd=REPO, capture_output=True, text=True,
-            timeout=timeout, check=False,
+            [*CLOUDTRAIN, *args],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [*CLOUDTRAIN, *args], env=self.env, cwd=REPO, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True,
+            [*CLOUDTRAIN, *args],
+            env=self.env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
 
     def status(self) -> dict[str, Any]:

@@ -23,39 +23,49 @@ def test_two_node_ddp_trains_streams_both_nodes_and_leaves_nothing(sh: Shell) ->
     train = sh("train", "-c", "demo", str(EXAMPLE), "--", "--epochs", "5")
     assert train.returncode == 0, train.stdout + train.stderr
     accuracy = re.search(r"final test accuracy: (\d\.\d+)", train.stdout)
-    assert accuracy and float(accuracy.group(1)) >= 0.95, train.stdout
-    assert "[node 0] " in train.stdout and "[node 1] " in train.stdout
+    assert accuracy, train.stdout
+    assert float(accuracy.group(1)) >= 0.95, train.stdout
+    assert "[node 0] " in train.stdout
+    assert "[node 1] " in train.stdout
     job_id = re.search(r"job (demo-\d+) succeeded", train.stderr)
     assert job_id, train.stderr
 
     job = sh.job(job_id.group(1))
-    assert job["status"] == "succeeded" and job["exit_code"] == 0
-    assert job["num_nodes"] == 2 and job["nproc_per_node"] == 1
+    assert job["status"] == "succeeded"
+    assert job["exit_code"] == 0
+    assert job["num_nodes"] == 2
+    assert job["nproc_per_node"] == 1
     cluster = sh.status()["clusters"][0]
-    assert cluster["name"] == "demo" and len(cluster["nodes"]) == 2
+    assert cluster["name"] == "demo"
+    assert len(cluster["nodes"]) == 2
 
     logs = sh("logs", job_id.group(1))
     assert logs.returncode == 0
     assert "final test accuracy" in logs.stdout
-    assert "[node 0] " in logs.stdout and "[node 1] " in logs.stdout
+    assert "[node 0] " in logs.stdout
+    assert "[node 1] " in logs.stdout
 
     # a second run on the same cluster resumes from the checkpoint of the first
     again = sh("train", "-c", "demo", str(EXAMPLE), "--", "--epochs", "6")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resumed from epoch 5" in again.stdout
-    assert "epoch 6/6" in again.stdout and "epoch 5/6" not in again.stdout
+    assert "epoch 6/6" in again.stdout
+    assert "epoch 5/6" not in again.stdout
 
     down = sh("down", "demo")
-    assert down.returncode == 0 and "is down" in down.stdout
+    assert down.returncode == 0
+    assert "is down" in down.stdout
     assert not (sh.home / "local" / "demo").exists()
     assert sh.status()["clusters"] == []
     assert sh.processes() == []
     # the logs outlive the cluster
     kept = sh("logs", job_id.group(1))
-    assert kept.returncode == 0 and "final test accuracy" in kept.stdout
+    assert kept.returncode == 0
+    assert "final test accuracy" in kept.stdout
 
     again_down = sh("down", "demo")
-    assert again_down.returncode == 0 and "nothing to do" in again_down.stdout
+    assert again_down.returncode == 0
+    assert "nothing to do" in again_down.stdout
 
 
 def test_detach_logs_follow_and_cancel_leave_no_process(sh: Shell) -> None:
@@ -63,19 +73,23 @@ def test_detach_logs_follow_and_cancel_leave_no_process(sh: Shell) -> None:
     start = sh("train", "-c", "bg", "--detach", str(SCRIPTS / "sleeper.py"))
     assert start.returncode == 0, start.stderr
     job_id = re.search(r"job (bg-\d+) running", start.stderr)
-    assert job_id and "cloudtrain logs" in start.stderr
+    assert job_id
+    assert "cloudtrain logs" in start.stderr
     jid = job_id.group(1)
     assert sh.job(jid)["status"] == "running"
     wait_for(lambda: "tick 2" in sh("logs", jid).stdout, what="the job's output")
     logs = sh("logs", jid).stdout
-    assert "[node 0] " in logs and "[node 1] " in logs
+    assert "[node 0] " in logs
+    assert "[node 1] " in logs
 
     follower = sh.popen("logs", jid, "-f")
     time.sleep(2)
     cancel = sh("cancel", jid)
-    assert cancel.returncode == 0 and "cancelled" in cancel.stdout, cancel.stderr
+    assert cancel.returncode == 0, cancel.stderr
+    assert "cancelled" in cancel.stdout
     out, _ = follower.communicate(timeout=60)
-    assert follower.returncode == 0 and "tick" in out
+    assert follower.returncode == 0
+    assert "tick" in out
     assert sh.job(jid)["status"] == "cancelled"
     assert sh.processes() == []
     assert sh("cancel", jid).returncode == 0  # idempotent
@@ -89,7 +103,8 @@ def test_a_failing_node_fails_the_job_stops_the_others_and_exits_1(sh: Shell) ->
     assert "failed: node 1 exited" in train.stderr
     assert "boom: node 1 gives up" in train.stderr  # the failed node's log tail is shown
     job = sh.status()["jobs"][0]
-    assert job["status"] == "failed" and job["detail"]["failed_node"] == 1
+    assert job["status"] == "failed"
+    assert job["detail"]["failed_node"] == 1
     assert sh.processes() == []
     assert sh("down", "bad").returncode == 0
 
@@ -106,7 +121,8 @@ def test_ctrl_c_stops_following_and_leaves_the_job_running(sh: Shell) -> None:
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=30)
     assert proc.returncode == 130, "".join(seen) + rest
-    assert "keeps running" in rest and "cloudtrain cancel cc-1" in rest
+    assert "keeps running" in rest
+    assert "cloudtrain cancel cc-1" in rest
     assert sh.job("cc-1")["status"] == "running"
     assert sh("down", "cc").returncode == 0  # down cancels the job first
     assert sh.job("cc-1")["status"] == "cancelled"
@@ -118,7 +134,7 @@ def test_launch_with_down_runs_the_task_file_and_tears_down(sh: Shell, tmp_path:
     task.write_text(
         f"name: launched\nnum_nodes: 2\nworkdir: {SCRIPTS}\n"
         "run: show_args.py 'two words' '$(touch /tmp/pwned)' 'a;b' \"q'uote\"\n"
-        "envs:\n  ODD: \"x y $HOME `id`\"\n"
+        'envs:\n  ODD: "x y $HOME `id`"\n'
     )
     done = sh("launch", str(task), "--down")
     assert done.returncode == 0, done.stdout + done.stderr

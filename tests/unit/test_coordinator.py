@@ -6,16 +6,16 @@ import json
 from pathlib import Path
 
 import pytest
+from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 
 from cloudtrain.coordinator import Coordinator, JobSpec
-from cloudtrain.torchrun import entrypoint_args
 from cloudtrain.errors import ConfigError, JobError, NotFoundError
 from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call
 from cloudtrain.provider import ProviderContext
-from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 from cloudtrain.spec import ClusterSpec, Resources
 from cloudtrain.state import State
+from cloudtrain.torchrun import entrypoint_args
 
 
 class Node:
@@ -31,8 +31,14 @@ class Node:
         if argv[1:4] == ("-m", "cloudtrain.node", "status"):
             root = argv[4].split("/jobs/")[0]
             code = self.exit_codes.get(root, 0)
-            status = {"exit_code": code, "cancelled": False, "alive": code is None,
-                      "pid": 7, "ended": 1.0, "log_bytes": 0}
+            status = {
+                "exit_code": code,
+                "cancelled": False,
+                "alive": code is None,
+                "pid": 7,
+                "ended": 1.0,
+                "log_bytes": 0,
+            }
             return RunResult(argv, 0, json.dumps(status), "")
         if argv[1:4] == ("-m", "cloudtrain.node", "follow"):
             return RunResult(argv, 0, "line one\nline two\n", "")
@@ -54,8 +60,7 @@ def setup(tmp_path: Path) -> tuple[Coordinator, FakeProvider, Node, State]:
 
 
 def started(provider: FakeProvider) -> list[Call]:
-    return [c for ex in provider.executors.values() for c in ex.calls
-            if c.kind == "start_detached"]
+    return [c for ex in provider.executors.values() for c in ex.calls if c.kind == "start_detached"]
 
 
 def test_entrypoint_forms() -> None:
@@ -70,17 +75,37 @@ def test_entrypoint_forms() -> None:
 def test_submit_starts_one_torchrun_agent_per_node_with_the_env_contract(setup) -> None:  # type: ignore[no-untyped-def]
     coord, provider, _, state = setup
     rec = coord.submit("c1", JobSpec(entrypoint=("train.py", "--epochs", "3"), max_restarts=2))
-    assert rec.status == "running" and rec.id == "c1-1" and rec.nproc_per_node == 8
+    assert rec.status == "running"
+    assert rec.id == "c1-1"
+    assert rec.nproc_per_node == 8
     calls = started(provider)
     assert len(calls) == 2
     nodes = state.nodes("c1")
     head = f"{nodes[0].private_ip}:29555"
     for call, node in zip(calls, nodes, strict=True):
         assert call.argv == (
-            "python3", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "8",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", head, "--rdzv-id", "c1-1",
-            "--rdzv-conf", f"is_host={int(node.index == 0)}", "--local-addr", node.private_ip,
-            "--max-restarts", "2", "train.py", "--epochs", "3",
+            "python3",
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "8",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            head,
+            "--rdzv-id",
+            "c1-1",
+            "--rdzv-conf",
+            f"is_host={int(node.index == 0)}",
+            "--local-addr",
+            node.private_ip,
+            "--max-restarts",
+            "2",
+            "train.py",
+            "--epochs",
+            "3",
         )
         assert call.extra["job_dir"] == f"{node.root}/jobs/c1-1"
         assert call.cwd == f"{node.root}/workdir"
@@ -99,14 +124,20 @@ def test_submit_starts_one_torchrun_agent_per_node_with_the_env_contract(setup) 
 def test_setup_runs_once_per_node_and_workdir_is_synced(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     coord, provider, _, _ = setup
     (tmp_path / "proj").mkdir()
-    coord.submit("c1", JobSpec(entrypoint=("t.py",), workdir=tmp_path / "proj",
-                               setup="pip install x", envs={"A": "b"}))
+    coord.submit(
+        "c1",
+        JobSpec(
+            entrypoint=("t.py",), workdir=tmp_path / "proj", setup="pip install x", envs={"A": "b"}
+        ),
+    )
     for ex in provider.executors.values():
         puts = [c for c in ex.calls if c.kind == "put"]
         assert [c.argv[0] for c in puts] == [str(tmp_path / "proj")]
-        setups = [c for c in ex.calls if c.argv[:2] == ("/bin/sh", "-c") and
-                  c.argv[2] == "pip install x"]
-        assert len(setups) == 1 and setups[0].env["A"] == "b"
+        setups = [
+            c for c in ex.calls if c.argv[:2] == ("/bin/sh", "-c") and c.argv[2] == "pip install x"
+        ]
+        assert len(setups) == 1
+        assert setups[0].env["A"] == "b"
 
 
 def test_a_failed_node_fails_the_job_with_its_log_tail(setup) -> None:  # type: ignore[no-untyped-def]
@@ -115,12 +146,17 @@ def test_a_failed_node_fails_the_job_with_its_log_tail(setup) -> None:  # type: 
     node.exit_codes[state.nodes("c1")[1].root] = 3
     lines: list[tuple[int, str]] = []
     done = coord.follow(rec.id, lambda i, line: lines.append((i, line)))
-    assert done.status == "failed" and done.exit_code == 3
+    assert done.status == "failed"
+    assert done.exit_code == 3
     assert done.detail["failed_node"] == 1
     assert "line two" in done.detail["log_tail"]
-    assert (0, "line one") in lines and (1, "line two") in lines
-    kills = [c for c in provider.executors[state.nodes("c1")[0].node_id].calls
-             if c.argv[1:4] == ("-m", "cloudtrain.node", "kill")]
+    assert (0, "line one") in lines
+    assert (1, "line two") in lines
+    kills = [
+        c
+        for c in provider.executors[state.nodes("c1")[0].node_id].calls
+        if c.argv[1:4] == ("-m", "cloudtrain.node", "kill")
+    ]
     assert kills, "the healthy node is stopped when another fails"
     with pytest.raises(JobError, match="node 1 exited 3"):
         coord.raise_for_status(done)

@@ -8,8 +8,10 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 
@@ -87,7 +89,7 @@ def test_tightens_a_looser_existing_file(tmp_path: Path) -> None:
 
 def test_wal_foreign_keys_busy_timeout_and_schema_version(state: State) -> None:
     assert BUSY_TIMEOUT_S >= 10
-    with sqlite3.connect(state.path) as other:
+    with closing(sqlite3.connect(state.path)) as other:
         assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert other.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 1
     conn = state._conn  # the pragmas below are per connection
@@ -109,7 +111,7 @@ def test_a_writer_waits_for_another_process_lock(state: State) -> None:
 
 def test_refuses_a_newer_schema(tmp_path: Path) -> None:
     State.open(tmp_path).close()
-    with sqlite3.connect(tmp_path / "state.db") as conn:
+    with closing(sqlite3.connect(tmp_path / "state.db")) as conn:
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     with pytest.raises(StateError, match=rf"schema version {SCHEMA_VERSION + 1}, newer") as err:
         State.open(tmp_path)
@@ -206,6 +208,9 @@ def test_job_round_trip_and_update(state: State, clock: Clock) -> None:
     )
     assert dict(done.detail) == {"pid": 42, "n": 1}
     assert done.finished
+    nested = MappingProxyType({"gpus": MappingProxyType({"0": "A100"}), "ips": ("10.0.0.1",)})
+    again = state.update_job(job.id, detail={**done.detail, "nested": nested})
+    assert again.detail["nested"] == {"gpus": {"0": "A100"}, "ips": ["10.0.0.1"]}
     assert state.job("exp1-99") is None
     with pytest.raises(NotFoundError):
         state.update_job("exp1-99", status="running")
@@ -279,11 +284,15 @@ def test_intent_context_manager_records_ok_and_errors(state: State, clock: Clock
         assert [i.id for i in state.open_intents()] == [ok_id]
     with pytest.raises(RuntimeError, match="no capacity"), state.intent("exp1", "up") as err_id:
         raise RuntimeError("no capacity")
+    with pytest.raises(KeyboardInterrupt), state.intent("exp1", "down") as ctrl_c_id:
+        raise KeyboardInterrupt
     assert state.open_intents() == []
-    rows = sqlite3.connect(state.path).execute("SELECT id, outcome, closed_at FROM intents")
+    with closing(sqlite3.connect(state.path)) as conn:
+        rows = conn.execute("SELECT id, outcome, closed_at FROM intents").fetchall()
     assert sorted(rows) == [
         (ok_id, "ok", 1000.0),
         (err_id, "error: RuntimeError: no capacity", 1000.0),
+        (ctrl_c_id, "error: KeyboardInterrupt: ", 1000.0),
     ]
 
 

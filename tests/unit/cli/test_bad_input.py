@@ -1,0 +1,129 @@
+"""Bad input: a clear message naming the field, the value and what is allowed; exit 2;
+nothing created (no cluster recorded, no node folder, no fake-cloud request)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cloudtrain.providers.fake.provider import _CLOUDS
+
+from tests.conftest import Cli
+
+
+def nothing_created(home: Path) -> bool:
+    local = home / "local"
+    db = home / "state.db"
+    if db.exists():
+        from cloudtrain.state import State
+
+        with State.open(home) as state:
+            if state.clusters():
+                return False
+    cloud = _CLOUDS.get(home)
+    return (not local.exists() or not any(local.iterdir())) and (
+        cloud is None or not cloud.requests
+    )
+
+
+CASES = [
+    (["up", "--name", "x", "--nodes", "0"], "num_nodes 0 is out of range; allowed: 1 to 1024"),
+    (["up", "--name", "x", "--nodes", "-3"], "num_nodes -3 is out of range"),
+    (["up", "--name", "x", "--nodes", "two"], "num_nodes 'two' is not a whole number"),
+    (["up", "--name", "x", "--provider", "aws", "--gpus", "Z100:2"], "unknown accelerator 'Z100'"),
+    (
+        ["up", "--name", "x", "--provider", "aws", "--gpus", "A100:0"],
+        "the GPU count must be at least 1",
+    ),
+    (
+        ["up", "--name", "x", "--provider", "aws", "--gpus", "A100:3"],
+        "aws offers A100 only with 8 GPUs per node",
+    ),
+    (
+        ["up", "--name", "x", "--provider", "aws", "--gpus", "V100:2"],
+        "aws offers V100 with 1, 4 or 8 GPUs per node; V100:2 is offered by gcp",
+    ),
+    (
+        ["up", "--name", "x", "--provider", "azure", "--gpus", "V100:1"],
+        "azure retired Standard_NC6s_v3 (V100:1) on 2025-09-30",
+    ),
+    (["up", "--name", "x", "--provider", "nimbus"], "provider 'nimbus' is not a known provider"),
+    (
+        ["up", "--name", "x", "--provider", "aws", "--gpus", "A100:8"],
+        "provider 'aws' is planned but not implemented",
+    ),
+    (["up", "--name", "x", "--gpus", "A100:8"], "provider 'local' runs on this machine's CPU"),
+    (["up", "--name", "Demo"], "name 'Demo' is not a valid cluster name"),
+    (["up", "--name", "my cluster"], "name 'my cluster' is not a valid cluster name"),
+    (["up", "--name", "a" * 64], "is not a valid cluster name: use 1 to 40 characters"),
+    (["up", "--nodes", "2"], "name None is not a valid cluster name"),
+    (
+        ["train", "-c", "nosuchcluster", "examples/digits_ddp.py"],
+        "no cluster named 'nosuchcluster'",
+    ),
+    (["train", "-c", "x", "no/such/script.py"], "script 'no/such/script.py' does not exist"),
+    (["train", "examples/digits_ddp.py"], "which cluster? pass --cluster"),
+    (["train", "-c", "x", "--env", "NOEQUALS", "examples/digits_ddp.py"], "--env 'NOEQUALS'"),
+    (["logs", "nope-1"], "no job 'nope-1'"),
+    (["cancel", "nope-1"], "no job 'nope-1'"),
+    (["gpus", "--accelerator", "Z100"], "unknown accelerator 'Z100'"),
+    (["gpus", "--provider", "awz"], "did you mean 'aws'"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), CASES, ids=[" ".join(c[0])[:50] for c in CASES])
+def test_bad_flags_exit_2_and_create_nothing(
+    run_cli: Cli, home: Path, args: list[str], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(Path(__file__).resolve().parents[3])
+    result = run_cli(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert nothing_created(home)
+
+
+def test_yaml_errors_name_file_and_line(run_cli: Cli, home: Path, tmp_path: Path) -> None:
+    task = tmp_path / "task.yaml"
+    task.write_text("name: t1\nprovider: local\nnum_node: 2\n")
+    result = run_cli("up", str(task))
+    assert result.exit_code == 2
+    assert f"{task}:3: unknown field 'num_node' — did you mean 'num_nodes'?" in result.output
+
+    task.write_text("name: t1\nresources: [a,\n")
+    result = run_cli("launch", str(task))
+    assert result.exit_code == 2
+    assert f"{task}:" in result.output
+    assert "invalid YAML" in result.output
+    assert nothing_created(home)
+
+
+def test_up_of_an_existing_name_with_another_spec_is_refused(run_cli: Cli, home: Path) -> None:
+    assert run_cli("up", "--provider", "fake", "--name", "same", "--nodes", "2").exit_code == 0
+    result = run_cli("up", "--provider", "fake", "--name", "same", "--nodes", "3")
+    assert result.exit_code == 2
+    assert "cluster 'same' exists with a different spec (num_nodes: 2 → 3)" in result.output
+    assert len(_CLOUDS[home].live("same")) == 2
+    again = run_cli("up", "--provider", "fake", "--name", "same", "--nodes", "2")
+    assert again.exit_code == 0  # the same spec: idempotent
+    assert len(_CLOUDS[home].live("same")) == 2
+    assert run_cli("down", "same").exit_code == 0
+    assert _CLOUDS[home].live() == []
+
+
+def test_down_of_an_unknown_cluster_is_nothing_to_do(run_cli: Cli) -> None:
+    result = run_cli("down", "nosuchcluster")
+    assert result.exit_code == 0
+    assert "nothing to do: no cluster named 'nosuchcluster'" in result.output
+
+
+def test_dry_run_prints_the_plan_and_creates_nothing(run_cli: Cli, home: Path) -> None:
+    result = run_cli(
+        "up", "--provider", "aws", "--gpus", "A100:8", "--nodes", "4", "--name", "exp1", "--dry-run"
+    )
+    assert result.exit_code == 0, result.output
+    assert "p4d.24xlarge" in result.output
+    assert "would create 4 node(s) of p4d.24xlarge on aws for $131.09/h" in result.output
+    local = run_cli("up", "--name", "d", "--nodes", "2", "--dry-run")
+    assert local.exit_code == 0
+    assert "$0.00/h" in local.output
+    assert nothing_created(home)
