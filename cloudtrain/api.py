@@ -75,8 +75,20 @@ def up(
         },
     )
     state.add_event(spec.name, "up", f"provisioning {spec.num_nodes} node(s) on {spec.provider}")
-    with state.intent(spec.name, "apply", {"provider": spec.provider}):
-        nodes = prov.apply(the_plan, on_event)
+    earlier = state.open_intents(spec.name)  # an `up` or `down` that died half way
+    try:
+        with state.intent(spec.name, "apply", {"provider": spec.provider}):
+            nodes = prov.apply(the_plan, on_event)
+    except BaseException:
+        left = prov.describe(spec.name)
+        if left:  # a half-made cluster: keep the record so `up` completes it, `down` removes it
+            state.set_nodes(spec.name, left)
+            state.set_cluster_status(spec.name, "partial")
+        else:  # all or nothing: nothing was made, so nothing is recorded
+            state.delete_cluster(spec.name)
+        raise
+    for intent in earlier:
+        state.end_intent(intent.id, "finished by a later up")
     state.set_nodes(spec.name, nodes)
     state.set_cluster_status(spec.name, "up")
     state.add_event(spec.name, "up", f"{len(nodes)} node(s) running")
@@ -118,8 +130,11 @@ def down(
         finally:
             coord.close()
     on_event(Event("terminate", f"terminating {len(found)} node(s) of {name!r} on {pname}"))
+    earlier = state.open_intents(name)
     with state.intent(name, "terminate", {"provider": pname}):
         prov.terminate(name)
+    for intent in earlier:
+        state.end_intent(intent.id, "cleaned by down")
     if record is not None:
         state.delete_cluster(name)
     state.add_event(name, "down", f"cluster {name!r} terminated")

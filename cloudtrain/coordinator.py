@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from cloudtrain.errors import CommandError, JobError, NotFoundError
-from cloudtrain.executors.base import Executor, fan_out
+from cloudtrain.executors.base import Executor, RunResult, fan_out
 from cloudtrain.provider import NodeInfo, Provider
 from cloudtrain.state import JobRecord, State
 from cloudtrain.torchrun import Launch, entrypoint_args, read_failure
@@ -75,16 +75,22 @@ class Coordinator:
             self._executors[node.node_id] = self.provider.executor(node)
         return self._executors[node.node_id]
 
+    def _agent(
+        self,
+        node: NodeInfo,
+        *args: str,
+        timeout: float | None = 60,
+        on_output: Callable[[str], None] | None = None,
+    ) -> RunResult:
+        """Run ``python -m cloudtrain.node ARGS`` (the node agent) on `node`."""
+        return self._executor(node).run(
+            [node.python, "-m", "cloudtrain.node", *args], timeout=timeout, on_output=on_output
+        )
+
     def close(self) -> None:
         for ex in self._executors.values():
             ex.close()
         self._executors.clear()
-
-    def _nodes(self, cluster: str) -> list[NodeInfo]:
-        nodes = self.state.nodes(cluster)
-        if not nodes:
-            raise NotFoundError(f"cluster {cluster!r} has no nodes; run `cloudtrain up` first")
-        return nodes
 
     # -- starting ---------------------------------------------------------------------------
 
@@ -97,8 +103,8 @@ class Coordinator:
         record = self.state.cluster(cluster)
         if record is None:
             raise NotFoundError(f"no cluster named {cluster!r}; `cloudtrain status` lists them")
-        nodes = self._nodes(cluster)
         spec = record.spec
+        nodes = self._live_nodes(cluster, spec.num_nodes)
         nproc = job.nproc_per_node or spec.resources.count or 1
         args = entrypoint_args(job.entrypoint)
         name = job.name or Path(job.entrypoint[0]).stem or "job"
@@ -109,21 +115,12 @@ class Coordinator:
             cluster, "job", f"job {rec.id} submitted: {shlex.join(args)}", job_id=rec.id
         )
         try:
-            if job.workdir is not None:
-                fan_out(lambda n: self._executor(n).put(job.workdir, _workdir(n)), nodes)  # type: ignore[arg-type]
-            else:
-                fan_out(
-                    lambda n: self._executor(n).run(["mkdir", "-p", _workdir(n)]).check(), nodes
-                )
-            if job.setup:
-                fan_out(lambda n: self._setup(n, job, on_line), nodes)
+            fan_out(lambda n: self._sync(n, job.workdir), nodes)
+            setup = job.setup
+            if setup:
+                fan_out(lambda n: self._setup(n, setup, job.envs, on_line), nodes)
             head = nodes[0]
-            port = int(
-                self._executor(head)
-                .run([head.python, "-m", "cloudtrain.node", "port"], timeout=60)
-                .check()
-                .stdout.strip()
-            )
+            port = int(self._agent(head, "port").check().stdout.strip())
             pids = fan_out(lambda n: self._start(rec, n, nodes, nproc, args, port, job), nodes)
         except BaseException as exc:
             self._stop(rec.id, nodes, mark=True)
@@ -148,19 +145,37 @@ class Coordinator:
         )
         return self._job(rec.id)
 
-    def _setup(self, node: NodeInfo, job: JobSpec, on_line: OnLine | None) -> None:
-        """Run the setup script once per node: skipped when its hash (with the workdir's
-        location) matches the last successful run on that node."""
-        assert job.setup is not None
-        digest = hashlib.sha256(job.setup.encode()).hexdigest()
+    def _live_nodes(self, cluster: str, expected: int) -> list[NodeInfo]:
+        """The cluster's nodes as the provider sees them now (its tags are the truth)."""
+        nodes = self.provider.describe(cluster)
+        running = [n for n in nodes if n.state == "running"]
+        if len(running) < expected:
+            raise NotFoundError(
+                f"cluster {cluster!r} has {len(running)} of its {expected} node(s) running; "
+                f"`cloudtrain up --name {cluster}` completes it, `cloudtrain down {cluster}` "
+                "removes it"
+            )
+        self.state.set_nodes(cluster, running)
+        return running
+
+    def _sync(self, node: NodeInfo, workdir: Path | None) -> None:
+        if workdir is not None:
+            self._executor(node).put(workdir, _workdir(node))
+        else:
+            self._executor(node).run(["mkdir", "-p", _workdir(node)]).check()
+
+    def _setup(
+        self, node: NodeInfo, setup: str, envs: Mapping[str, str], on_line: OnLine | None
+    ) -> None:
+        """Run the setup script on `node`, skipped when the same script (and environment)
+        already succeeded there: a hash of both is kept in ``<node root>/setup.sha256``."""
+        digest = hashlib.sha256(json.dumps([setup, sorted(envs.items())]).encode()).hexdigest()
         marker = f"{node.root}/setup.sha256"
         ex = self._executor(node)
         if ex.run(["cat", marker]).stdout.strip() == digest:
             return
         emit = (lambda line: on_line(node.index, line)) if on_line else None
-        ex.run(
-            ["/bin/sh", "-c", job.setup], cwd=_workdir(node), env=dict(job.envs), on_output=emit
-        ).check()
+        ex.run(["/bin/sh", "-c", setup], cwd=_workdir(node), env=dict(envs), on_output=emit).check()
         ex.run(["/bin/sh", "-c", 'printf "%s\\n" "$1" > "$2"', "sh", digest, marker]).check()
 
     def _env(
@@ -236,15 +251,14 @@ class Coordinator:
         return nodes
 
     def _status(self, node: NodeInfo, job_id: str) -> dict[str, Any]:
-        out = (
-            self._executor(node)
-            .run(
-                [node.python, "-m", "cloudtrain.node", "status", _job_dir(node, job_id)], timeout=60
-            )
-            .check()
-            .stdout
-        )
+        out = self._agent(node, "status", _job_dir(node, job_id)).check().stdout
         return dict(json.loads(out))
+
+    def _read_log(self, node: NodeInfo, job_id: str, tail: int | None = None) -> str:
+        args = ["follow", "--once", _job_dir(node, job_id)]
+        if tail is not None:
+            args[2:2] = ["--tail", str(tail)]
+        return self._agent(node, *args, timeout=300).stdout
 
     def refresh(self, job_id: str) -> JobRecord:
         """Read the job's state from its nodes and record it. Idempotent; blocks for one round
@@ -279,7 +293,7 @@ class Coordinator:
             self.state.add_event(rec.cluster, "job", f"job {rec.id} succeeded", job_id=rec.id)
             return self._job(rec.id)
         _, node, code = min(failed, key=lambda f: (f[0], f[1].index))
-        failure = read_failure(self.tail(rec.id, node, lines=80))
+        failure = read_failure(self._read_log(node, rec.id, tail=80))
         reason = failure.reason(code)
         tail = failure.tail
         self.state.update_job(
@@ -293,26 +307,6 @@ class Coordinator:
             rec.cluster, "job", f"job {rec.id} failed: node {node.index} {reason}", job_id=rec.id
         )
         return self._job(rec.id)
-
-    def tail(self, job_id: str, node: NodeInfo, lines: int = 20) -> str:
-        """The last `lines` lines of the job's log on `node`."""
-        return (
-            self._executor(node)
-            .run(
-                [
-                    node.python,
-                    "-m",
-                    "cloudtrain.node",
-                    "follow",
-                    "--once",
-                    "--tail",
-                    str(lines),
-                    _job_dir(node, job_id),
-                ],
-                timeout=60,
-            )
-            .stdout
-        )
 
     def follow(self, job_id: str, on_line: OnLine) -> JobRecord:
         """Stream every node's log to `on_line(node_index, line)` until the job ends, keep a
@@ -331,10 +325,7 @@ class Coordinator:
                     copy.write(line + "\n")
                     on_line(node.index, line)
 
-                self._executor(node).run(
-                    [node.python, "-m", "cloudtrain.node", "follow", _job_dir(node, job_id)],
-                    on_output=emit,
-                )
+                self._agent(node, "follow", _job_dir(node, job_id), timeout=None, on_output=emit)
             status = self._status(node, job_id)
             failed = status["exit_code"] != 0 and not status["cancelled"]
             if failed and stop_once.acquire(blocking=False):
@@ -362,22 +353,7 @@ class Coordinator:
         nodes = self.state.nodes(rec.cluster)
         if nodes and rec.status != "pending":
             for node in nodes:
-                out = (
-                    self._executor(node)
-                    .run(
-                        [
-                            node.python,
-                            "-m",
-                            "cloudtrain.node",
-                            "follow",
-                            "--once",
-                            _job_dir(node, job_id),
-                        ],
-                        timeout=300,
-                    )
-                    .stdout
-                )
-                for line in out.splitlines():
+                for line in self._read_log(node, job_id).splitlines():
                     on_line(node.index, line)
             return self.refresh(job_id)
         copies = sorted((self.home / "logs" / job_id).glob("node-*.log"))
@@ -396,21 +372,7 @@ class Coordinator:
             copy_dir = self.home / "logs" / rec.id
             for node in nodes:
                 try:
-                    out = (
-                        self._executor(node)
-                        .run(
-                            [
-                                node.python,
-                                "-m",
-                                "cloudtrain.node",
-                                "follow",
-                                "--once",
-                                _job_dir(node, rec.id),
-                            ],
-                            timeout=300,
-                        )
-                        .stdout
-                    )
+                    out = self._read_log(node, rec.id)
                 except CommandError as exc:
                     log.warning(
                         "could not copy the logs of %s from node %d: %s", rec.id, node.index, exc
@@ -423,11 +385,11 @@ class Coordinator:
     # -- stopping ---------------------------------------------------------------------------
 
     def _stop(self, job_id: str, nodes: Sequence[NodeInfo], *, mark: bool) -> None:
+        """Stop the job's processes on `nodes` (TERM, then KILL after the grace); with `mark`,
+        the job is marked cancelled on each node first."""
+
         def stop(node: NodeInfo) -> None:
-            argv = [
-                node.python,
-                "-m",
-                "cloudtrain.node",
+            args = [
                 "kill",
                 "--match",
                 f"CLOUDTRAIN_JOB_ID={job_id}",
@@ -439,8 +401,8 @@ class Coordinator:
                 _job_dir(node, job_id),
             ]
             if mark:
-                argv.append("--mark")
-            self._executor(node).run(argv, timeout=KILL_GRACE_S + 60).check()
+                args.append("--mark")
+            self._agent(node, *args, timeout=KILL_GRACE_S + 60).check()
 
         fan_out(stop, nodes)
 
@@ -455,13 +417,12 @@ class Coordinator:
         return self._conclude(rec, nodes, statuses)
 
     def raise_for_status(self, rec: JobRecord) -> JobRecord:
-        """Raise `JobError` unless `rec` succeeded."""
+        """`rec` when it succeeded; `JobError` saying how it ended otherwise."""
         if rec.status == "succeeded":
             return rec
-        detail = rec.detail
         if rec.status == "cancelled":
             raise JobError(rec.id, "cancelled", cancelled=True)
-        where = f"node {detail.get('failed_node')} {detail.get('reason', '')}".strip()
+        where = f"node {rec.detail.get('failed_node')} {rec.detail.get('reason', '')}".strip()
         raise JobError(rec.id, f"failed: {where}")
 
 

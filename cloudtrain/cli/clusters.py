@@ -116,14 +116,30 @@ def down(app: App, name: str, provider: str | None) -> None:
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--cluster", "-c", help="Only this cluster's jobs.")
+@click.option("--refresh", is_flag=True, help="Ask each provider which nodes really exist.")
 @pass_app
-def status(app: App, as_json: bool, cluster: str | None) -> None:
+def status(app: App, as_json: bool, cluster: str | None, refresh: bool) -> None:
     """Clusters, their nodes, and jobs (running jobs are read from their nodes)."""
+    from cloudtrain import api
     from cloudtrain.cli import render
     from cloudtrain.errors import CloudtrainError
 
     state = app.state
     clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
+    if refresh:
+        for c in clusters:
+            found = api.provider(c.provider, app.home).describe(c.name)
+            state.set_nodes(c.name, found)
+            live = sum(n.state == "running" for n in found)
+            if live < c.spec.num_nodes:
+                state.set_cluster_status(c.name, "partial" if found else "gone")
+        clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
+    for intent in state.open_intents(cluster):
+        app.note(
+            f"warning: an earlier `{intent.action}` of cluster {intent.cluster!r} was "
+            f"interrupted ({render.ago(intent.ts)}); `cloudtrain up` it again to finish "
+            f"it, or `cloudtrain down {intent.cluster}` to remove what it made"
+        )
     refreshed = {}
     for c in clusters:
         running = [j for j in state.jobs(c.name) if not j.finished]

@@ -148,8 +148,13 @@ def _teardown(app: App, cluster: str) -> None:
 
 
 def _train_and_maybe_down(app: App, cluster: str, job: JobSpec, detach: bool, down: bool) -> None:
-    from cloudtrain.errors import NotFoundError
+    from cloudtrain.errors import ConfigError, NotFoundError
 
+    if detach and down:
+        raise ConfigError(
+            "--detach and --down together would tear the cluster down under the "
+            "running job; use one of them"
+        )
     record = app.state.cluster(cluster)
     if record is None:
         raise NotFoundError(
@@ -158,7 +163,7 @@ def _train_and_maybe_down(app: App, cluster: str, job: JobSpec, detach: bool, do
         )
     coord = app.coordinator(record.provider)
     try:
-        run_job(app, coord, cluster, job, detach and not down)
+        run_job(app, coord, cluster, job, detach)
     except KeyboardInterrupt:
         if down:
             app.note(

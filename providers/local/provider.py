@@ -113,7 +113,7 @@ class LocalProvider:
                     zone="local",
                     instance_type="cpu",
                     extra=MappingProxyType(
-                        {"root": str(tag_file.parent), "python": sys.executable}
+                        {"root": str(tag_file.parent), "python": sys.executable, "ifname": "lo"}
                     ),
                 )
             )

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
-from cloudtrain.providers.local.provider import LocalProvider
 
 from cloudtrain.errors import ConfigError
 from cloudtrain.provider import Capability, Event, Provider, ProviderContext
+from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
+from cloudtrain.providers.local.provider import LocalProvider
 from cloudtrain.spec import ClusterSpec
 
 

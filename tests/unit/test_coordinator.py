@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 
 from cloudtrain.coordinator import Coordinator, JobSpec
 from cloudtrain.errors import ConfigError, JobError, NotFoundError
 from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call
 from cloudtrain.provider import ProviderContext
+from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 from cloudtrain.spec import ClusterSpec, Resources
 from cloudtrain.state import State
 from cloudtrain.torchrun import entrypoint_args

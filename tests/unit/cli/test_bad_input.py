@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cloudtrain.providers.fake.provider import _CLOUDS
 
+from cloudtrain.providers.fake.provider import _CLOUDS
 from tests.conftest import Cli
 
 
