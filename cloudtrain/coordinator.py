@@ -121,7 +121,10 @@ class Coordinator:
                 fan_out(lambda n: self._setup(n, setup, job.envs, on_line), nodes)
             head = nodes[0]
             port = int(self._agent(head, "port").check().stdout.strip())
-            pids = fan_out(lambda n: self._start(rec, n, nodes, nproc, args, port, job), nodes)
+            # The head first: under c10d torchrun ranks nodes by (address, pid), so on nodes that
+            # share an address (the local provider) this makes global rank 0 the head's.
+            pids = [self._start(rec, head, nodes, nproc, args, port, job)]
+            pids += fan_out(lambda n: self._start(rec, n, nodes, nproc, args, port, job), nodes[1:])
         except BaseException as exc:
             self._stop(rec.id, nodes, mark=True)
             status = "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed"

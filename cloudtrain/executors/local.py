@@ -98,6 +98,8 @@ class LocalExecutor:
             if proc.poll() is None:  # on_output raised (e.g. KeyboardInterrupt): do not leak it
                 proc.kill()
                 proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
         if timed_out.is_set():
             raise subprocess.TimeoutExpired(args, timeout or 0)
         return RunResult(args, code, "\n".join(lines) + ("\n" if lines else ""), "")

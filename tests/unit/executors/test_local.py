@@ -1,0 +1,85 @@
+"""The local executor for real: subprocesses, streaming, detached processes, incremental sync."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.errors import CommandError
+from cloudtrain.executors.local import LocalExecutor
+
+
+def test_run_returns_codes_and_streams_lines() -> None:
+    ex = LocalExecutor()
+    quiet = ex.run(["sh", "-c", "echo out; echo err >&2; exit 4"], env={"X": "1"})
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (4, "out\n", "err\n")
+    with pytest.raises(CommandError, match="command exited 4"):
+        quiet.check()
+    lines: list[str] = []
+    loud = ex.run(["sh", "-c", 'echo "$X"; echo two >&2'], env={"X": "a b"}, on_output=lines.append)
+    assert lines == ["a b", "two"]
+    assert loud.ok
+
+
+def test_run_times_out_with_a_clear_error() -> None:
+    ex = LocalExecutor()
+    with pytest.raises(CommandError, match=r"timed out after 0\.3 s"):
+        ex.run(["sleep", "5"], timeout=0.3)
+    with pytest.raises(CommandError, match="timed out"):
+        ex.run(["sleep", "5"], timeout=0.3, on_output=lambda line: None)
+    with pytest.raises(CommandError, match="No such file"):
+        ex.run(["/no/such/binary"])
+
+
+def test_start_detached_outlives_the_call_and_records_its_exit(tmp_path: Path) -> None:
+    ex = LocalExecutor()
+    job = tmp_path / "job"
+    pid = ex.start_detached(
+        ["sh", "-c", 'echo "hello $WHO"; sleep 0.3; exit 7'],
+        env={"WHO": "node"},
+        cwd=str(tmp_path),
+        job_dir=str(job),
+    )
+    assert (job / "pid").read_text().strip() == str(pid)
+    assert os.getsid(pid) != os.getsid(0), "the job runs in a session of its own"
+    deadline = time.monotonic() + 10
+    while not (job / "exit_code").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (job / "exit_code").read_text().strip() == "7"
+    assert (job / "node.log").read_text() == "hello node\n"
+
+
+def test_put_copies_only_what_changed_and_honours_ignores(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "pkg").mkdir(parents=True)
+    (src / ".git").mkdir()
+    (src / ".git" / "HEAD").write_text("ref")
+    (src / "data").mkdir()
+    (src / "data" / "big.bin").write_text("x" * 100)
+    (src / "train.py").write_text("print(1)\n")
+    (src / "pkg" / "mod.py").write_text("A = 1\n")
+    (src / ".cloudtrainignore").write_text("# large files\ndata/\n*.log\n")
+    (src / "run.log").write_text("noise")
+    ex = LocalExecutor()
+    ex.put(src, str(dst))
+    copied = sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file())
+    assert copied == [".cloudtrainignore", "pkg/mod.py", "train.py"]
+
+    before = (dst / "pkg" / "mod.py").stat().st_mtime_ns
+    (src / "train.py").write_text("print(2)\n")
+    os.utime(src / "train.py", (time.time() + 5, time.time() + 5))
+    (src / "pkg" / "mod.py").unlink()
+    ex.put(src, str(dst))
+    assert (dst / "train.py").read_text() == "print(2)\n"
+    assert not (dst / "pkg" / "mod.py").exists(), "files gone from the source go from the node"
+    (src / "pkg" / "mod.py").write_text("A = 1\n")
+    ex.put(src, str(dst))
+    ex.put(src, str(dst))
+    assert (dst / "pkg" / "mod.py").stat().st_mtime_ns != before
+    single = tmp_path / "one.txt"
+    single.write_text("1")
+    ex.put(single, str(tmp_path / "copy" / "one.txt"))
+    assert (tmp_path / "copy" / "one.txt").read_text() == "1"

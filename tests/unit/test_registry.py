@@ -1,0 +1,49 @@
+"""Providers by name: built-in, planned, and added by other packages through entry points."""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+
+from cloudtrain import registry
+from cloudtrain.errors import ConfigError
+from cloudtrain.provider import ProviderContext
+from cloudtrain.providers.fake.provider import FakeProvider
+from cloudtrain.spec import SpecError, validate_provider
+
+
+@pytest.fixture
+def plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A third-party provider, registered the way a package would (an entry point)."""
+    point = EntryPoint("mycloud", "cloudtrain.providers.fake.provider:FakeProvider",
+                       registry.GROUP)  # fmt: skip
+    monkeypatch.setattr(registry, "_plugins", lambda: {point.name: point.value})
+
+
+def test_builtin_and_planned_names() -> None:
+    assert {"local", "fake"} <= set(registry.available())
+    assert {"aws", "gcp", "azure", "ssh", "local"} <= set(registry.known())
+    with pytest.raises(ConfigError, match="provider 'gcp' is planned but not implemented"):
+        registry.create("gcp", ProviderContext(home=Path("/nonexistent")))
+    with pytest.raises(ConfigError, match="provider 'nimbus' is not known; known: aws"):
+        registry.create("nimbus", ProviderContext(home=Path("/nonexistent")))
+    with pytest.raises(SpecError, match="did you mean 'local'"):
+        validate_provider("locl")
+
+
+@pytest.mark.usefixtures("plugin")
+def test_a_plugin_provider_is_known_and_built(tmp_path: Path) -> None:
+    assert "mycloud" in registry.known()
+    assert validate_provider("mycloud") == "mycloud"
+    provider = registry.create("mycloud", ProviderContext(home=tmp_path))
+    assert isinstance(provider, FakeProvider)
+
+
+def test_the_package_declares_its_providers_as_entry_points() -> None:
+    from importlib.metadata import entry_points
+
+    names = {ep.name: ep.value for ep in entry_points(group=registry.GROUP)}
+    assert names["local"] == registry.BUILTIN["local"]
+    assert names["fake"] == registry.BUILTIN["fake"]
