@@ -16,6 +16,7 @@ CloudtrainError
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 
 class CloudtrainError(Exception):
@@ -24,6 +25,14 @@ class CloudtrainError(Exception):
 
 class ConfigError(CloudtrainError):
     """Invalid input. The message names the field, the value and what is allowed."""
+
+
+class CheckpointError(CloudtrainError):
+    """A checkpoint file exists but cannot be loaded (corrupt, truncated, or unsafe content)."""
+
+    def __init__(self, path: Path, message: str) -> None:
+        super().__init__(f"checkpoint {path}: {message}")
+        self.path = path
 
 
 class NotFoundError(CloudtrainError):

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from cloudtrain.errors import CloudtrainError
+from cloudtrain.errors import CheckpointError
 from cloudtrain.runtime.dist import barrier, local_rank
 
 log = logging.getLogger(__name__)
@@ -27,14 +27,6 @@ log = logging.getLogger(__name__)
 __all__ = ["CheckpointError", "checkpoint_dir", "load_checkpoint", "save_checkpoint"]
 
 StrPath = str | os.PathLike[str]
-
-
-class CheckpointError(CloudtrainError):
-    """A checkpoint file exists but cannot be loaded (corrupt, truncated, or unsafe content)."""
-
-    def __init__(self, path: Path, message: str) -> None:
-        super().__init__(f"checkpoint {path}: {message}")
-        self.path = path
 
 
 def checkpoint_dir() -> Path:
