@@ -6,6 +6,7 @@ callback, never to the terminal. Jobs are the `Coordinator`'s business.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -70,7 +71,7 @@ def up(
         status="provisioning",
         price_per_hour=the_plan.price_per_hour,
         plan={
-            "offers": [o.__dict__ for o in the_plan.offers],
+            "offers": [dataclasses.asdict(o) for o in the_plan.offers],
             "requests": [dict(r) for r in the_plan.requests],
         },
     )

@@ -139,12 +139,12 @@ class FakeProvider:
         missing = sorted(set(range(spec.num_nodes)) - {n.index for n in existing})
         if not missing:
             return existing
-        zones: tuple[str, ...] = plan.offer.zones
-        if existing:  # complete the cluster where it is
-            zones = tuple(z for z in zones if z == existing[0].zone) or (str(existing[0].zone),)
         attempts = []
         for offer in plan.offers:
-            for zone in zones if offer is plan.offer else offer.zones:
+            zones = offer.zones
+            if existing:  # complete the cluster where it is
+                zones = tuple(z for z in zones if z == existing[0].zone)
+            for zone in zones:
                 on_event(Event("attempt", f"creating {len(missing)} node(s) in {zone}"))
                 try:
                     self.cloud.create(spec.name, missing, zone, offer.instance_type)

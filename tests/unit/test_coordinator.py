@@ -45,8 +45,11 @@ class Node:
         return RunResult(argv, 0, "", "")
 
 
+Setup = tuple[Coordinator, FakeProvider, Node, State]
+
+
 @pytest.fixture
-def setup(tmp_path: Path) -> tuple[Coordinator, FakeProvider, Node, State]:
+def setup(tmp_path: Path) -> Setup:
     node = Node()
     provider = FakeProvider(
         ProviderContext(home=tmp_path, options={"cloud": FakeCloud(), "handler": node})
@@ -72,7 +75,7 @@ def test_entrypoint_forms() -> None:
         entrypoint_args(["python"])
 
 
-def test_submit_starts_one_torchrun_agent_per_node_with_the_env_contract(setup) -> None:  # type: ignore[no-untyped-def]
+def test_submit_starts_one_torchrun_agent_per_node_with_the_env_contract(setup: Setup) -> None:
     coord, provider, _, state = setup
     rec = coord.submit("c1", JobSpec(entrypoint=("train.py", "--epochs", "3"), max_restarts=2))
     assert rec.status == "running"
@@ -121,7 +124,7 @@ def test_submit_starts_one_torchrun_agent_per_node_with_the_env_contract(setup) 
         assert "OMP_NUM_THREADS" not in env  # GPU nodes keep torchrun's own choice
 
 
-def test_setup_runs_once_per_node_and_workdir_is_synced(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_setup_runs_once_per_node_and_workdir_is_synced(setup: Setup, tmp_path: Path) -> None:
     coord, provider, _, _ = setup
     (tmp_path / "proj").mkdir()
     coord.submit(
@@ -140,7 +143,7 @@ def test_setup_runs_once_per_node_and_workdir_is_synced(setup, tmp_path: Path) -
         assert setups[0].env["A"] == "b"
 
 
-def test_a_failed_node_fails_the_job_with_its_log_tail(setup) -> None:  # type: ignore[no-untyped-def]
+def test_a_failed_node_fails_the_job_with_its_log_tail(setup: Setup) -> None:
     coord, provider, node, state = setup
     rec = coord.submit("c1", JobSpec(entrypoint=("train.py",)))
     node.exit_codes[state.nodes("c1")[1].root] = 3
@@ -162,7 +165,7 @@ def test_a_failed_node_fails_the_job_with_its_log_tail(setup) -> None:  # type: 
         coord.raise_for_status(done)
 
 
-def test_success_and_unknown_names(setup) -> None:  # type: ignore[no-untyped-def]
+def test_success_and_unknown_names(setup: Setup) -> None:
     coord, _, _, _ = setup
     rec = coord.submit("c1", JobSpec(entrypoint=("train.py",)))
     assert coord.refresh(rec.id).status == "succeeded"
