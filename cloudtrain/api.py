@@ -6,7 +6,6 @@ callback, never to the terminal. Jobs are the `Coordinator`'s business.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,12 +33,17 @@ def provider(name: str, home: Path, options: Mapping[str, Any] | None = None) ->
     return registry.create(name, ProviderContext(home=home, options=dict(options or {})))
 
 
+def provider_for(spec: ClusterSpec, home: Path) -> Provider:
+    """The provider a cluster lives on, with its provider-only options (e.g. an AWS profile)."""
+    return provider(spec.provider, home, spec.extra)
+
+
 def plan(spec: ClusterSpec, home: Path) -> Plan:
     """What `up` would create, at what price. Pure: no cloud call, nothing written.
 
     Clouds this version cannot create yet are planned from the catalog alone."""
     if spec.provider in registry.available():
-        return provider(spec.provider, home).plan(spec)
+        return provider_for(spec, home).plan(spec)
     from cloudtrain import planner
 
     return Plan(spec=spec, offers=planner.offers(spec))
@@ -65,13 +69,13 @@ def up(
     node runs. Idempotent. Raises `ConfigError` before any cloud call for bad input."""
     check_existing(state, spec)
     the_plan = plan(spec, home)  # validates against the catalog first, whatever the provider
-    prov = provider(spec.provider, home)
+    prov = provider_for(spec, home)
     state.put_cluster(
         spec,
         status="provisioning",
         price_per_hour=the_plan.price_per_hour,
         plan={
-            "offers": [dataclasses.asdict(o) for o in the_plan.offers],
+            "offers": [o.to_dict() for o in the_plan.offers],
             "requests": [dict(r) for r in the_plan.requests],
         },
     )
@@ -102,6 +106,7 @@ def down(
     name: str,
     *,
     provider_name: str | None = None,
+    options: Mapping[str, Any] | None = None,
     on_event: OnEvent = ignore_event,
 ) -> bool:
     """Tear the cluster down: stop its jobs, keep their logs, delete every node and resource
@@ -116,7 +121,7 @@ def down(
         raise NotFoundError(
             f"no cluster named {name!r} here, and provider {pname!r} is not available"
         )
-    prov = provider(pname, home)
+    prov = provider(pname, home, record.spec.extra if record else options)
     found = prov.describe(name)
     if record is None and not found:
         return False

@@ -64,6 +64,21 @@ class Offer:
     spot: bool = False
     accelerator: str | None = None
     accelerator_count: int = 0
+    #: provider-only facts of this offer (e.g. the image resolved for its region)
+    extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "region": self.region,
+            "zones": list(self.zones),
+            "instance_type": self.instance_type,
+            "price_per_node_hour": self.price_per_node_hour,
+            "spot": self.spot,
+            "accelerator": self.accelerator,
+            "accelerator_count": self.accelerator_count,
+            "extra": dict(self.extra),
+        }
 
 
 @dataclass(frozen=True)

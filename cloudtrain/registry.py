@@ -26,10 +26,11 @@ GROUP = "cloudtrain.providers"
 BUILTIN: dict[str, str] = {
     "local": "cloudtrain.providers.local.provider:LocalProvider",
     "fake": "cloudtrain.providers.fake.provider:FakeProvider",
+    "aws": "cloudtrain.providers.aws.provider:AwsProvider",
 }
 
 #: Cloud providers this version knows of and can plan (the catalog has them) but cannot create.
-PLANNED = ("aws", "gcp", "azure", "ssh")
+PLANNED = ("gcp", "azure", "ssh")
 
 
 @cache

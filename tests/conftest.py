@@ -11,6 +11,22 @@ from click.testing import CliRunner, Result
 from cloudtrain.cli.main import cli
 
 
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test may reach beyond this machine: cloud SDKs and the "what is my IP" lookup are
+    pointed at a closed loopback port unless a test points them at a local stand-in."""
+    closed = "http://127.0.0.1:9"
+    monkeypatch.setenv("CLOUDTRAIN_PUBLIC_IP_URL", closed)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_EC2"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A fresh CLOUDTRAIN_HOME for one test."""

@@ -47,11 +47,16 @@ class App:
             self._state = State.open(self.home)
         return self._state
 
-    def coordinator(self, provider_name: str) -> Coordinator:
+    def coordinator(self, cluster: str) -> Coordinator:
+        """A coordinator for jobs on `cluster` (which may be gone: its jobs' logs remain)."""
         from cloudtrain import api
         from cloudtrain.coordinator import Coordinator
 
-        return Coordinator(self.state, api.provider(provider_name, self.home), home=self.home)
+        record = self.state.cluster(cluster)
+        provider = (
+            api.provider_for(record.spec, self.home) if record else api.provider("local", self.home)
+        )
+        return Coordinator(self.state, provider, home=self.home)
 
     def close(self) -> None:
         if self._state is not None:

@@ -28,6 +28,12 @@ def cluster_options(fn: Any) -> Any:
         click.option("--zone", help="Zone to use."),
         click.option("--disk-gb", type=int, help="Root disk size per node (default 200)."),
         click.option("--image", help="Machine image to boot."),
+        click.option(
+            "--ssh-cidr",
+            help="Where SSH is allowed from (default: this machine's "
+            "public address; 0.0.0.0/0 only when you say so).",
+        ),
+        click.option("--profile", help="Cloud credentials profile (AWS: a profile name)."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -49,9 +55,24 @@ def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
         "resources.disk_gb": flags.get("disk_gb"),
         "resources.image": flags.get("image"),
     }
-    if task_file is None:
-        return taskfile.from_flags(overrides)
-    return taskfile.load(task_file, overrides)
+    task = (
+        taskfile.from_flags(overrides) if task_file is None else taskfile.load(task_file, overrides)
+    )
+    return with_access(task, flags.get("ssh_cidr"), flags.get("profile"))
+
+
+def with_access(task: TaskSpec, ssh_cidr: str | None, profile: str | None) -> TaskSpec:
+    """The task with --ssh-cidr (validated: bad input costs nothing) and --profile applied."""
+    import dataclasses
+
+    from cloudtrain.access import validate_cidr
+
+    cluster = task.cluster
+    if ssh_cidr is not None:
+        cluster = dataclasses.replace(cluster, ssh_cidr=validate_cidr(ssh_cidr))
+    if profile:
+        cluster = dataclasses.replace(cluster, extra={**cluster.extra, "profile": profile})
+    return dataclasses.replace(task, cluster=cluster)
 
 
 def bring_up(app: App, task: TaskSpec, dry_run: bool) -> None:
@@ -97,8 +118,9 @@ def up(app: App, /, task_file: Path | None, dry_run: bool, **flags: Any) -> None
     "-p",
     help="Where to look when the local state has no record (found by tag; default local).",
 )
+@click.option("--profile", help="Cloud credentials profile, when the local state has no record.")
 @pass_app
-def down(app: App, name: str, provider: str | None) -> None:
+def down(app: App, name: str, provider: str | None, profile: str | None) -> None:
     """Tear down cluster NAME: stop its jobs, delete every node and resource it has.
 
     Idempotent: a cluster that does not exist is "nothing to do" (exit 0).
@@ -106,7 +128,14 @@ def down(app: App, name: str, provider: str | None) -> None:
     from cloudtrain import api
 
     with app.err.status(f"tearing down {name}"):
-        done = api.down(app.state, app.home, name, provider_name=provider, on_event=app.event)
+        done = api.down(
+            app.state,
+            app.home,
+            name,
+            provider_name=provider,
+            options={"profile": profile} if profile else None,
+            on_event=app.event,
+        )
     if done:
         app.out.print(f"cluster {name} is down; nothing of it is left running", markup=False)
     else:
@@ -128,7 +157,7 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool) -> None:
     clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
     if refresh:
         for c in clusters:
-            found = api.provider(c.provider, app.home).describe(c.name)
+            found = api.provider_for(c.spec, app.home).describe(c.name)
             state.set_nodes(c.name, found)
             live = sum(n.state == "running" for n in found)
             if live < c.spec.num_nodes:
@@ -144,7 +173,7 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool) -> None:
     for c in clusters:
         running = [j for j in state.jobs(c.name) if not j.finished]
         if running:
-            coord = app.coordinator(c.provider)
+            coord = app.coordinator(c.name)
             try:
                 for job in running:
                     refreshed[job.id] = coord.refresh(job.id)

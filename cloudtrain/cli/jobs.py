@@ -161,7 +161,7 @@ def _train_and_maybe_down(app: App, cluster: str, job: JobSpec, detach: bool, do
             f"no cluster named {cluster!r}; `cloudtrain up --name {cluster}` "
             "makes one, `cloudtrain status` lists them"
         )
-    coord = app.coordinator(record.provider)
+    coord = app.coordinator(cluster)
     try:
         run_job(app, coord, cluster, job, detach)
     except KeyboardInterrupt:
@@ -249,8 +249,7 @@ def logs(app: App, job_id: str, follow: bool) -> None:
     rec = app.state.job(job_id)
     if rec is None:
         raise NotFoundError(f"no job {job_id!r}; `cloudtrain status` lists jobs")
-    record = app.state.cluster(rec.cluster)
-    coord = app.coordinator(record.provider if record else "local")
+    coord = app.coordinator(rec.cluster)
     try:
         rec = coord.logs(job_id, app.node_line, follow=follow)
     finally:
@@ -271,8 +270,7 @@ def cancel(app: App, job_id: str) -> None:
     if rec.finished:
         app.out.print(f"job {job_id} already {rec.status}; nothing to do", markup=False)
         return
-    record = app.state.cluster(rec.cluster)
-    coord = app.coordinator(record.provider if record else "local")
+    coord = app.coordinator(rec.cluster)
     try:
         with app.err.status(f"cancelling {job_id}"):
             rec = coord.cancel(job_id)

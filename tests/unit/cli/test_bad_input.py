@@ -49,8 +49,16 @@ CASES = [
     ),
     (["up", "--name", "x", "--provider", "nimbus"], "provider 'nimbus' is not a known provider"),
     (
+        ["up", "--name", "x", "--provider", "gcp", "--gpus", "A100:8"],
+        "provider 'gcp' is planned but not implemented",
+    ),
+    (
+        ["up", "--name", "x", "--provider", "aws", "--gpus", "A100:8", "--ssh-cidr", "nowhere"],
+        "--ssh-cidr 'nowhere' is not an address or network",
+    ),
+    (
         ["up", "--name", "x", "--provider", "aws", "--gpus", "A100:8"],
-        "provider 'aws' is planned but not implemented",
+        "cannot find this machine's public address to allow SSH from; pass --ssh-cidr",
     ),
     (["up", "--name", "x", "--gpus", "A100:8"], "provider 'local' runs on this machine's CPU"),
     (["up", "--name", "Demo"], "name 'Demo' is not a valid cluster name"),
@@ -118,11 +126,11 @@ def test_down_of_an_unknown_cluster_is_nothing_to_do(run_cli: Cli) -> None:
 
 def test_dry_run_prints_the_plan_and_creates_nothing(run_cli: Cli, home: Path) -> None:
     result = run_cli(
-        "up", "--provider", "aws", "--gpus", "A100:8", "--nodes", "4", "--name", "exp1", "--dry-run"
+        "up", "--provider", "gcp", "--gpus", "A100:8", "--nodes", "4", "--name", "exp1", "--dry-run"
     )
     assert result.exit_code == 0, result.output
-    assert "p4d.24xlarge" in result.output
-    assert "would create 4 node(s) of p4d.24xlarge on aws for $131.09/h" in result.output
+    assert "a2-highgpu-8g" in result.output
+    assert "would create 4 node(s) of a2-highgpu-8g on gcp for $117.55/h" in result.output
     local = run_cli("up", "--name", "d", "--nodes", "2", "--dry-run")
     assert local.exit_code == 0
     assert "$0.00/h" in local.output

@@ -1,0 +1,100 @@
+"""How the user reaches a cluster's nodes: its SSH key, and the address SSH is allowed from.
+
+Each cluster gets its own ed25519 key pair under ``<home>/keys/<cluster>/`` (the private key
+0600 in a 0700 folder); only the public half ever leaves this machine. SSH is opened to the
+caller's public address (a /32), found by asking a "what is my IP" service, never to the whole
+internet unless the user says so.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import urllib.request
+from pathlib import Path
+
+from cloudtrain.errors import ConfigError
+
+PUBLIC_IP_URL = "https://checkip.amazonaws.com"
+WORLD = ("0.0.0.0/0", "::/0")
+
+
+def cluster_key(home: Path, cluster: str) -> tuple[Path, str]:
+    """The cluster's private key path and its public key line, made on first use. Idempotent."""
+    folder = home / "keys" / cluster
+    private = folder / "id_ed25519"
+    public = folder / "id_ed25519.pub"
+    if private.exists() and public.exists():
+        return private, public.read_text().strip()
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    except ImportError:
+        raise ConfigError(
+            "making SSH keys needs the cryptography package: pip install 'cloudtrain[aws]'"
+        ) from None
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder.chmod(0o700)
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    )
+    line = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    public_line = f"{line.decode()} cloudtrain-{cluster}"
+    public.write_text(public_line + "\n")
+    return private, public_line
+
+
+def forget_key(home: Path, cluster: str) -> None:
+    """Delete the cluster's key pair from this machine (after `down`)."""
+    folder = home / "keys" / cluster
+    for name in ("id_ed25519", "id_ed25519.pub"):
+        (folder / name).unlink(missing_ok=True)
+    if folder.exists() and not any(folder.iterdir()):
+        folder.rmdir()
+
+
+def validate_cidr(value: str, field: str = "--ssh-cidr") -> str:
+    """A network in CIDR form (a bare address becomes a /32 or /128)."""
+    try:
+        return str(ipaddress.ip_network(value.strip(), strict=False))
+    except ValueError:
+        raise ConfigError(
+            f"{field} {value!r} is not an address or network; write e.g. 203.0.113.7/32"
+        ) from None
+
+
+def caller_cidr(url: str | None = None, timeout_s: float = 3.0) -> str | None:
+    """This machine's public address as a /32 (or /128), or None when it cannot be found.
+    `url` (default ``$CLOUDTRAIN_PUBLIC_IP_URL`` or checkip.amazonaws.com) answers with the
+    address as plain text."""
+    url = url or os.environ.get("CLOUDTRAIN_PUBLIC_IP_URL") or PUBLIC_IP_URL
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            text = response.read(64).decode().strip()
+        address = ipaddress.ip_address(text)
+    except (OSError, ValueError):
+        return None
+    return f"{address}/{address.max_prefixlen}"
+
+
+def ssh_cidr(requested: str | None) -> tuple[str, bool]:
+    """The CIDR SSH is opened to, and whether it is the whole internet. Raises `ConfigError`
+    when none was given and this machine's public address cannot be found."""
+    if requested:
+        cidr = validate_cidr(requested)
+        return cidr, cidr in WORLD
+    found = caller_cidr()
+    if found is None:
+        raise ConfigError(
+            "cannot find this machine's public address to allow SSH from; pass --ssh-cidr "
+            "(e.g. --ssh-cidr 203.0.113.7/32, or your VPN's range)"
+        )
+    return found, False

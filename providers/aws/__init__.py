@@ -1,0 +1,7 @@
+"""The AWS provider: V100/A100 instance groups on EC2 through boto3.
+
+Prerequisites: ``pip install 'cloudtrain[aws]'`` and credentials from boto3's default chain
+(``--profile`` / ``AWS_PROFILE``). ``AWS_ENDPOINT_URL_EC2`` / ``AWS_ENDPOINT_URL`` point it at a
+private endpoint or a local stand-in (boto3 reads them itself). Supports GPUs, spot, multi-node
+clusters, cluster placement groups and EFA on p3dn/p4d/p4de.
+"""

@@ -1,0 +1,202 @@
+"""The per-cluster resources of one region besides instances: a security group, a key pair and
+(for multi-node clusters of types that support it) a cluster placement group.
+
+Each is tagged with the cluster and found again by tag, so `ensure_*` is idempotent and
+`delete_all` works with no local state. Names are ``cloudtrain-<cluster>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from cloudtrain.errors import ProviderError
+from cloudtrain.provider import TAG_CLUSTER, TAG_OWNER
+from cloudtrain.providers.aws._client import paginate
+from cloudtrain.providers.aws._errors import code_of
+
+log = logging.getLogger(__name__)
+
+#: Instance families that support cluster placement groups and EFA, with EFA interfaces per node.
+EFA_INTERFACES = {"p3dn.24xlarge": 1, "p4d.24xlarge": 4, "p4de.24xlarge": 4}
+
+
+def resource_name(cluster: str) -> str:
+    return f"cloudtrain-{cluster}"
+
+
+def tags(cluster: str, owner: str, **extra: str) -> list[dict[str, str]]:
+    pairs = {TAG_CLUSTER: cluster, TAG_OWNER: owner, "Name": resource_name(cluster), **extra}
+    return [{"Key": k, "Value": v} for k, v in pairs.items()]
+
+
+def tag_spec(kind: str, cluster: str, owner: str, **extra: str) -> dict[str, Any]:
+    return {"ResourceType": kind, "Tags": tags(cluster, owner, **extra)}
+
+
+def cluster_filter(cluster: str) -> dict[str, Any]:
+    return {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}
+
+
+def default_vpc(ec2: Any) -> str:
+    vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+    if not vpcs:
+        raise ProviderError(
+            "aws", "NoDefaultVpc", "this region has no default VPC; create one "
+            "(aws ec2 create-default-vpc) or choose another --region",
+        )  # fmt: skip
+    return str(vpcs[0]["VpcId"])
+
+
+def default_subnet(ec2: Any, zone: str) -> str:
+    subnets = ec2.describe_subnets(
+        Filters=[
+            {"Name": "availability-zone", "Values": [zone]},
+            {"Name": "default-for-az", "Values": ["true"]},
+        ]
+    )["Subnets"]
+    if not subnets:
+        raise ProviderError("aws", "NoDefaultSubnet", f"no default subnet in {zone}")
+    return str(subnets[0]["SubnetId"])
+
+
+def _security_group(ec2: Any, cluster: str) -> dict[str, Any] | None:
+    groups = ec2.describe_security_groups(Filters=[cluster_filter(cluster)])["SecurityGroups"]
+    return dict(groups[0]) if groups else None
+
+
+def find_security_group(ec2: Any, cluster: str) -> str | None:
+    group = _security_group(ec2, cluster)
+    return str(group["GroupId"]) if group else None
+
+
+def ensure_security_group(ec2: Any, cluster: str, owner: str, cidr: str) -> str:
+    """SSH (22/tcp) from `cidr` only; all traffic between members of the group. Idempotent,
+    also after a crash between creating the group and adding its rules."""
+    found = _security_group(ec2, cluster)
+    if found and found.get("IpPermissions"):
+        return str(found["GroupId"])
+    group_id = (
+        str(found["GroupId"])
+        if found
+        else str(
+            ec2.create_security_group(
+                GroupName=resource_name(cluster),
+                Description=f"cloudtrain cluster {cluster}: SSH from {cidr}, all within the group",
+                VpcId=default_vpc(ec2),
+                TagSpecifications=[tag_spec("security-group", cluster, owner)],
+            )["GroupId"]
+        )
+    )
+    ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=rules(group_id, cidr))
+    return group_id
+
+
+def rules(group_id: str, cidr: str) -> list[dict[str, Any]]:
+    """The group's only ingress rules: SSH from `cidr`, and everything from the group itself."""
+    ssh: dict[str, Any] = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22}
+    if ":" in cidr:
+        ssh["Ipv6Ranges"] = [{"CidrIpv6": cidr, "Description": "SSH from the cloudtrain user"}]
+    else:
+        ssh["IpRanges"] = [{"CidrIp": cidr, "Description": "SSH from the cloudtrain user"}]
+    within = {
+        "IpProtocol": "-1",
+        "UserIdGroupPairs": [{"GroupId": group_id, "Description": "within the cluster"}],
+    }
+    return [ssh, within]
+
+
+def ensure_key_pair(ec2: Any, cluster: str, owner: str, public_key: str) -> str:
+    """Import the cluster's public key (made locally; AWS never sees the private half)."""
+    name = resource_name(cluster)
+    existing = ec2.describe_key_pairs(Filters=[{"Name": "key-name", "Values": [name]}])
+    if existing["KeyPairs"]:
+        return name
+    ec2.import_key_pair(
+        KeyName=name,
+        PublicKeyMaterial=public_key.encode(),
+        TagSpecifications=[tag_spec("key-pair", cluster, owner)],
+    )
+    return name
+
+
+def find_placement_group(ec2: Any, cluster: str) -> str | None:
+    groups = ec2.describe_placement_groups(Filters=[cluster_filter(cluster)])["PlacementGroups"]
+    return str(groups[0]["GroupName"]) if groups else None
+
+
+def ensure_placement_group(ec2: Any, cluster: str, owner: str) -> str:
+    """A `cluster` placement group: the nodes share a low-latency network segment."""
+    found = find_placement_group(ec2, cluster)
+    if found:
+        return found
+    name = resource_name(cluster)
+    ec2.create_placement_group(
+        GroupName=name,
+        Strategy="cluster",
+        TagSpecifications=[tag_spec("placement-group", cluster, owner)],
+    )
+    return name
+
+
+def live_instances(ec2: Any, cluster: str) -> list[dict[str, Any]]:
+    """The cluster's instances in this region that are not terminated (one paginated call)."""
+    states = ["pending", "running", "stopping", "stopped", "shutting-down"]
+    return [
+        instance
+        for reservation in paginate(
+            ec2,
+            "describe_instances",
+            "Reservations",
+            Filters=[cluster_filter(cluster), {"Name": "instance-state-name", "Values": states}],
+        )
+        for instance in reservation["Instances"]
+    ]
+
+
+def delete_all(ec2: Any, cluster: str, *, timeout_s: float = 600, poll_s: float = 2) -> list[str]:
+    """Delete the placement group, security group and key pair of `cluster` in this region,
+    once no instance of it is left (a group in use cannot be deleted). Idempotent; returns
+    what was deleted."""
+    deleted: list[str] = []
+    name = find_placement_group(ec2, cluster)
+    if name:
+        _retry_in_use(lambda: ec2.delete_placement_group(GroupName=name), timeout_s, poll_s)
+        deleted.append(f"placement group {name}")
+    group_id = find_security_group(ec2, cluster)
+    if group_id:
+        _retry_in_use(lambda: ec2.delete_security_group(GroupId=group_id), timeout_s, poll_s)
+        deleted.append(f"security group {group_id}")
+    keys = ec2.describe_key_pairs(Filters=[cluster_filter(cluster)])["KeyPairs"]
+    names = {k["KeyName"] for k in keys}
+    by_name = ec2.describe_key_pairs(
+        Filters=[{"Name": "key-name", "Values": [resource_name(cluster)]}]
+    )["KeyPairs"]
+    names |= {k["KeyName"] for k in by_name}
+    for key_name in sorted(names):
+        ec2.delete_key_pair(KeyName=key_name)
+        deleted.append(f"key pair {key_name}")
+    return deleted
+
+
+def _retry_in_use(call: Any, timeout_s: float, poll_s: float) -> None:
+    """Run `call`, retrying while AWS says the resource is still in use (instances that are
+    terminated release their groups a little later)."""
+    from botocore.exceptions import ClientError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            call()
+            return
+        except ClientError as exc:
+            code = code_of(exc)
+            if code.endswith(("NotFound", "Unknown")):
+                return
+            if code not in ("DependencyViolation", "InvalidPlacementGroup.InUse", "InUse"):
+                raise
+            if time.monotonic() > deadline:
+                raise
+            log.info("still in use (%s); retrying in %.0f s", code, poll_s)
+            time.sleep(poll_s)

@@ -1,0 +1,436 @@
+"""The AWS provider: an EC2 instance group per cluster, found again by its tags.
+
+`apply` makes, in the first region of the plan that has capacity: a security group (SSH from
+the user's CIDR only, everything within the group), a key pair imported from the cluster's
+locally made ed25519 key, a cluster placement group for multi-node clusters of p3dn/p4d/p4de
+(with their EFA interfaces), and then all N instances in **one** ``RunInstances`` call
+(``MinCount = MaxCount = N``: all or nothing; a ``ClientToken`` so a retried call cannot
+double-create; IMDSv2 required; encrypted gp3 root volume; shutdown terminates). Capacity errors
+move to the next zone, then region, each attempt reported; quota and auth errors stop at once.
+Every resource is tagged at creation (never in a second call), so a crash at any point leaves
+nothing that `terminate` cannot find by tag.
+
+A node's index comes from its batch tag ``cloudtrain:nodes`` (the indices one RunInstances call
+made, e.g. ``0-3``) and its ``AmiLaunchIndex`` — one tag for the whole batch keeps creation O(1)
+calls in N — or from a ``cloudtrain:node`` tag when one is present.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+from cloudtrain import access, bootstrap, catalog, planner
+from cloudtrain.errors import (
+    AuthError,
+    CapacityError,
+    ConfigError,
+    ProviderError,
+    QuotaError,
+)
+from cloudtrain.provider import (
+    TAG_NODE,
+    Capability,
+    Event,
+    NodeInfo,
+    Offer,
+    OnEvent,
+    Plan,
+    ProviderContext,
+    ignore_event,
+)
+from cloudtrain.providers.aws import _resources as res
+from cloudtrain.providers.aws._client import Clients, aws_errors
+from cloudtrain.spec import ClusterSpec
+
+log = logging.getLogger(__name__)
+
+TAG_NODES = "cloudtrain:nodes"
+DLAMI_PARAMETER = (
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+)
+DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"
+NODE_USER = "cloudtrain"
+
+
+def compact(indices: Iterable[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` → ``"0-2,5,7-8"``."""
+    parts: list[str] = []
+    ordered = sorted(indices)
+    start = prev = ordered[0]
+    for i in [*ordered[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(parts)
+
+
+def expand(text: str) -> list[int]:
+    """The inverse of `compact`."""
+    out: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        out.extend(range(int(first), int(last or first) + 1))
+    return out
+
+
+def default_owner() -> str:
+    return os.environ.get("CLOUDTRAIN_OWNER") or f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+class AwsProvider:
+    """EC2 instance groups. Options: ``profile``, ``owner``, ``regions`` (where `describe` and
+    `terminate` look; default: every catalog region of aws), ``clients`` (a `Clients`, for
+    tests), ``wait_timeout_s``, ``poll_s``."""
+
+    name: ClassVar[str] = "aws"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE, Capability.PLACEMENT_GROUP}
+    )
+
+    def __init__(self, context: ProviderContext) -> None:
+        opts = context.options
+        self.home = context.home
+        self.clients: Clients = opts.get("clients") or Clients(profile=opts.get("profile"))
+        self.owner = str(opts.get("owner") or default_owner())
+        self._regions: tuple[str, ...] | None = (
+            tuple(opts["regions"]) if opts.get("regions") else None
+        )
+        self.wait_timeout_s = float(opts.get("wait_timeout_s", 900))
+        self.poll_s = float(opts.get("poll_s", 2.0))
+
+    # -- plan ---------------------------------------------------------------------------
+
+    def regions(self) -> tuple[str, ...]:
+        """Where this provider looks for a cluster's resources."""
+        if self._regions:
+            return self._regions
+        found = {r.region for r in catalog.load().rows if r.provider == "aws"}
+        env = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        return tuple(sorted(found | ({env} if env else set())))
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        """Offers from the catalog, refined by EC2: the zones that offer the type, the image of
+        each region. Read-only calls; bad input is refused before any of them."""
+        offers = planner.offers(spec)
+        cidr, _ = access.ssh_cidr(spec.ssh_cidr)
+        spec = dataclasses.replace(spec, ssh_cidr=cidr)
+        refined: list[Offer] = []
+        for offer in offers:
+            ec2 = self.clients.ec2(offer.region)
+            with aws_errors(offer.region):
+                zones = self._zones(ec2, offer.instance_type)
+                if spec.resources.zone:
+                    zones = [z for z in zones if z == spec.resources.zone]
+                if not zones:
+                    log.info("%s: no zone offers %s", offer.region, offer.instance_type)
+                    continue
+                image, root = self._image(offer.region, spec.resources.image)
+            extra = {"image": image, "root_device": root}
+            refined.append(dataclasses.replace(offer, zones=tuple(zones), extra=extra))
+        if not refined:
+            where = ", ".join(o.region for o in offers)
+            raise ConfigError(
+                f"aws offers {offers[0].instance_type} in no zone of {where} right now "
+                "(describe_instance_type_offerings); try another --region or GPU"
+            )
+        first = refined[0]
+        request = self.run_request(
+            spec, first, first.zones[0], list(range(spec.num_nodes)),
+            sg=f"<security group cloudtrain-{spec.name}>", subnet="<default subnet>",
+            token="<client token>", placement_group="<placement group>",
+            public_key="<the cluster's public key>",
+        )  # fmt: skip
+        return Plan(spec=spec, offers=tuple(refined), requests=({"RunInstances": request},))
+
+    def _zones(self, ec2: Any, instance_type: str) -> list[str]:
+        found = ec2.describe_instance_type_offerings(
+            LocationType="availability-zone",
+            Filters=[{"Name": "instance-type", "Values": [instance_type]}],
+        )["InstanceTypeOfferings"]
+        return sorted({o["Location"] for o in found})
+
+    def _image(self, region: str, image: str | None) -> tuple[str, str]:
+        """(image id, root device): `image` when given, else the Deep Learning Base AMI."""
+        ec2 = self.clients.ec2(region)
+        if image is None:
+            from botocore.exceptions import ClientError
+
+            try:
+                ssm = self.clients.get("ssm", region)
+                image = ssm.get_parameter(Name=DLAMI_PARAMETER)["Parameter"]["Value"]
+            except ClientError:
+                found = ec2.describe_images(
+                    Owners=["amazon"], Filters=[{"Name": "name", "Values": [DLAMI_NAME]}]
+                )["Images"]
+                if not found:
+                    raise ConfigError(
+                        f"no Deep Learning Base AMI found in {region} (SSM {DLAMI_PARAMETER} "
+                        "or an image named like it); pass --image ami-..."
+                    ) from None
+                image = max(found, key=lambda i: i.get("CreationDate", ""))["ImageId"]
+        images = ec2.describe_images(ImageIds=[image])["Images"]
+        if not images:
+            raise ConfigError(f"--image {image!r} does not exist in {region}")
+        return str(image), str(images[0].get("RootDeviceName") or "/dev/sda1")
+
+    def run_request(
+        self,
+        spec: ClusterSpec,
+        offer: Offer,
+        zone: str,
+        indices: Sequence[int],
+        *,
+        sg: str,
+        subnet: str,
+        token: str,
+        placement_group: str | None,
+        public_key: str,
+    ) -> dict[str, Any]:
+        """The exact RunInstances request for `indices` in `zone` (the dry run prints it)."""
+        cluster, itype = spec.name, offer.instance_type
+        batch = {TAG_NODES: compact(indices)}
+        request: dict[str, Any] = {
+            "ImageId": offer.extra["image"],
+            "InstanceType": itype,
+            "MinCount": len(indices),
+            "MaxCount": len(indices),
+            "ClientToken": token,
+            "KeyName": res.resource_name(cluster),
+            "UserData": bootstrap.minimal_user_data(public_key)
+            if public_key.startswith("ssh-")
+            else "<cloud-init: the cloudtrain user with the cluster's public key>",
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            "BlockDeviceMappings": [
+                {
+                    "DeviceName": offer.extra["root_device"],
+                    "Ebs": {
+                        "VolumeSize": spec.resources.disk_gb,
+                        "VolumeType": "gp3",
+                        "Encrypted": True,
+                        "DeleteOnTermination": True,
+                    },
+                }
+            ],
+            "InstanceInitiatedShutdownBehavior": "terminate",
+            "Placement": {"AvailabilityZone": zone},
+            "TagSpecifications": [
+                res.tag_spec("instance", cluster, self.owner, **batch),
+                res.tag_spec("volume", cluster, self.owner),
+            ],
+        }
+        efa = res.EFA_INTERFACES.get(itype, 0) if spec.num_nodes > 1 else 0
+        if placement_group and efa:
+            request["Placement"]["GroupName"] = placement_group
+        if efa:
+            request["NetworkInterfaces"] = [
+                {
+                    "NetworkCardIndex": card,
+                    "DeviceIndex": 0 if card == 0 else 1,
+                    "InterfaceType": "efa",
+                    "SubnetId": subnet,
+                    "Groups": [sg],
+                    "DeleteOnTermination": True,
+                    **({"AssociatePublicIpAddress": True} if efa == 1 else {}),
+                }
+                for card in range(efa)
+            ]
+            request["TagSpecifications"].append(
+                res.tag_spec("network-interface", cluster, self.owner)
+            )
+        else:
+            request["SecurityGroupIds"] = [sg]
+        if offer.spot:
+            request["InstanceMarketOptions"] = {
+                "MarketType": "spot",
+                "SpotOptions": {
+                    "SpotInstanceType": "one-time",
+                    "InstanceInterruptionBehavior": "terminate",
+                },
+            }
+        return request
+
+    # -- apply ----------------------------------------------------------------------------
+
+    def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
+        spec = plan.spec
+        if spec.ssh_cidr in access.WORLD:
+            on_event(Event("warning", f"SSH is open to the whole internet ({spec.ssh_cidr}), "
+                                      "as asked"))  # fmt: skip
+        existing = self.describe(spec.name)
+        if len(existing) > spec.num_nodes:
+            raise ConfigError(
+                f"cluster {spec.name!r} has {len(existing)} instances, more than the "
+                f"{spec.num_nodes} asked for; `cloudtrain down {spec.name}` first"
+            )
+        missing = sorted(set(range(spec.num_nodes)) - {n.index for n in existing})
+        if not missing:
+            return self._wait(spec.name, str(existing[0].extra["region"]), spec.num_nodes,
+                              on_event)  # fmt: skip
+        offers = list(plan.offers)
+        if existing:  # complete the cluster where it is: same region, same zone
+            region, zone = str(existing[0].extra["region"]), str(existing[0].zone)
+            offers = [dataclasses.replace(o, zones=(zone,)) for o in offers if o.region == region]
+            if not offers:
+                raise ConfigError(f"cluster {spec.name!r} runs in {region}, not in the plan")
+        _, public_key = access.cluster_key(self.home, spec.name)
+        attempts: list[str] = []
+        for offer in offers:
+            nodes = self._try_region(spec, offer, missing, public_key, attempts, on_event)
+            if nodes is not None:
+                return nodes
+        raise CapacityError(
+            "aws", "NoCapacity",
+            f"no zone had {spec.num_nodes} × {offers[0].instance_type}: " + "; ".join(attempts),
+        )  # fmt: skip
+
+    def _try_region(
+        self,
+        spec: ClusterSpec,
+        offer: Offer,
+        missing: list[int],
+        public_key: str,
+        attempts: list[str],
+        on_event: OnEvent,
+    ) -> list[NodeInfo] | None:
+        """Create the missing nodes in one of the offer's zones; None when every zone lacked
+        capacity (and then nothing of the cluster is left in the region)."""
+        region, cluster = offer.region, spec.name
+        ec2 = self.clients.ec2(region)
+        try:
+            with aws_errors(region):
+                sg = res.ensure_security_group(ec2, cluster, self.owner, str(spec.ssh_cidr))
+                res.ensure_key_pair(ec2, cluster, self.owner, public_key)
+                group = None
+                if spec.num_nodes > 1 and offer.instance_type in res.EFA_INTERFACES:
+                    group = res.ensure_placement_group(ec2, cluster, self.owner)
+            for zone in offer.zones:
+                on_event(Event("attempt", f"{region}/{zone}: launching {len(missing)} × "
+                                          f"{offer.instance_type}"))  # fmt: skip
+                try:
+                    with aws_errors(zone):
+                        subnet = "" if offer.instance_type not in res.EFA_INTERFACES else (
+                            res.default_subnet(ec2, zone))  # fmt: skip
+                        request = self.run_request(
+                            spec, offer, zone, missing, sg=sg, subnet=subnet,
+                            token=f"cloudtrain-{cluster}-{uuid.uuid4().hex[:20]}",
+                            placement_group=group, public_key=public_key,
+                        )  # fmt: skip
+                        ec2.run_instances(**request)
+                except CapacityError as exc:
+                    attempts.append(f"{zone}: {exc.code}")
+                    on_event(Event("capacity", f"{zone}: {exc.code}; trying the next zone"))
+                    continue
+                return self._wait(cluster, region, spec.num_nodes, on_event)
+        except (QuotaError, AuthError, ConfigError, ProviderError):
+            self._clean_region(region, cluster)
+            raise
+        self._clean_region(region, cluster)
+        return None
+
+    def _clean_region(self, region: str, cluster: str) -> None:
+        """After a failed attempt: remove the per-cluster resources of `region` when no
+        instance of the cluster is there (a half-made cluster keeps them for `up`)."""
+        ec2 = self.clients.ec2(region)
+        try:
+            with aws_errors(region):
+                if not res.live_instances(ec2, cluster):
+                    res.delete_all(ec2, cluster, timeout_s=60, poll_s=self.poll_s)
+        except ProviderError as exc:
+            log.warning("could not clean %s of cluster %s: %s", region, cluster, exc)
+
+    def _wait(self, cluster: str, region: str, count: int, on_event: OnEvent) -> list[NodeInfo]:
+        """Block until `count` nodes run with addresses; one paginated describe per poll."""
+        deadline = time.monotonic() + self.wait_timeout_s
+        while True:
+            nodes = self._describe_region(cluster, region)
+            ready = [n for n in nodes if n.state == "running" and n.private_ip]
+            on_event(Event("wait", f"{len(ready)}/{count} nodes running"))
+            if len(ready) >= count:
+                return nodes
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    "aws", "WaitTimeout",
+                    f"{len(ready)} of {count} nodes of {cluster!r} running after "
+                    f"{self.wait_timeout_s:.0f} s; `cloudtrain down {cluster}` removes them",
+                )  # fmt: skip
+            time.sleep(self.poll_s)
+
+    # -- describe / terminate -------------------------------------------------------------
+
+    def _describe_region(self, cluster: str, region: str) -> list[NodeInfo]:
+        with aws_errors(region):
+            instances = res.live_instances(self.clients.ec2(region), cluster)
+        return sorted((self._node(cluster, region, i) for i in instances), key=lambda n: n.index)
+
+    def describe(self, cluster: str) -> list[NodeInfo]:
+        nodes = [n for region in self.regions() for n in self._describe_region(cluster, region)]
+        return sorted(nodes, key=lambda n: n.index)
+
+    def _node(self, cluster: str, region: str, inst: dict[str, Any]) -> NodeInfo:
+        tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+        if TAG_NODE in tags:
+            index = int(tags[TAG_NODE])
+        else:
+            index = expand(tags.get(TAG_NODES, "0"))[int(inst.get("AmiLaunchIndex", 0))]
+        state = str(inst["State"]["Name"])
+        return NodeInfo(
+            cluster=cluster,
+            index=index,
+            node_id=str(inst["InstanceId"]),
+            private_ip=inst.get("PrivateIpAddress"),
+            public_ip=inst.get("PublicIpAddress"),
+            state="stopping" if state == "shutting-down" else state,
+            zone=inst.get("Placement", {}).get("AvailabilityZone"),
+            instance_type=inst.get("InstanceType"),
+            extra=MappingProxyType(
+                {
+                    "region": region,
+                    "root": f"/home/{NODE_USER}/.cloudtrain",
+                    "python": f"/home/{NODE_USER}/.cloudtrain/venv/bin/python",
+                    "user": NODE_USER,
+                    "spot": inst.get("InstanceLifecycle") == "spot",
+                }
+            ),
+        )
+
+    def terminate(self, cluster: str) -> None:
+        """Terminate the instances found by tag in every region, wait until they are gone, then
+        delete the placement group, security group and key pair. Idempotent."""
+        for region in self.regions():
+            ec2 = self.clients.ec2(region)
+            with aws_errors(region):
+                ids = [i["InstanceId"] for i in res.live_instances(ec2, cluster)]
+                for start in range(0, len(ids), 1000):
+                    ec2.terminate_instances(InstanceIds=ids[start : start + 1000])
+                self._wait_gone(ec2, cluster, region)
+                res.delete_all(ec2, cluster, timeout_s=self.wait_timeout_s, poll_s=self.poll_s)
+        access.forget_key(self.home, cluster)
+
+    def _wait_gone(self, ec2: Any, cluster: str, region: str) -> None:
+        deadline = time.monotonic() + self.wait_timeout_s
+        while res.live_instances(ec2, cluster):
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    "aws", "WaitTimeout",
+                    f"instances of {cluster!r} in {region} still not terminated after "
+                    f"{self.wait_timeout_s:.0f} s; run `cloudtrain down {cluster}` again",
+                )  # fmt: skip
+            time.sleep(self.poll_s)
+
+    def executor(self, node: NodeInfo) -> Any:
+        raise ConfigError(
+            "running jobs on aws nodes needs the SSH executor, which this version does not "
+            "have yet; the cluster is up and `cloudtrain down` removes it"
+        )
