@@ -15,6 +15,7 @@ verb           side effect  blocks       guarantees
 ``describe``   none         no           the cluster's nodes from the cloud's own tags
 ``terminate``  deletes      until gone   idempotent; removes the nodes and every
                                          per-cluster resource it made
+``clusters``   none         no           names of this owner's clusters, from tags
 ``executor``   none         no           how to run commands on one node
 =============  ==========  ===========  ================================================
 
@@ -207,6 +208,11 @@ class Provider(Protocol):
 
     def terminate(self, cluster: str) -> None:
         """Remove every node and per-cluster resource; blocks until gone. Idempotent."""
+        ...
+
+    def clusters(self) -> list[str]:
+        """Names of the clusters this owner has on the provider, from its tags (for
+        ``down --all`` and reconciliation); sorted."""
         ...
 
     def executor(self, node: NodeInfo) -> Executor:

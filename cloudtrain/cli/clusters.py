@@ -112,34 +112,73 @@ def up(app: App, /, task_file: Path | None, dry_run: bool, **flags: Any) -> None
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", required=False)
 @click.option(
     "--provider",
     "-p",
     help="Where to look when the local state has no record (found by tag; default local).",
 )
 @click.option("--profile", help="Cloud credentials profile, when the local state has no record.")
+@click.option(
+    "--all",
+    "every",
+    is_flag=True,
+    help="Every cluster: those recorded here and those of this owner found by tag.",
+)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before --all.")
 @pass_app
-def down(app: App, name: str, provider: str | None, profile: str | None) -> None:
+def down(
+    app: App, name: str | None, provider: str | None, profile: str | None, every: bool, yes: bool
+) -> None:
     """Tear down cluster NAME: stop its jobs, delete every node and resource it has.
 
     Idempotent: a cluster that does not exist is "nothing to do" (exit 0).
     """
     from cloudtrain import api
+    from cloudtrain.errors import ConfigError
 
-    with app.err.status(f"tearing down {name}"):
-        done = api.down(
-            app.state,
-            app.home,
-            name,
-            provider_name=provider,
-            options={"profile": profile} if profile else None,
-            on_event=app.event,
-        )
-    if done:
-        app.out.print(f"cluster {name} is down; nothing of it is left running", markup=False)
-    else:
-        app.out.print(f"nothing to do: no cluster named {name!r}", markup=False)
+    options = {"profile": profile} if profile else None
+    if every == bool(name):
+        raise ConfigError("give a cluster NAME, or --all (not both)")
+    targets = [(name, provider)] if name else _every_cluster(app, provider, options)
+    if every:
+        if not targets:
+            app.out.print("nothing to do: no clusters", markup=False)
+            return
+        listing = ", ".join(f"{n} ({p})" for n, p in targets)
+        if not yes and not _confirm(f"tear down {listing}?"):
+            raise ConfigError("nothing was torn down (pass --yes to skip the question)")
+    for target, where in targets:
+        with app.err.status(f"tearing down {target}"):
+            done = api.down(app.state, app.home, str(target), provider_name=where,
+                            options=options, on_event=app.event)  # fmt: skip
+        if done:
+            app.out.print(f"cluster {target} is down; nothing of it is left running", markup=False)
+        else:
+            app.out.print(f"nothing to do: no cluster named {target!r}", markup=False)
+
+
+def _confirm(question: str) -> bool:
+    """Ask on the terminal; no terminal (or end of input) is a no."""
+    try:
+        return click.confirm(question, err=True)
+    except click.Abort:
+        return False
+
+
+def _every_cluster(
+    app: App, provider: str | None, options: dict[str, str] | None
+) -> list[tuple[str, str | None]]:
+    """Recorded clusters, and clusters of this owner found by tag on `provider` (or on local
+    and every provider that has a record)."""
+    from cloudtrain import api
+
+    found = {c.name: c.provider for c in app.state.clusters()}
+    wanted = {provider} if provider else {"local", *found.values()}
+    for pname in sorted(wanted):
+        for cluster in api.provider(pname, app.home, options).clusters():
+            found.setdefault(cluster, pname)
+    return [(n, p) for n, p in sorted(found.items()) if not provider or p == provider]
 
 
 @click.command()

@@ -37,7 +37,9 @@ from cloudtrain.errors import (
     QuotaError,
 )
 from cloudtrain.provider import (
+    TAG_CLUSTER,
     TAG_NODE,
+    TAG_OWNER,
     Capability,
     Event,
     NodeInfo,
@@ -48,7 +50,7 @@ from cloudtrain.provider import (
     ignore_event,
 )
 from cloudtrain.providers.aws import _resources as res
-from cloudtrain.providers.aws._client import Clients, aws_errors
+from cloudtrain.providers.aws._client import Clients, aws_errors, paginate
 from cloudtrain.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,10 @@ def expand(text: str) -> list[int]:
         first, _, last = part.partition("-")
         out.extend(range(int(first), int(last or first) + 1))
     return out
+
+
+def _tag(resource: dict[str, Any], key: str) -> str:
+    return next((t["Value"] for t in resource.get("Tags", []) if t["Key"] == key), "")
 
 
 def default_owner() -> str:
@@ -428,6 +434,24 @@ class AwsProvider:
                     f"{self.wait_timeout_s:.0f} s; run `cloudtrain down {cluster}` again",
                 )  # fmt: skip
             time.sleep(self.poll_s)
+
+    def clusters(self) -> list[str]:
+        """Clusters of this owner: any instance or security group tagged with the owner."""
+        names: set[str] = set()
+        owner = {"Name": f"tag:{TAG_OWNER}", "Values": [self.owner]}
+        for region in self.regions():
+            ec2 = self.clients.ec2(region)
+            with aws_errors(region):
+                groups = ec2.describe_security_groups(Filters=[owner])["SecurityGroups"]
+                names |= {_tag(g, TAG_CLUSTER) for g in groups}
+                for reservation in paginate(ec2, "describe_instances", "Reservations",
+                                            Filters=[owner]):  # fmt: skip
+                    names |= {
+                        _tag(i, TAG_CLUSTER)
+                        for i in reservation["Instances"]
+                        if i["State"]["Name"] != "terminated"
+                    }
+        return sorted(names - {""})
 
     def executor(self, node: NodeInfo) -> Any:
         raise ConfigError(

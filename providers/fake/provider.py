@@ -175,5 +175,8 @@ class FakeProvider:
     def terminate(self, cluster: str) -> None:
         self.cloud.terminate(cluster)
 
+    def clusters(self) -> list[str]:
+        return sorted({i.tags[TAG_CLUSTER] for i in self.cloud.live()})
+
     def executor(self, node: NodeInfo) -> FakeExecutor:
         return self.executors.setdefault(node.node_id, FakeExecutor(self.handler))

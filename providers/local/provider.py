@@ -127,5 +127,8 @@ class LocalProvider:
             agent.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node_dir)}, grace_s=5.0)
         shutil.rmtree(cdir, ignore_errors=True)
 
+    def clusters(self) -> list[str]:
+        return sorted({p.parent.parent.name for p in self._root.glob("*/node-*/node.json")})
+
     def executor(self, node: NodeInfo) -> LocalExecutor:
         return LocalExecutor()

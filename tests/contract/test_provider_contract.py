@@ -120,7 +120,9 @@ def test_terminate_removes_everything_and_is_idempotent(harness: Harness) -> Non
 def test_clusters_are_isolated(harness: Harness) -> None:
     harness.provider.apply(harness.provider.plan(spec("a", 1)))
     harness.provider.apply(harness.provider.plan(spec("b", 2)))
+    assert harness.provider.clusters() == ["a", "b"]
     harness.provider.terminate("a")
+    assert harness.provider.clusters() == ["b"]
     assert harness.provider.describe("a") == []
     assert len(harness.provider.describe("b")) == 2
     harness.provider.terminate("b")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import Cli
 
@@ -47,3 +48,24 @@ def test_status_json_lists_clusters_nodes_and_jobs(run_cli: Cli) -> None:
     assert "fake" in table
     assert "2/2" in table
     assert run_cli("down", "c1").exit_code == 0
+
+
+def test_down_all_finds_recorded_and_tagged_clusters(run_cli: Cli, home: Path) -> None:
+    assert run_cli("up", "--name", "l1").exit_code == 0
+    assert run_cli("up", "--provider", "fake", "--name", "f1").exit_code == 0
+    (home / "state.db").unlink()  # the state is lost: the local cluster is found by its tags
+    for suffix in ("-wal", "-shm"):
+        (home / f"state.db{suffix}").unlink(missing_ok=True)
+    assert run_cli("up", "--name", "l2").exit_code == 0
+    refused = run_cli("down", "--all")  # no terminal to say yes: nothing happens
+    assert refused.exit_code == 2
+    assert "nothing was torn down" in refused.output
+    done = run_cli("down", "--all", "--yes")
+    assert done.exit_code == 0, done.output
+    assert "cluster l1 is down" in done.output
+    assert "cluster l2 is down" in done.output
+    assert not list((home / "local").glob("*/node-*"))
+    fake = run_cli("down", "--all", "--yes", "--provider", "fake")
+    assert "cluster f1 is down" in fake.output
+    assert run_cli("down", "--all", "--yes").output.startswith("nothing to do")
+    assert run_cli("down", "x", "--all").exit_code == 2
