@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from moto.core import DEFAULT_ACCOUNT_ID
+from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.core.utils import utcnow
 from moto.ec2.models import ec2_backends
 from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBackend
@@ -202,7 +202,7 @@ def put_dlami_parameter(ssm: Any, ami_id: str, *, name: str = DLAMI_SSM_PARAMETE
     """
     versions = ssm_backends[DEFAULT_ACCOUNT_ID][ssm.meta.region_name]._parameters[name]
     versions.append(
-        Parameter(
+        Parameter(  # type: ignore[abstract]  # moto's own PutParameter builds it the same way
             account_id=DEFAULT_ACCOUNT_ID,
             name=name,
             value=ami_id,
