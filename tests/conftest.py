@@ -48,3 +48,6 @@ class Cli:
 @pytest.fixture
 def run_cli(home: Path) -> Cli:
     return Cli()
+
+
+pytest_plugins = ["tests.aws.fixtures"]  # the AWS stand-in, for tests/aws and the contract suite

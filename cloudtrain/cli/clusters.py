@@ -84,6 +84,11 @@ def bring_up(app: App, task: TaskSpec, dry_run: bool) -> None:
     if dry_run:
         plan = api.plan(spec, app.home)
         app.out.print(render.plan_table(plan))
+        if plan.requests:
+            import json
+
+            app.out.print("the requests the first offer would send:", markup=False)
+            app.out.print(json.dumps(list(plan.requests), indent=2, default=str), markup=False)
         app.out.print(
             f"dry run: would create {spec.num_nodes} node(s) of {plan.offer.instance_type} on "
             f"{spec.provider} for ${plan.price_per_hour:.2f}/h; nothing was created",

@@ -16,7 +16,7 @@ from cloudtrain.errors import ConfigError
 from cloudtrain.provider import Capability, Event, Provider, ProviderContext
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 from cloudtrain.providers.local.provider import LocalProvider
-from cloudtrain.spec import ClusterSpec
+from cloudtrain.spec import ClusterSpec, Resources
 
 
 @dataclass
@@ -24,9 +24,13 @@ class Harness:
     provider: Provider
     remove_node: Callable[[str, int], None]
     is_empty: Callable[[], bool]
+    #: the provider's own spec of an N-node cluster called `name`
+    spec: Callable[[str, int], ClusterSpec] = lambda name, nodes: ClusterSpec(name, "x", nodes)
+    #: False where running commands on nodes needs a part not built yet (SSH)
+    runs_commands: bool = True
 
 
-def local_harness(home: Path) -> Harness:
+def local_harness(home: Path, request: pytest.FixtureRequest) -> Harness:
     provider = LocalProvider(ProviderContext(home=home))
 
     def remove_node(cluster: str, index: int) -> None:
@@ -39,7 +43,7 @@ def local_harness(home: Path) -> Harness:
     return Harness(provider, remove_node, is_empty)
 
 
-def fake_harness(home: Path) -> Harness:
+def fake_harness(home: Path, request: pytest.FixtureRequest) -> Harness:
     cloud = FakeCloud()
     provider = FakeProvider(ProviderContext(home=home, options={"cloud": cloud}))
 
@@ -51,20 +55,41 @@ def fake_harness(home: Path) -> Harness:
     return Harness(provider, remove_node, lambda: not cloud.live())
 
 
-HARNESSES = {"local": local_harness, "fake": fake_harness}
+def aws_harness(home: Path, request: pytest.FixtureRequest) -> Harness:
+    """The AWS provider against the stand-in (moto's server and its shims)."""
+    from cloudtrain.providers.aws.provider import AwsProvider
+    from tests.aws.standin import leftovers, put_dlami_parameter, register_dlami
+
+    aws = request.getfixturevalue("aws")
+    put_dlami_parameter(aws.client("ssm"), register_dlami(aws.client("ec2")))
+    options = {"poll_s": 0.01, "regions": ["us-east-1"], "owner": "contract"}
+    provider = AwsProvider(ProviderContext(home=home, options=options))
+    ec2 = aws.client("ec2")
+
+    def remove_node(cluster: str, index: int) -> None:
+        node = next(n for n in provider.describe(cluster) if n.index == index)
+        ec2.terminate_instances(InstanceIds=[node.node_id])
+
+    def is_empty() -> bool:
+        return not any(any(leftovers(ec2, c).values()) for c in ("c1", "a", "b"))
+
+    def aws_spec(name: str, nodes: int) -> ClusterSpec:
+        res = Resources(accelerator="V100", count=1, region="us-east-1")
+        return ClusterSpec(name, "aws", nodes, res, ssh_cidr="203.0.113.7/32")
+
+    return Harness(provider, remove_node, is_empty, aws_spec, runs_commands=False)
+
+
+HARNESSES = {"local": local_harness, "fake": fake_harness, "aws": aws_harness}
 
 
 @pytest.fixture(params=sorted(HARNESSES))
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
-    return HARNESSES[request.param](tmp_path)
-
-
-def spec(name: str = "c1", nodes: int = 2) -> ClusterSpec:
-    return ClusterSpec(name=name, provider="x", num_nodes=nodes)
+    return HARNESSES[request.param](tmp_path, request)
 
 
 def test_plan_has_no_side_effects(harness: Harness) -> None:
-    plan = harness.provider.plan(spec(nodes=3))
+    plan = harness.provider.plan(harness.spec("c1", 3))
     assert plan.offers, "a plan has at least one offer"
     assert len(plan.requests) >= 1
     assert harness.provider.describe("c1") == []
@@ -73,7 +98,7 @@ def test_plan_has_no_side_effects(harness: Harness) -> None:
 
 def test_apply_creates_every_node_and_describe_finds_them_by_tag(harness: Harness) -> None:
     events: list[Event] = []
-    nodes = harness.provider.apply(harness.provider.plan(spec(nodes=3)), events.append)
+    nodes = harness.provider.apply(harness.provider.plan(harness.spec("c1", 3)), events.append)
     assert [n.index for n in nodes] == [0, 1, 2]
     assert {n.state for n in nodes} == {"running"}
     assert len({n.node_id for n in nodes}) == 3
@@ -84,14 +109,14 @@ def test_apply_creates_every_node_and_describe_finds_them_by_tag(harness: Harnes
 
 
 def test_apply_is_idempotent(harness: Harness) -> None:
-    plan = harness.provider.plan(spec(nodes=2))
+    plan = harness.provider.plan(harness.spec("c1", 2))
     first = harness.provider.apply(plan)
     second = harness.provider.apply(plan)
     assert [n.node_id for n in first] == [n.node_id for n in second]
 
 
 def test_apply_completes_a_half_made_cluster(harness: Harness) -> None:
-    plan = harness.provider.plan(spec(nodes=3))
+    plan = harness.provider.plan(harness.spec("c1", 3))
     before = harness.provider.apply(plan)
     harness.remove_node("c1", 1)
     assert [n.index for n in harness.provider.describe("c1")] == [0, 2]
@@ -103,13 +128,13 @@ def test_apply_completes_a_half_made_cluster(harness: Harness) -> None:
 
 
 def test_more_nodes_than_asked_is_an_error_not_a_silent_bill(harness: Harness) -> None:
-    harness.provider.apply(harness.provider.plan(spec(nodes=3)))
+    harness.provider.apply(harness.provider.plan(harness.spec("c1", 3)))
     with pytest.raises(ConfigError, match="more than"):
-        harness.provider.apply(harness.provider.plan(spec(nodes=2)))
+        harness.provider.apply(harness.provider.plan(harness.spec("c1", 2)))
 
 
 def test_terminate_removes_everything_and_is_idempotent(harness: Harness) -> None:
-    harness.provider.apply(harness.provider.plan(spec(nodes=2)))
+    harness.provider.apply(harness.provider.plan(harness.spec("c1", 2)))
     harness.provider.terminate("c1")
     assert harness.provider.describe("c1") == []
     assert harness.is_empty()
@@ -118,8 +143,8 @@ def test_terminate_removes_everything_and_is_idempotent(harness: Harness) -> Non
 
 
 def test_clusters_are_isolated(harness: Harness) -> None:
-    harness.provider.apply(harness.provider.plan(spec("a", 1)))
-    harness.provider.apply(harness.provider.plan(spec("b", 2)))
+    harness.provider.apply(harness.provider.plan(harness.spec("a", 1)))
+    harness.provider.apply(harness.provider.plan(harness.spec("b", 2)))
     assert harness.provider.clusters() == ["a", "b"]
     harness.provider.terminate("a")
     assert harness.provider.clusters() == ["b"]
@@ -134,7 +159,12 @@ def test_capabilities_and_executor(harness: Harness) -> None:
     assert isinstance(caps, frozenset)
     assert all(isinstance(c, Capability) for c in caps)
     assert Capability.MULTI_NODE in caps
-    node = harness.provider.apply(harness.provider.plan(spec(nodes=1)))[0]
+    node = harness.provider.apply(harness.provider.plan(harness.spec("c1", 1)))[0]
+    if not harness.runs_commands:
+        with pytest.raises(ConfigError, match="SSH executor"):
+            harness.provider.executor(node)
+        harness.provider.terminate("c1")
+        return
     executor = harness.provider.executor(node)
     result = executor.run(["true"])
     assert result.returncode == 0

@@ -1,0 +1,124 @@
+"""The CLI end to end against the AWS stand-in, as a user runs it: a subprocess whose boto3
+finds the stand-in through AWS_ENDPOINT_URL, as any AWS tool would."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.aws.standin import StandIn, assert_empty, leftovers, put_dlami_parameter, register_dlami
+from tests.integration.conftest import Shell
+
+pytestmark = pytest.mark.integration
+UP = ["up", "--provider", "aws", "--gpus", "A100:8", "--nodes", "4", "--name", "exp1"]
+CIDR = ["--ssh-cidr", "203.0.113.7/32"]
+
+
+@pytest.fixture
+def cli(aws: StandIn, tmp_path: Path) -> Iterator[Shell]:
+    for region in ("us-east-1", "us-west-2", "eu-west-1"):
+        put_dlami_parameter(aws.client("ssm", region), register_dlami(aws.client("ec2", region)))
+    shell = Shell(tmp_path / "home")  # made after `aws` set the environment
+    yield shell
+    for region in ("us-east-1", "us-west-2", "eu-west-1"):
+        assert_empty(aws.client("ec2", region), "exp1")
+
+
+def test_up_status_down_leave_the_cloud_empty(cli: Shell, aws: StandIn) -> None:
+    dry = cli(*UP, *CIDR, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "p4d.24xlarge" in dry.stdout
+    assert '"MinCount": 4' in dry.stdout
+    assert "nothing was created" in dry.stdout
+    assert not any(c.action.startswith(("Create", "Run", "Import")) for c in aws.app.calls())
+
+    up = cli(*UP, *CIDR)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "cluster exp1 is up: 4 node(s), $131.09/h" in up.stdout
+    assert "us-east-1/us-east-1a: launching 4 × p4d.24xlarge" in up.stderr
+    status = cli("status", "--json", "--refresh")
+    cluster = json.loads(status.stdout)["clusters"][0]
+    assert [n["index"] for n in cluster["nodes"]] == [0, 1, 2, 3]
+    assert cluster["status"] == "up"
+
+    state = b"".join(p.read_bytes() for p in cli.home.glob("state.db*"))
+    for secret in (b"PRIVATE KEY", b"AWS_SECRET", b"testing"):
+        assert secret not in state
+
+    again = cli(*UP, *CIDR)  # idempotent: nothing new
+    assert again.returncode == 0
+    assert len(aws.app.calls("RunInstances")) == 1
+
+    down = cli("down", "exp1")
+    assert down.returncode == 0, down.stderr
+    assert "cluster exp1 is down" in down.stdout
+    assert not (cli.home / "keys" / "exp1").exists()
+    assert cli("down", "exp1").stdout.startswith("nothing to do")
+
+
+def test_down_finds_the_cluster_by_tag_when_the_state_is_lost(cli: Shell, aws: StandIn) -> None:
+    assert cli(*UP, *CIDR).returncode == 0
+    for name in ("state.db", "state.db-wal", "state.db-shm"):
+        (cli.home / name).unlink(missing_ok=True)
+    assert any(leftovers(aws.client("ec2"), "exp1").values())
+    down = cli("down", "exp1", "--provider", "aws")
+    assert down.returncode == 0, down.stderr
+    assert "cluster exp1 is down" in down.stdout
+
+
+def test_capacity_failover_is_printed_and_no_capacity_exits_3(cli: Shell, aws: StandIn) -> None:
+    aws.app.add_fault("RunInstances", "InsufficientInstanceCapacity", zone="us-east-1a")
+    up = cli(*UP, *CIDR)
+    assert up.returncode == 0, up.stderr
+    assert "us-east-1a: InsufficientInstanceCapacity; trying the next zone" in up.stderr
+    assert cli("down", "exp1").returncode == 0
+
+    aws.app.add_fault("RunInstances", "InsufficientInstanceCapacity")
+    failed = cli(*UP, *CIDR)
+    assert failed.returncode == 3
+    assert "no zone had 4 × p4d.24xlarge" in failed.stderr
+    assert json.loads(cli("status", "--json").stdout)["clusters"] == []
+
+
+def test_quota_error_exits_3_naming_the_quota(cli: Shell, aws: StandIn) -> None:
+    aws.app.add_fault("RunInstances", "VcpuLimitExceeded", status=400)
+    failed = cli(*UP, *CIDR)
+    assert failed.returncode == 3
+    assert "Running On-Demand P instances" in failed.stderr
+
+
+class _MyIp(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"198.51.100.9\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_ssh_is_opened_to_the_callers_address_found_or_to_the_world_only_when_asked(
+    cli: Shell, aws: StandIn
+) -> None:
+    server = HTTPServer(("127.0.0.1", 0), _MyIp)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    cli.env["CLOUDTRAIN_PUBLIC_IP_URL"] = f"http://127.0.0.1:{server.server_port}/"
+    try:
+        assert cli(*UP).returncode == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    group = aws.client("ec2").describe_security_groups(GroupNames=["cloudtrain-exp1"])
+    ssh = [r for r in group["SecurityGroups"][0]["IpPermissions"] if r.get("FromPort") == 22]
+    assert [r["CidrIp"] for r in ssh[0]["IpRanges"]] == ["198.51.100.9/32"]
+    assert cli("down", "exp1").returncode == 0
+
+    world = cli(*UP, "--ssh-cidr", "0.0.0.0/0")
+    assert world.returncode == 0
+    assert "SSH is open to the whole internet (0.0.0.0/0), as asked" in world.stderr
+    assert cli("down", "exp1").returncode == 0

@@ -1,0 +1,266 @@
+"""The AWS provider through real boto3 against the local stand-in (moto's server + shims)."""
+
+from __future__ import annotations
+
+import base64
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cloudtrain.errors import AuthError, CapacityError, ConfigError, QuotaError
+from cloudtrain.provider import Event, ProviderContext
+from cloudtrain.providers.aws._client import Clients
+from cloudtrain.providers.aws.provider import AwsProvider, compact, expand
+from cloudtrain.spec import ClusterSpec, Resources
+from tests.aws.standin import StandIn, assert_empty, leftovers, put_dlami_parameter, register_dlami
+
+REGIONS = ("us-east-1", "us-west-2", "eu-west-1")
+CIDR = "203.0.113.7/32"
+Make = Callable[..., AwsProvider]
+
+
+@pytest.fixture
+def make(aws: StandIn, tmp_path: Path) -> Make:
+    """Providers over the stand-in; each region has the Deep Learning AMI published."""
+    for region in REGIONS:
+        image = register_dlami(aws.client("ec2", region))
+        put_dlami_parameter(aws.client("ssm", region), image)
+
+    def build(clients: Clients | None = None) -> AwsProvider:
+        options: dict[str, Any] = {"poll_s": 0.01, "regions": REGIONS, "owner": "tester"}
+        if clients is not None:
+            options["clients"] = clients
+        return AwsProvider(ProviderContext(home=tmp_path / "home", options=options))
+
+    return build
+
+
+def a100(nodes: int = 4, **resources: Any) -> ClusterSpec:
+    res = Resources(accelerator="A100", count=8, **resources)
+    return ClusterSpec("exp1", "aws", nodes, res, ssh_cidr=CIDR)
+
+
+def v100(nodes: int = 1, **resources: Any) -> ClusterSpec:
+    res = Resources(accelerator="V100", count=1, **resources)
+    return ClusterSpec("small", "aws", nodes, res, ssh_cidr=CIDR)
+
+
+def mutations(aws: StandIn) -> list[str]:
+    """The provider's mutating calls (the fixture's RegisterImage is the test's own)."""
+    reads = ("Describe", "Get", "RegisterImage")
+    return [c.action for c in aws.app.calls(service=None) if not c.action.startswith(reads)]
+
+
+def everywhere_empty(aws: StandIn, cluster: str) -> None:
+    for region in REGIONS:
+        assert_empty(aws.client("ec2", region), cluster)
+
+
+def test_batch_tags_round_trip() -> None:
+    assert compact([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert expand("0-2,5,7-8") == [0, 1, 2, 5, 7, 8]
+    assert compact(range(1000)) == "0-999"
+
+
+def test_plan_reads_offerings_and_the_dlami_and_changes_nothing(make: Make, aws: StandIn) -> None:
+    plan = make().plan(a100())
+    assert [o.instance_type for o in plan.offers] == ["p4d.24xlarge"] * 3
+    assert [o.region for o in plan.offers] == ["us-east-1", "us-west-2", "eu-west-1"]
+    assert plan.offers[0].zones == ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d",
+                                    "us-east-1f")  # fmt: skip
+    assert plan.offers[0].extra["image"].startswith("ami-")
+    assert plan.price_per_hour == pytest.approx(4 * 32.7726)
+    request = plan.requests[0]["RunInstances"]
+    assert request["MinCount"] == request["MaxCount"] == 4
+    assert mutations(aws) == []
+
+
+def test_apply_makes_a_gang_in_one_call_with_the_exact_request(make: Make, aws: StandIn) -> None:
+    events: list[Event] = []
+    nodes = make().apply(make().plan(a100()), events.append)
+    assert [n.index for n in nodes] == [0, 1, 2, 3]
+    assert {n.state for n in nodes} == {"running"}
+    assert all(n.private_ip for n in nodes)
+    assert {n.zone for n in nodes} == {"us-east-1a"}
+    assert mutations(aws) == ["CreateSecurityGroup", "AuthorizeSecurityGroupIngress",
+                              "ImportKeyPair", "CreatePlacementGroup", "RunInstances"]  # fmt: skip
+    run = aws.app.calls("RunInstances")[0]
+    p = run.params
+    assert (p["MinCount"], p["MaxCount"]) == ("4", "4")
+    assert p["ClientToken"].startswith("cloudtrain-exp1-")
+    assert p["InstanceType"] == "p4d.24xlarge"
+    assert p["MetadataOptions.HttpTokens"] == "required"
+    assert p["InstanceInitiatedShutdownBehavior"] == "terminate"
+    assert p["BlockDeviceMapping.1.Ebs.Encrypted"] == "true"
+    assert p["BlockDeviceMapping.1.Ebs.VolumeType"] == "gp3"
+    assert p["BlockDeviceMapping.1.Ebs.VolumeSize"] == "200"
+    assert p["Placement.AvailabilityZone"] == "us-east-1a"
+    assert p["Placement.GroupName"] == "cloudtrain-exp1"
+    efa = run.indexed("NetworkInterface")
+    assert [(i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in efa] == [
+        ("0", "0", "efa"), ("1", "1", "efa"), ("2", "1", "efa"), ("3", "1", "efa")
+    ]  # fmt: skip
+    kinds = {p[k] for k in p if k.startswith("TagSpecification.") and k.endswith("ResourceType")}
+    assert kinds == {"instance", "volume", "network-interface"}
+    assert "InstanceMarketOptions.MarketType" not in p
+    assert [e.kind for e in events].count("attempt") == 1
+
+    ec2 = aws.client("ec2")
+    group = ec2.describe_security_groups(GroupNames=["cloudtrain-exp1"])["SecurityGroups"][0]
+    rules = {
+        (r["IpProtocol"], r.get("FromPort"), r.get("ToPort")): r for r in group["IpPermissions"]
+    }
+    assert set(rules) == {("tcp", 22, 22), ("-1", None, None)}
+    assert [r["CidrIp"] for r in rules[("tcp", 22, 22)]["IpRanges"]] == [CIDR]
+    assert rules[("tcp", 22, 22)]["UserIdGroupPairs"] == []
+    assert [g["GroupId"] for g in rules[("-1", None, None)]["UserIdGroupPairs"]] == [
+        group["GroupId"]
+    ]
+    assert rules[("-1", None, None)]["IpRanges"] == []
+
+
+def test_secrets_stay_home_and_the_key_is_0600(make: Make, aws: StandIn, tmp_path: Path) -> None:
+    make().apply(make().plan(v100()))
+    private = tmp_path / "home" / "keys" / "small" / "id_ed25519"
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    assert stat.S_IMODE(private.parent.stat().st_mode) == 0o700
+    user_data = base64.b64decode(aws.app.calls("RunInstances")[0].params["UserData"]).decode()
+    public = (private.parent / "id_ed25519.pub").read_text().strip()
+    assert user_data.startswith("#cloud-config")
+    assert public in user_data
+    for secret in ("PRIVATE KEY", "testing", "AWS_SECRET", private.read_text().splitlines()[1]):
+        assert secret not in user_data
+    every_param = " ".join(v for c in aws.app.calls(service=None) for v in c.params.values())
+    assert "PRIVATE KEY" not in every_param
+
+
+def test_single_v100_uses_no_placement_group_and_no_efa(make: Make, aws: StandIn) -> None:
+    make().apply(make().plan(v100(spot=True, disk_gb=50)))
+    p = aws.app.calls("RunInstances")[0].params
+    assert p["InstanceType"] == "p3.2xlarge"
+    assert "Placement.GroupName" not in p
+    assert not aws.app.calls("RunInstances")[0].indexed("NetworkInterface")
+    assert p["SecurityGroupId.1"].startswith("sg-")
+    assert p["InstanceMarketOptions.MarketType"] == "spot"
+    assert p["BlockDeviceMapping.1.Ebs.VolumeSize"] == "50"
+    assert "CreatePlacementGroup" not in mutations(aws)
+
+
+def test_capacity_errors_fail_over_zone_by_zone_then_region(make: Make, aws: StandIn) -> None:
+    for zone in ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f",
+                 "us-west-2a"):  # fmt: skip
+        aws.app.add_fault("RunInstances", "InsufficientInstanceCapacity", zone=zone)
+    events: list[Event] = []
+    nodes = make().apply(make().plan(a100(nodes=2)), events.append)
+    assert {n.zone for n in nodes} == {"us-west-2b"}
+    capacity = [e.message for e in events if e.kind == "capacity"]
+    assert capacity == [
+        f"{z}: InsufficientInstanceCapacity; trying the next zone"
+        for z in (
+            "us-east-1a",
+            "us-east-1b",
+            "us-east-1c",
+            "us-east-1d",
+            "us-east-1f",
+            "us-west-2a",
+        )
+    ]
+    assert_empty(aws.client("ec2", "us-east-1"), "exp1")  # the failed region was cleaned
+
+
+@pytest.mark.parametrize(
+    "code", ["InsufficientCapacity", "Unsupported", "SpotMaxPriceTooLow",
+             "InsufficientFreeAddressesInSubnet"],
+)  # fmt: skip
+def test_every_capacity_code_moves_on(make: Make, aws: StandIn, code: str) -> None:
+    aws.app.add_fault("RunInstances", code, zone="us-east-1a", status=400)
+    nodes = make().apply(make().plan(v100()))
+    assert nodes[0].zone == "us-east-1b"
+
+
+def test_no_capacity_anywhere_says_so_and_leaves_nothing(make: Make, aws: StandIn) -> None:
+    aws.app.add_fault("RunInstances", "InsufficientInstanceCapacity")
+    with pytest.raises(CapacityError) as err:
+        make().apply(make().plan(a100(nodes=2)))
+    assert "us-east-1a: InsufficientInstanceCapacity" in str(err.value)
+    assert "eu-west-1c: InsufficientInstanceCapacity" in str(err.value)
+    assert str(err.value).count("InsufficientInstanceCapacity") == 12
+    everywhere_empty(aws, "exp1")
+
+
+@pytest.mark.parametrize(
+    ("code", "error", "hint"),
+    [
+        ("VcpuLimitExceeded", QuotaError, "L-417A185B"),
+        ("MaxSpotInstanceCountExceeded", QuotaError, "L-7212CCBC"),
+        ("UnauthorizedOperation", AuthError, "sts get-caller-identity"),
+        ("AuthFailure", AuthError, "Check the credentials"),
+    ],
+)
+def test_quota_and_auth_errors_stop_at_once_and_leave_nothing(
+    make: Make, aws: StandIn, code: str, error: type[Exception], hint: str
+) -> None:
+    aws.app.add_fault("RunInstances", code, status=400)
+    with pytest.raises(error, match=hint):
+        make().apply(make().plan(a100(nodes=2)))
+    assert len(aws.app.calls("RunInstances")) == 1
+    everywhere_empty(aws, "exp1")
+
+
+def test_resume_creates_only_what_is_missing(make: Make, aws: StandIn) -> None:
+    provider = make()
+    plan = provider.plan(a100(nodes=4))
+    first = provider.apply(plan)
+    aws.client("ec2").terminate_instances(InstanceIds=[first[1].node_id, first[3].node_id])
+    again = provider.apply(plan)
+    assert [n.index for n in again] == [0, 1, 2, 3]
+    assert {n.node_id for n in again} >= {first[0].node_id, first[2].node_id}
+    second = aws.app.calls("RunInstances")[1].params
+    assert (second["MinCount"], second["MaxCount"]) == ("2", "2")
+    assert second["Placement.AvailabilityZone"] == first[0].zone
+    assert provider.apply(plan) == provider.describe("exp1")  # complete: no call
+    assert len(aws.app.calls("RunInstances")) == 2
+    with pytest.raises(ConfigError, match="has 4 instances, more than the 2 asked for"):
+        provider.apply(provider.plan(a100(nodes=2)))
+
+
+def test_terminate_finds_everything_by_tag_and_is_idempotent(make: Make, aws: StandIn) -> None:
+    make().apply(make().plan(a100(nodes=2)))
+    fresh = make()  # no state: only the cloud's tags
+    assert [n.index for n in fresh.describe("exp1")] == [0, 1]
+    assert fresh.clusters() == ["exp1"]
+    fresh.terminate("exp1")
+    everywhere_empty(aws, "exp1")
+    assert fresh.describe("exp1") == []
+    assert fresh.clusters() == []
+    fresh.terminate("exp1")
+
+
+class Crash(Exception):
+    """Stands for the process dying right after a call succeeded."""
+
+
+MUTATING = ["CreateSecurityGroup", "AuthorizeSecurityGroupIngress", "ImportKeyPair",
+            "CreatePlacementGroup", "RunInstances"]  # fmt: skip
+
+
+@pytest.mark.parametrize("operation", MUTATING)
+def test_a_crash_after_any_mutating_call_leaves_nothing_down_cannot_find(
+    make: Make, aws: StandIn, operation: str
+) -> None:
+    clients = Clients()
+
+    def crash(**_: Any) -> None:
+        raise Crash(operation)
+
+    clients.hooks.append((f"after-call.ec2.{operation}", crash))
+    with pytest.raises(Crash):
+        make(clients).apply(make().plan(a100(nodes=2)))
+    assert any(leftovers(aws.client("ec2"), "exp1").values()), "the crash left something"
+    make().terminate("exp1")
+    everywhere_empty(aws, "exp1")
+    made = [m for m in mutations(aws) if m in MUTATING]
+    assert made[-1] == operation, "the crash came right after the call under test"
