@@ -63,11 +63,14 @@ def plan_table(plan: Plan) -> Table:
     return table
 
 
-def nodes_table(nodes: Sequence[NodeInfo]) -> Table:
-    table = Table(title_justify="left")
+def nodes_table(nodes: Sequence[NodeInfo], most: int = 16) -> Table:
+    """The nodes, the first `most` of them for a big cluster (``status --json`` has them all)."""
+    shown = nodes if len(nodes) <= most else nodes[: most - 1]
+    caption = f"… and {len(nodes) - len(shown)} more nodes" if len(shown) < len(nodes) else None
+    table = Table(title_justify="left", caption=caption, caption_justify="left")
     for col in ("node", "id", "state", "private ip", "public ip", "zone", "type"):
         table.add_column(col)
-    for n in nodes:
+    for n in shown:
         table.add_row(
             str(n.index),
             n.node_id,
