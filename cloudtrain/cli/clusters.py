@@ -12,6 +12,7 @@ from cloudtrain.cli.app import App
 
 if TYPE_CHECKING:
     from cloudtrain.spec import TaskSpec
+    from cloudtrain.state import ClusterRecord
 
 pass_app = click.make_pass_decorator(App)
 
@@ -193,19 +194,13 @@ def _every_cluster(
 @pass_app
 def status(app: App, as_json: bool, cluster: str | None, refresh: bool) -> None:
     """Clusters, their nodes, and jobs (running jobs are read from their nodes)."""
-    from cloudtrain import api
     from cloudtrain.cli import render
     from cloudtrain.errors import CloudtrainError
 
     state = app.state
     clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
     if refresh:
-        for c in clusters:
-            found = api.provider_for(c.spec, app.home).describe(c.name)
-            state.set_nodes(c.name, found)
-            live = sum(n.state == "running" for n in found)
-            if live < c.spec.num_nodes:
-                state.set_cluster_status(c.name, "partial" if found else "gone")
+        _reconcile(app, clusters)
         clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
     for intent in state.open_intents(cluster):
         app.note(
@@ -251,6 +246,32 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool) -> None:
     app.out.print(render.clusters_table(clusters, {k: len(v) for k, v in nodes.items()}))
     if jobs:
         app.out.print(render.jobs_table(jobs[:20]))
+
+
+def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
+    """Compare the records with the providers' tags and fix what drifted: nodes gone behind
+    our back, nodes that appeared; report clusters that exist but are not recorded here."""
+    from cloudtrain import api
+
+    state = app.state
+    for c in clusters:
+        found = api.provider_for(c.spec, app.home).describe(c.name)
+        before = {n.node_id for n in state.nodes(c.name)}
+        after = {n.node_id for n in found}
+        if before != after:
+            app.note(f"{c.name}: {len(before - after)} node(s) gone, {len(after - before)} "
+                     "new, since the last record; updated")  # fmt: skip
+        state.set_nodes(c.name, found)
+        live = sum(n.state == "running" for n in found)
+        status = "up" if live >= c.spec.num_nodes else "partial" if found else "gone"
+        state.set_cluster_status(c.name, status)
+    recorded = {c.name for c in state.clusters()}
+    for pname in sorted({"local", *(c.provider for c in clusters)}):
+        for name in api.provider(pname, app.home).clusters():
+            if name not in recorded:
+                app.note(f"warning: cluster {name!r} exists on {pname} (found by its tags) but "
+                         f"is not recorded here; `cloudtrain down {name} --provider {pname}` "
+                         "removes it")  # fmt: skip
 
 
 @click.command()

@@ -47,8 +47,10 @@ def test_up_status_down_leave_the_cloud_empty(cli: Shell, aws: StandIn) -> None:
     assert cluster["status"] == "up"
 
     state = b"".join(p.read_bytes() for p in cli.home.glob("state.db*"))
-    for secret in (b"PRIVATE KEY", b"AWS_SECRET", b"testing"):
+    logs = (up.stdout + up.stderr + dry.stdout + dry.stderr).encode()
+    for secret in (b"PRIVATE KEY", b"AWS_SECRET", b"testing"):  # testing: the secret key here
         assert secret not in state
+        assert secret not in logs
 
     again = cli(*UP, *CIDR)  # idempotent: nothing new
     assert again.returncode == 0

@@ -70,3 +70,20 @@ def test_detach_with_down_is_refused(run_cli: Cli) -> None:
     result = run_cli("train", "-c", "x", "--detach", "--down", str(script))
     assert result.exit_code == 2
     assert "--detach and --down together" in result.output
+
+
+def test_status_refresh_reports_drift(run_cli: Cli, home: Path) -> None:
+    cloud = _CLOUDS[home] = FakeCloud()
+    assert run_cli("up", "--provider", "fake", "--name", "c1", "--nodes", "2").exit_code == 0
+    assert run_cli("up", "--name", "stray").exit_code == 0
+    with State.open(home) as state:
+        state.delete_cluster("stray")  # a record lost; the local node folder remains
+    cloud.live("c1")[0].state = "terminated"
+    result = run_cli("status", "--refresh")
+    assert "c1: 1 node(s) gone, 0 new, since the last record; updated" in result.output
+    assert (
+        "cluster 'stray' exists on local (found by its tags) but is not recorded" in result.output
+    )
+    assert "partial" in result.output
+    assert run_cli("down", "stray").exit_code == 0
+    assert run_cli("down", "c1").exit_code == 0
