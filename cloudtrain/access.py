@@ -21,9 +21,27 @@ WORLD = ("0.0.0.0/0", "::/0")
 
 def cluster_key(home: Path, cluster: str) -> tuple[Path, str]:
     """The cluster's private key path and its public key line, made on first use. Idempotent."""
-    folder = home / "keys" / cluster
-    private = folder / "id_ed25519"
-    public = folder / "id_ed25519.pub"
+    return _key_pair(home / "keys" / cluster, "id_ed25519", f"cloudtrain-{cluster}")
+
+
+def host_key(home: Path, cluster: str) -> tuple[Path, str]:
+    """The cluster's SSH **host** key (its nodes present it; cloud-init installs it), made on
+    first use: the coordinator pins its public half in a per-cluster known_hosts."""
+    return _key_pair(home / "keys" / cluster, "ssh_host_ed25519_key", f"cloudtrain-{cluster}-host")
+
+
+def known_hosts(home: Path, cluster: str, addresses: list[str]) -> Path:
+    """Write ``<home>/keys/<cluster>/known_hosts`` pinning the host key for `addresses`."""
+    _, public = host_key(home, cluster)
+    key_type, key_b64 = public.split()[:2]
+    path = home / "keys" / cluster / "known_hosts"
+    path.write_text("".join(f"{a} {key_type} {key_b64}\n" for a in addresses))
+    return path
+
+
+def _key_pair(folder: Path, name: str, comment: str) -> tuple[Path, str]:
+    private = folder / name
+    public = folder / f"{name}.pub"
     if private.exists() and public.exists():
         return private, public.read_text().strip()
     try:
@@ -47,7 +65,7 @@ def cluster_key(home: Path, cluster: str) -> tuple[Path, str]:
     fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
-    public_line = f"{line.decode()} cloudtrain-{cluster}"
+    public_line = f"{line.decode()} {comment}"
     public.write_text(public_line + "\n")
     return private, public_line
 
@@ -55,8 +73,9 @@ def cluster_key(home: Path, cluster: str) -> tuple[Path, str]:
 def forget_key(home: Path, cluster: str) -> None:
     """Delete the cluster's key pair from this machine (after `down`)."""
     folder = home / "keys" / cluster
-    for name in ("id_ed25519", "id_ed25519.pub"):
+    for name in ("id_ed25519", "ssh_host_ed25519_key", "known_hosts"):
         (folder / name).unlink(missing_ok=True)
+        (folder / f"{name}.pub").unlink(missing_ok=True)
     if folder.exists() and not any(folder.iterdir()):
         folder.rmdir()
 

@@ -1,14 +1,72 @@
-"""User-data for new nodes, rendered from `templates/` (Jinja2, StrictUndefined).
+"""What a new node gets at boot, rendered from `templates/` (Jinja2, StrictUndefined).
 
-Today: the minimal cloud-init every cloud node gets (the cloudtrain user and the cluster's
-public key). The phased bootstrap (driver, CUDA-matched torch, NCCL, verify) will render here too.
+A node boots with cloud-init user-data (`templates/cloud-init.yaml.j2`; GCP images without
+cloud-init run the same as `templates/startup-script.sh.j2`). It holds: the ``cloudtrain`` user
+with the cluster's public key, the cluster's SSH host key (the coordinator pins it), the phased
+bootstrap script (`templates/bootstrap.sh`) and its settings (``/etc/cloudtrain/bootstrap.env``,
+from `cloudtrain.gpustack`: the driver branch, CUDA build and wheel index for the node's GPU).
+
+Where it goes, by provider: AWS ``UserData`` (16 KiB raw: gzip-compressed when longer, which
+cloud-init reads), GCP metadata ``user-data`` and ``startup-script``, Azure ``customData``.
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
+import shlex
+from dataclasses import dataclass
 from importlib.resources import files
+from pathlib import Path
 
 from cloudtrain import __version__
+
+NODE_USER = "cloudtrain"
+NODE_ROOT = f"/home/{NODE_USER}/.cloudtrain"
+TORCH_SPEC = "torch>=2.4,<3"
+#: Raw user-data size each provider accepts (Azure: customData is 64 KiB before base64).
+LIMITS = {"aws": 16384, "gcp": 256 * 1024, "azure": 64 * 1024}
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass(frozen=True)
+class NodeKeys:
+    """The public key users log in with, and the host key pair the nodes present."""
+
+    user_public: str
+    host_private: str
+    host_public: str
+
+    @classmethod
+    def placeholders(cls) -> NodeKeys:
+        """Stand-ins for review (`cloudtrain bootstrap render`): no key is printed."""
+        return cls(
+            "ssh-ed25519 <the cluster's public key>",
+            "<the cluster's SSH host private key>",
+            "ssh-ed25519 <the cluster's SSH host public key>",
+        )
+
+    @classmethod
+    def for_cluster(cls, home: Path, cluster: str) -> NodeKeys:
+        from cloudtrain import access
+
+        _, user_public = access.cluster_key(home, cluster)
+        host_private_path, host_public = access.host_key(home, cluster)
+        return cls(user_public, host_private_path.read_text().strip(), host_public)
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """What a node is: where, which GPU, how many, which machine type."""
+
+    provider: str
+    accelerator: str | None = None
+    count: int = 0
+    instance_type: str | None = None
+
+    def __str__(self) -> str:
+        gpus = f"{self.accelerator}:{self.count}" if self.accelerator else "CPU"
+        return f"{gpus}, {self.instance_type}" if self.instance_type else gpus
 
 
 def render(template: str, **values: object) -> str:
@@ -17,11 +75,96 @@ def render(template: str, **values: object) -> str:
 
     text = files("cloudtrain.templates").joinpath(template).read_text()
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters["shquote"] = lambda value: shlex.quote(str(value))
     return env.from_string(text).render(version=__version__, **values)
 
 
-def minimal_user_data(public_key: str) -> str:
-    """cloud-init user-data: a `cloudtrain` user with the cluster's public key."""
-    if "\n" in public_key or not public_key.startswith(("ssh-ed25519 ", "ssh-rsa ", "ecdsa-")):
-        raise ValueError("public_key must be one OpenSSH public key line")
-    return render("cloud-init-minimal.yaml.j2", public_key=public_key)
+def script() -> str:
+    """The bootstrap script itself (static; it reads its settings from an env file)."""
+    return files("cloudtrain.templates").joinpath("bootstrap.sh").read_text()
+
+
+def config(
+    shape: NodeShape,
+    *,
+    install: bool = True,
+    phases: str | None = None,
+    python: str = "python3",
+    root: str = NODE_ROOT,
+    nccl_ifname: str | None = None,
+) -> str:
+    """The bootstrap's settings as ``KEY='value'`` lines (shell-quoted: safe to source)."""
+    from cloudtrain.gpustack import stack_for
+
+    stack = stack_for(shape.accelerator, shape.instance_type)
+    values = {
+        "CT_ROOT": root,
+        "CT_INSTALL": "1" if install else "0",
+        "CT_PYTHON": python,
+        "CT_ACCELERATOR": shape.accelerator or "",
+        "CT_GPU_COUNT": str(shape.count if shape.accelerator else 0),
+        "CT_DRIVER_BRANCH": stack.driver_branch or "",
+        "CT_MIN_DRIVER": stack.min_driver or "",
+        "CT_TORCH_INDEX": stack.torch_index,
+        "CT_TORCH_VERSION": TORCH_SPEC,
+        "CT_EFA": "1" if stack.efa else "0",
+        "CT_NCCL_SOCKET_IFNAME": nccl_ifname or "",
+        "CT_CLOUDTRAIN_WHEEL": f"{root}/dist/cloudtrain-{__version__}-py3-none-any.whl",
+        "CT_CLOUDTRAIN_VERSION": __version__,
+    }
+    if phases is not None:
+        values["CT_PHASES"] = phases
+    return "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
+
+
+def _values(shape: NodeShape, keys: NodeKeys) -> dict[str, object]:
+    if "\n" in keys.user_public or "\n" in keys.host_public:
+        raise ValueError("public keys must be one OpenSSH line each")
+    packed = base64.b64encode(gzip.compress(script().encode(), mtime=0)).decode()
+    return {
+        "provider": shape.provider,
+        "shape": str(shape),
+        "user": NODE_USER,
+        "root": NODE_ROOT,
+        "user_public_key": keys.user_public,
+        "host_private_key": keys.host_private.strip(),
+        "host_public_key": keys.host_public,
+        "config": config(shape).rstrip("\n"),
+        "script_gz_b64": packed,
+    }
+
+
+def cloud_config(shape: NodeShape, keys: NodeKeys) -> str:
+    """The ``#cloud-config`` user-data of a node of `shape`."""
+    return render("cloud-init.yaml.j2", **_values(shape, keys))
+
+
+def startup_script(shape: NodeShape, keys: NodeKeys) -> str:
+    """The same bootstrap as a plain startup script, for images without cloud-init (GCP)."""
+    return render("startup-script.sh.j2", **_values(shape, keys))
+
+
+def fit(provider: str, text: str) -> bytes:
+    """User-data as the provider takes it: as is when it fits, else gzip-compressed (cloud-init
+    reads gzip user-data). Raises `ValueError` when even that is too big."""
+    raw = text.encode()
+    limit = LIMITS.get(provider, LIMITS["aws"])
+    if len(raw) <= limit:
+        return raw
+    packed = gzip.compress(raw, mtime=0)
+    if len(packed) > limit:
+        raise ValueError(f"user-data is {len(packed)} bytes gzipped; {provider} takes {limit}")
+    return packed
+
+
+def user_data(shape: NodeShape, keys: NodeKeys) -> dict[str, bytes]:
+    """Everything a node of `shape` gets at boot, by the provider's field name."""
+    doc = cloud_config(shape, keys)
+    if shape.provider == "gcp":
+        return {
+            "user-data": fit("gcp", doc),
+            "startup-script": fit("gcp", startup_script(shape, keys)),
+        }
+    if shape.provider == "azure":
+        return {"customData": base64.b64encode(fit("azure", doc))}
+    return {"UserData": fit(shape.provider, doc)}

@@ -89,9 +89,9 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
 
 
 def _register() -> None:
-    from cloudtrain.cli import clusters, jobs
+    from cloudtrain.cli import bootstrap_cmd, clusters, jobs
 
-    for command in (*clusters.COMMANDS, *jobs.COMMANDS):
+    for command in (*clusters.COMMANDS, *jobs.COMMANDS, *bootstrap_cmd.COMMANDS):
         cli.add_command(command)
 
 

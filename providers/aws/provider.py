@@ -156,8 +156,13 @@ class AwsProvider:
             spec, first, first.zones[0], list(range(spec.num_nodes)),
             sg=f"<security group cloudtrain-{spec.name}>", subnet="<default subnet>",
             token="<client token>", placement_group="<placement group>",
-            public_key="<the cluster's public key>",
+            keys=bootstrap.NodeKeys.placeholders(),
         )  # fmt: skip
+        size = len(request["UserData"])
+        request["UserData"] = (
+            f"<{size} bytes of cloud-init; `cloudtrain bootstrap render --provider aws --gpus "
+            f"{spec.resources.gpus}` shows it>"
+        )
         return Plan(spec=spec, offers=tuple(refined), requests=({"RunInstances": request},))
 
     def _zones(self, ec2: Any, instance_type: str) -> list[str]:
@@ -202,7 +207,7 @@ class AwsProvider:
         subnet: str,
         token: str,
         placement_group: str | None,
-        public_key: str,
+        keys: bootstrap.NodeKeys,
     ) -> dict[str, Any]:
         """The exact RunInstances request for `indices` in `zone` (the dry run prints it)."""
         cluster, itype = spec.name, offer.instance_type
@@ -214,9 +219,9 @@ class AwsProvider:
             "MaxCount": len(indices),
             "ClientToken": token,
             "KeyName": res.resource_name(cluster),
-            "UserData": bootstrap.minimal_user_data(public_key)
-            if public_key.startswith("ssh-")
-            else "<cloud-init: the cloudtrain user with the cluster's public key>",
+            "UserData": bootstrap.user_data(
+                bootstrap.NodeShape("aws", offer.accelerator, offer.accelerator_count, itype), keys
+            )["UserData"],
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
             "BlockDeviceMappings": [
                 {
@@ -290,10 +295,10 @@ class AwsProvider:
             offers = [dataclasses.replace(o, zones=(zone,)) for o in offers if o.region == region]
             if not offers:
                 raise ConfigError(f"cluster {spec.name!r} runs in {region}, not in the plan")
-        _, public_key = access.cluster_key(self.home, spec.name)
+        keys = bootstrap.NodeKeys.for_cluster(self.home, spec.name)
         attempts: list[str] = []
         for offer in offers:
-            nodes = self._try_region(spec, offer, missing, public_key, attempts, on_event)
+            nodes = self._try_region(spec, offer, missing, keys, attempts, on_event)
             if nodes is not None:
                 return nodes
         raise CapacityError(
@@ -306,7 +311,7 @@ class AwsProvider:
         spec: ClusterSpec,
         offer: Offer,
         missing: list[int],
-        public_key: str,
+        keys: bootstrap.NodeKeys,
         attempts: list[str],
         on_event: OnEvent,
     ) -> list[NodeInfo] | None:
@@ -317,7 +322,7 @@ class AwsProvider:
         try:
             with aws_errors(region):
                 sg = res.ensure_security_group(ec2, cluster, self.owner, str(spec.ssh_cidr))
-                res.ensure_key_pair(ec2, cluster, self.owner, public_key)
+                res.ensure_key_pair(ec2, cluster, self.owner, keys.user_public)
                 group = None
                 if spec.num_nodes > 1 and offer.instance_type in res.EFA_INTERFACES:
                     group = res.ensure_placement_group(ec2, cluster, self.owner)
@@ -331,7 +336,7 @@ class AwsProvider:
                         request = self.run_request(
                             spec, offer, zone, missing, sg=sg, subnet=subnet,
                             token=f"cloudtrain-{cluster}-{uuid.uuid4().hex[:20]}",
-                            placement_group=group, public_key=public_key,
+                            placement_group=group, keys=keys,
                         )  # fmt: skip
                         ec2.run_instances(**request)
                 except CapacityError as exc:

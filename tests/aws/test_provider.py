@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -124,17 +125,20 @@ def test_apply_makes_a_gang_in_one_call_with_the_exact_request(make: Make, aws: 
 
 def test_secrets_stay_home_and_the_key_is_0600(make: Make, aws: StandIn, tmp_path: Path) -> None:
     make().apply(make().plan(v100()))
-    private = tmp_path / "home" / "keys" / "small" / "id_ed25519"
+    keys = tmp_path / "home" / "keys" / "small"
+    private = keys / "id_ed25519"
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
-    assert stat.S_IMODE(private.parent.stat().st_mode) == 0o700
-    user_data = base64.b64decode(aws.app.calls("RunInstances")[0].params["UserData"]).decode()
-    public = (private.parent / "id_ed25519.pub").read_text().strip()
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o700
+    raw = base64.b64decode(aws.app.calls("RunInstances")[0].params["UserData"])
+    user_data = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
     assert user_data.startswith("#cloud-config")
-    assert public in user_data
-    for secret in ("PRIVATE KEY", "testing", "AWS_SECRET", private.read_text().splitlines()[1]):
-        assert secret not in user_data
+    assert (keys / "id_ed25519.pub").read_text().strip() in user_data
+    assert (keys / "ssh_host_ed25519_key.pub").read_text().strip() in user_data  # pinned later
+    secret = "".join(private.read_text().splitlines()[1:-1])[80:140]  # the key's random part
+    for leak in (secret, "testing", "AWS_SECRET"):
+        assert leak not in user_data.replace("\n", "")
     every_param = " ".join(v for c in aws.app.calls(service=None) for v in c.params.values())
-    assert "PRIVATE KEY" not in every_param
+    assert secret not in every_param
 
 
 def test_single_v100_uses_no_placement_group_and_no_efa(make: Make, aws: StandIn) -> None:

@@ -1,0 +1,48 @@
+"""``cloudtrain bootstrap render``: the user-data a node would get, for review and debugging."""
+
+from __future__ import annotations
+
+import gzip
+
+import click
+
+from cloudtrain.cli.app import App
+
+pass_app = click.make_pass_decorator(App)
+
+
+@click.group()
+def bootstrap() -> None:
+    """The node bootstrap (cloud-init user-data and the phased script)."""
+
+
+@bootstrap.command()
+@click.option("--provider", "-p", required=True, type=click.Choice(["aws", "gcp", "azure"]))
+@click.option("--gpus", help="Accelerator and count per node, e.g. V100:1 (default: CPU).")
+@click.option("--instance-type", help="Override the machine type the catalog picks.")
+@pass_app
+def render(app: App, provider: str, gpus: str | None, instance_type: str | None) -> None:
+    """Print the user-data of a PROVIDER node with GPUS, keys replaced by placeholders."""
+    from cloudtrain import bootstrap as boot
+    from cloudtrain import catalog
+    from cloudtrain.spec import parse_gpus
+
+    accelerator, count = parse_gpus(gpus, "--gpus") if gpus else (None, 0)
+    if accelerator and instance_type is None:
+        instance_type = catalog.load().resolve(provider, accelerator, count)[0].instance_type
+    shape = boot.NodeShape(provider, accelerator, count, instance_type)
+    for field, data in boot.user_data(shape, boot.NodeKeys.placeholders()).items():
+        raw = data
+        if provider == "azure":
+            import base64
+
+            raw = base64.b64decode(data)
+        note = ""
+        if raw.startswith(boot.GZIP_MAGIC):
+            note = f" (sent gzip-compressed: {len(raw)} bytes)"
+            raw = gzip.decompress(raw)
+        app.err.print(f"# --- {provider} {field}{note} ---", markup=False)
+        click.echo(raw.decode(), nl=False)
+
+
+COMMANDS = (bootstrap,)

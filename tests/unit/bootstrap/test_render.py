@@ -1,0 +1,169 @@
+"""Every user-data variant, checked by cloud-init's own validator and by shellcheck."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cloudtrain import bootstrap
+from cloudtrain.bootstrap import NodeKeys, NodeShape
+from cloudtrain.catalog import load
+from tests.conftest import Cli
+
+SHAPES = [("V100", 1), ("V100", 8), ("V100-32GB", 8), ("A100", 8), ("A100-80GB", 1), (None, 0)]
+
+
+def variants() -> list[NodeShape]:
+    """Each provider × the shapes of SHAPES its catalog offers (CPU-only always)."""
+    out = []
+    for provider in ("aws", "gcp", "azure"):
+        for accelerator, count in SHAPES:
+            if accelerator is None:
+                out.append(NodeShape(provider))
+                continue
+            rows = load().find(provider=provider, accelerator=accelerator, count=count)
+            if rows:
+                out.append(NodeShape(provider, accelerator, count, rows[0].instance_type))
+    return out
+
+
+def keys(tmp_path: Path) -> NodeKeys:
+    return NodeKeys.for_cluster(tmp_path / "home", "c1")
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed (.ci/run installs it from Debian)")
+    return path
+
+
+def test_the_variants_cover_every_provider() -> None:
+    shapes = {(v.provider, v.accelerator, v.count) for v in variants()}
+    assert ("aws", "V100", 1) in shapes
+    assert ("azure", "V100", 1) not in shapes  # retired: Azure has no V100:1 any more
+    assert ("gcp", "A100", 8) in shapes
+    assert len(shapes) >= 12
+
+
+def test_every_cloud_config_passes_cloud_inits_schema(tmp_path: Path) -> None:
+    validator = tool("cloud-init")
+    node_keys = keys(tmp_path)
+
+    def check(
+        index_shape: tuple[int, NodeShape],
+    ) -> tuple[NodeShape, subprocess.CompletedProcess[str]]:
+        index, shape = index_shape
+        path = tmp_path / f"user-data-{index}.yaml"
+        path.write_text(bootstrap.cloud_config(shape, node_keys))
+        done = subprocess.run([validator, "schema", "--config-file", str(path)],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        return shape, done
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(check, enumerate(variants())))
+    for shape, done in results:
+        assert done.returncode == 0, f"{shape.provider} {shape}: {done.stdout}{done.stderr}"
+        assert "Valid cloud-config" in done.stdout
+
+
+def test_every_startup_script_and_the_bootstrap_pass_shellcheck(tmp_path: Path) -> None:
+    checker = tool("shellcheck")
+    paths = []
+    for index, shape in enumerate(variants()):
+        path = tmp_path / f"startup-{index}.sh"
+        path.write_text(bootstrap.startup_script(shape, keys(tmp_path)))
+        paths.append(str(path))
+    done = subprocess.run([checker, "-s", "bash", "-S", "style", *paths],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout
+
+
+def test_the_cloud_config_holds_what_the_node_needs(tmp_path: Path) -> None:
+    node_keys = keys(tmp_path)
+    shape = NodeShape("aws", "V100", 1, "p3.2xlarge")
+    doc = yaml.safe_load(bootstrap.cloud_config(shape, node_keys))
+    user = next(u for u in doc["users"] if isinstance(u, dict))
+    assert user["name"] == "cloudtrain"
+    assert user["ssh_authorized_keys"] == [node_keys.user_public]
+    assert doc["ssh_keys"]["ed25519_public"] == node_keys.host_public
+    assert doc["ssh_keys"]["ed25519_private"].strip() == node_keys.host_private.strip()
+    files = {f["path"]: f for f in doc["write_files"]}
+    script = gzip.decompress(base64.b64decode(files["/usr/local/lib/cloudtrain/bootstrap.sh"][
+        "content"]))  # fmt: skip
+    assert script.decode() == bootstrap.script()
+    env = tmp_path / "bootstrap.env"
+    env.write_text(files["/etc/cloudtrain/bootstrap.env"]["content"])
+    sourced = subprocess.run(
+        ["bash", "-c", 'set -eu; . "$1"; echo "$CT_TORCH_INDEX $CT_GPU_COUNT $CT_DRIVER_BRANCH"',
+         "sh", str(env)], capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    index, count, branch = sourced.stdout.split()
+    assert "/whl/cu12" in index, "V100 (sm_70) needs a CUDA 12.x build"
+    assert count == "1"
+    assert branch.isdigit()
+    assert doc["runcmd"][2] == ["bash", "/usr/local/lib/cloudtrain/bootstrap.sh",
+                                "/etc/cloudtrain/bootstrap.env"]  # fmt: skip
+
+
+def test_no_secret_and_every_variant_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
+    node_keys = keys(tmp_path)
+    user_private = (tmp_path / "home" / "keys" / "c1" / "id_ed25519").read_text()
+    body = "".join(user_private.splitlines()[1:-1])[80:140]  # past the format's fixed header
+    for shape in variants():
+        for field, data in bootstrap.user_data(shape, node_keys).items():
+            raw = base64.b64decode(data) if shape.provider == "azure" else data
+            assert len(raw) <= bootstrap.LIMITS[shape.provider], (shape, field)
+            text = (gzip.decompress(raw) if raw[:2] == bootstrap.GZIP_MAGIC else raw).decode()
+            assert "wJalrXUtnFEMI" not in text
+            assert body not in text.replace("\n", ""), "the user's private key leaked"
+
+
+def test_too_long_user_data_is_gzipped_and_cloud_init_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = bootstrap.cloud_config(NodeShape("aws", "A100", 8, "p4d.24xlarge"), keys(tmp_path))
+    assert bootstrap.fit("aws", doc) == doc.encode()
+    monkeypatch.setitem(bootstrap.LIMITS, "aws", len(doc) - 1)
+    packed = bootstrap.fit("aws", doc)
+    assert packed[:2] == bootstrap.GZIP_MAGIC
+    assert gzip.decompress(packed).decode() == doc
+    monkeypatch.setitem(bootstrap.LIMITS, "aws", 100)
+    with pytest.raises(ValueError, match="aws takes 100"):
+        bootstrap.fit("aws", doc)
+    tool("cloud-init")  # its library reads user-data as a booting node does
+    path = tmp_path / "user-data.gz"
+    path.write_bytes(packed)
+    reader = (
+        "import sys\n"
+        "from cloudinit import user_data\n"
+        "from cloudinit.handlers import type_from_starts_with\n"
+        "msg = user_data.convert_string(open(sys.argv[1], 'rb').read())\n"
+        "part = [p for p in msg.walk() if p.get_content_maintype() != 'multipart'][0]\n"
+        "text = part.get_payload(decode=True).decode()\n"
+        "print(type_from_starts_with(text), len(text))\n"
+    )
+    done = subprocess.run(["/usr/bin/python3", "-c", reader, str(path)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.stdout.split() == ["text/cloud-config", str(len(doc))], done.stderr
+
+
+def test_bootstrap_render_prints_placeholders_not_keys(run_cli: Cli, home: Path) -> None:
+    result = run_cli("bootstrap", "render", "--provider", "gcp", "--gpus", "V100:1")
+    assert result.exit_code == 0, result.output
+    assert "#cloud-config" in result.output
+    assert "# --- gcp startup-script" in result.output
+    assert "<the cluster's public key>" in result.output
+    assert "PRIVATE KEY" not in result.output
+    assert not (home / "keys").exists()
+    bad = run_cli("bootstrap", "render", "--provider", "aws", "--gpus", "V100:2")
+    assert bad.exit_code == 2
+    assert "aws offers V100 with 1, 4 or 8" in bad.output
