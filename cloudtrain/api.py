@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain import registry
-from cloudtrain.errors import ConfigError, NotFoundError
+from cloudtrain.errors import BootstrapError, ConfigError, NotFoundError
 from cloudtrain.provider import (
     Event,
     NodeInfo,
@@ -63,10 +63,17 @@ def check_existing(state: State, spec: ClusterSpec) -> None:
 
 
 def up(
-    state: State, home: Path, spec: ClusterSpec, on_event: OnEvent = ignore_event
+    state: State,
+    home: Path,
+    spec: ClusterSpec,
+    on_event: OnEvent = ignore_event,
+    *,
+    bootstrap_timeout_s: float | None = 1800,
 ) -> list[NodeInfo]:
-    """Create the cluster, or complete it if it exists with the same spec. Blocks until every
-    node runs. Idempotent. Raises `ConfigError` before any cloud call for bad input."""
+    """Create the cluster, or complete it if it exists with the same spec, and wait for every
+    node's bootstrap (unless `bootstrap_timeout_s` is None: stop after provisioning). Blocks.
+    Idempotent. Raises `ConfigError` before any cloud call for bad input, `BootstrapError`
+    when a node's bootstrap fails (the cluster is kept for inspection)."""
     check_existing(state, spec)
     the_plan = plan(spec, home)  # validates against the catalog first, whatever the provider
     prov = provider_for(spec, home)
@@ -95,9 +102,40 @@ def up(
     for intent in earlier:
         state.end_intent(intent.id, "finished by a later up")
     state.set_nodes(spec.name, nodes)
-    state.set_cluster_status(spec.name, "up")
+    state.set_cluster_status(spec.name, "bootstrapping")
     state.add_event(spec.name, "up", f"{len(nodes)} node(s) running")
+    if bootstrap_timeout_s is not None:
+        wait_bootstrap(state, prov, spec.name, nodes, on_event, bootstrap_timeout_s)
+    state.set_cluster_status(spec.name, "up")
     return nodes
+
+
+def wait_bootstrap(
+    state: State,
+    prov: Provider,
+    cluster: str,
+    nodes: list[NodeInfo],
+    on_event: OnEvent,
+    timeout_s: float,
+) -> None:
+    """Wait for every node's bootstrap to report ready (`cloudtrain.readiness`). Providers that
+    cannot run commands on their nodes yet are skipped with a note."""
+    from cloudtrain import readiness
+
+    try:
+        executors = [prov.executor(n) for n in nodes]
+    except ConfigError as exc:
+        on_event(Event("bootstrap", f"not watched: {exc}"))
+        return
+    try:
+        readiness.wait_ready(nodes, executors, on_event=on_event, timeout_s=timeout_s)
+    except BootstrapError as exc:
+        state.set_cluster_status(cluster, "failed")
+        state.add_event(cluster, "bootstrap", str(exc))
+        raise
+    finally:
+        for ex in executors:
+            ex.close()
 
 
 def down(

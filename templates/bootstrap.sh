@@ -42,8 +42,8 @@
 #                  apt-get install nvidia-driver-<branch>-server (+ nvidia-fabricmanager-<branch>
 #                  when lspci shows an NVSwitch), then nvidia-smi must work.
 #                  check-only: fails unless such a driver is there
-#   python         make the venv with CT_PYTHON (kept when it exists); it must be Python >= 3.10.
-#                  check-only: CT_PYTHON runs and is Python >= 3.10
+#   python         make the venv with CT_PYTHON (kept when it exists); it must be Python >= 3.11 (cloudtrain's own floor).
+#                  check-only: CT_PYTHON runs and is Python >= 3.11 (cloudtrain's own floor)
 #   torch          pip install CT_TORCH_VERSION from CT_TORCH_INDEX unless the installed torch
 #                  matches the pin and the index's CUDA.
 #                  check-only: torch imports; prints its version and CUDA (a mismatch: a warning)
@@ -87,7 +87,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off PYTHONUNBUFFERED=1
 
 readonly ALL_PHASES="base nvidia-driver python torch nccl cloudtrain verify"
 readonly BASE_PACKAGES="python3-venv python3-pip rsync"
-readonly MIN_PYTHON=3.10
+readonly MIN_PYTHON=3.11
 readonly VERIFY_TIMEOUT_S=300
 readonly EXIT_USAGE=64 EXIT_LOCKED=69 EXIT_WAIT_WHEEL=75 EXIT_REBOOT=76 EXIT_CONFIG=78
 

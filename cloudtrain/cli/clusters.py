@@ -76,7 +76,9 @@ def with_access(task: TaskSpec, ssh_cidr: str | None, profile: str | None) -> Ta
     return dataclasses.replace(task, cluster=cluster)
 
 
-def bring_up(app: App, task: TaskSpec, dry_run: bool) -> None:
+def bring_up(
+    app: App, task: TaskSpec, dry_run: bool, *, setup: bool = True, down_on_failure: bool = False
+) -> None:
     """`up`'s body, shared with `launch`."""
     from cloudtrain import api, registry
     from cloudtrain.cli import render
@@ -99,8 +101,20 @@ def bring_up(app: App, task: TaskSpec, dry_run: bool) -> None:
             app.note(f"note: the {spec.provider} provider cannot create clusters in this version")
         return
     app.note(f"Bringing up {spec.name!r}: {spec.num_nodes} node(s) on {spec.provider} …")
-    with app.err.status(f"provisioning {spec.name}"):
-        nodes = api.up(app.state, app.home, spec, app.event)
+    from cloudtrain.errors import BootstrapError
+
+    try:
+        with app.err.status(f"provisioning {spec.name}"):
+            nodes = api.up(app.state, app.home, spec, app.event,
+                           bootstrap_timeout_s=1800 if setup else None)  # fmt: skip
+    except BootstrapError:
+        if down_on_failure:
+            app.note(f"the bootstrap failed; tearing {spec.name!r} down (--down-on-failure)")
+            api.down(app.state, app.home, spec.name, on_event=app.event)
+        else:
+            app.note(f"the cluster is kept for inspection; `cloudtrain down {spec.name}` "
+                     "removes it")  # fmt: skip
+        raise
     record = app.state.cluster(spec.name)
     price = record.price_per_hour if record and record.price_per_hour is not None else 0.0
     app.out.print(render.nodes_table(nodes))
@@ -111,10 +125,35 @@ def bring_up(app: App, task: TaskSpec, dry_run: bool) -> None:
 @click.argument("task_file", required=False, type=click.Path(path_type=Path))
 @cluster_options
 @click.option("--dry-run", is_flag=True, help="Print the plan and its price; create nothing.")
+@click.option(
+    "--no-setup",
+    is_flag=True,
+    help="Stop after provisioning; do not wait for the nodes' bootstrap.",
+)
+@click.option(
+    "--down-on-failure",
+    is_flag=True,
+    help="Tear the cluster down when a node's bootstrap fails (default: keep it for inspection).",
+)
 @pass_app
-def up(app: App, /, task_file: Path | None, dry_run: bool, **flags: Any) -> None:
-    """Create a cluster (or complete a half-made one) from flags and/or TASK_FILE."""
-    bring_up(app, load_task(task_file, **flags), dry_run)
+def up(
+    app: App,
+    /,
+    task_file: Path | None,
+    dry_run: bool,
+    no_setup: bool,
+    down_on_failure: bool,
+    **flags: Any,
+) -> None:
+    """Create a cluster (or complete a half-made one) from flags and/or TASK_FILE, and wait
+    until every node's bootstrap reports ready."""
+    bring_up(
+        app,
+        load_task(task_file, **flags),
+        dry_run,
+        setup=not no_setup,
+        down_on_failure=down_on_failure,
+    )
 
 
 @click.command()

@@ -57,9 +57,10 @@ log = logging.getLogger(__name__)
 
 TAG_NODES = "cloudtrain:nodes"
 DLAMI_PARAMETER = (
-    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
 )
-DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"
+DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04)*"
+# Ubuntu 24.04, not 22.04: its Python 3.12 can install cloudtrain (Python >= 3.11) on the node.
 NODE_USER = "cloudtrain"
 
 

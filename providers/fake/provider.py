@@ -6,12 +6,14 @@ records every request in `FakeCloud.requests`, so tests assert on what a cloud w
 asked. Commands on its nodes go to `FakeExecutor`s driven by the handler in the options.
 
 Options (`ProviderContext.options`): ``cloud`` (a `FakeCloud`; default: one per home folder)
-and ``handler`` (a `cloudtrain.executors.fake.Handler`).
+and ``handler`` (a `cloudtrain.executors.fake.Handler`; default: the home folder's entry in
+`_HANDLERS`, else `ready_node`, whose bootstrap reports ready).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,7 +22,8 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from cloudtrain.errors import CapacityError, ConfigError, QuotaError
-from cloudtrain.executors.fake import FakeExecutor, Handler, succeed
+from cloudtrain.executors.base import RunResult
+from cloudtrain.executors.fake import Call, FakeExecutor, Handler, succeed
 from cloudtrain.provider import (
     TAG_CLUSTER,
     TAG_NODE,
@@ -97,6 +100,17 @@ class FakeCloud:
 
 
 _CLOUDS: dict[Path, FakeCloud] = {}
+#: Per home folder, the handler its nodes answer with (tests set it; default: `ready_node`).
+_HANDLERS: dict[Path, Handler] = {}
+
+READY = json.dumps({"phase": "verify", "state": "ready", "phases": []})
+
+
+def ready_node(call: Call) -> RunResult:
+    """A node whose bootstrap is done; every other command succeeds silently."""
+    if call.argv[:1] == ("cat",) and call.argv[-1].endswith("/bootstrap/status.json"):
+        return RunResult(call.argv, 0, READY, "")
+    return succeed(call)
 
 
 class FakeProvider:
@@ -112,7 +126,9 @@ class FakeProvider:
         self.cloud: FakeCloud = (
             cloud if cloud is not None else _CLOUDS.setdefault(context.home, FakeCloud())
         )
-        self.handler: Handler = context.options.get("handler") or succeed
+        self.handler: Handler = (
+            context.options.get("handler") or _HANDLERS.get(context.home) or ready_node
+        )
         self.executors: dict[str, FakeExecutor] = {}
 
     def plan(self, spec: ClusterSpec) -> Plan:

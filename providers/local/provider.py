@@ -20,6 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import ClassVar
 
+from cloudtrain import bootstrap
 from cloudtrain import node as agent
 from cloudtrain.errors import ConfigError
 from cloudtrain.executors.local import LocalExecutor
@@ -36,6 +37,8 @@ from cloudtrain.provider import (
 from cloudtrain.spec import ClusterSpec
 
 LOOPBACK = "127.0.0.1"
+#: The bootstrap phases that make sense on this machine (nothing is installed).
+LOCAL_PHASES = "python torch cloudtrain verify"
 
 
 class LocalProvider:
@@ -91,8 +94,36 @@ class LocalProvider:
             tmp = node_dir / "node.json.tmp"
             tmp.write_text(json.dumps(tags))
             os.replace(tmp, node_dir / "node.json")
-            on_event(Event("node", f"node {index} ready at {node_dir}", node=index))
-        return self.describe(spec.name)
+            on_event(Event("node", f"made at {node_dir}", node=index))
+        nodes = self.describe(spec.name)
+        for node in nodes:
+            self._bootstrap(node)
+        return nodes
+
+    def _bootstrap(self, node: NodeInfo) -> None:
+        """Start the same bootstrap script cloud nodes run, in check-only mode: the phases that
+        make sense on this machine (this Python, its torch, cloudtrain, a gloo all-reduce).
+        Detached: `cloudtrain.readiness` reads its status file like any node's."""
+        root = Path(node.root)
+        (root / "bootstrap").mkdir(exist_ok=True)
+        script = root / "bootstrap" / "bootstrap.sh"
+        script.write_text(bootstrap.script())
+        env = root / "bootstrap" / "bootstrap.env"
+        env.write_text(
+            bootstrap.config(
+                bootstrap.NodeShape("local"),
+                install=False,
+                phases=LOCAL_PHASES,
+                python=sys.executable,
+                root=str(root),
+            )
+        )
+        LocalExecutor().start_detached(
+            ["bash", str(script), str(env)],
+            env={"CLOUDTRAIN_NODE_ROOT": str(root)},
+            cwd=str(root),
+            job_dir=str(root / "bootstrap" / "run"),
+        )
 
     def describe(self, cluster: str) -> list[NodeInfo]:
         nodes = []

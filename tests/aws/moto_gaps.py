@@ -53,12 +53,12 @@ GPU_ZONES = {
 }
 """Zones offering every ``GPU_TYPES``. us-east-1e offers none of them: a zone without capacity."""
 
-DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20261101"
-DLAMI_NAME_PATTERN = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"
+DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04) 20261101"
+DLAMI_NAME_PATTERN = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04)*"
 DLAMI_OWNER_ID = "898082745236"
 """The account that publishes the Deep Learning AMIs in AWS (alias ``amazon``)."""
 DLAMI_SSM_PARAMETER = (
-    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
 )
 
 # name: (vCPUs, memory MiB, V100 GPUs, network performance, max network interfaces)
@@ -177,7 +177,7 @@ def register_dlami(ec2: Any, *, name: str = DLAMI_NAME) -> str:
     """
     image_id: str = ec2.register_image(
         Name=name,
-        Description="Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)",
+        Description="Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04)",
         Architecture="x86_64",
         RootDeviceName="/dev/sda1",
         VirtualizationType="hvm",

@@ -1,0 +1,86 @@
+"""Reading the bootstrap's progress on nodes: the one code path that says a node is ready.
+
+Every node's bootstrap writes ``<node root>/bootstrap/status.json`` (see `templates/bootstrap.sh`):
+``{"phase", "state": "running|ready|failed", "phases": [{"name", "state", "started",
+"finished", "exit_code", "log"}]}``. `wait_ready` reads it through each node's executor until all
+are ready, reporting each phase as it changes, and raises `BootstrapError` naming the node, the
+phase and the last lines of that phase's log when one fails.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from cloudtrain.errors import BootstrapError
+from cloudtrain.executors.base import Executor, fan_out
+from cloudtrain.provider import Event, NodeInfo, OnEvent, ignore_event
+
+
+def status_path(node: NodeInfo) -> str:
+    return f"{node.root}/bootstrap/status.json"
+
+
+def read_status(executor: Executor, node: NodeInfo) -> dict[str, Any] | None:
+    """The node's bootstrap status, or None before the script wrote any."""
+    done = executor.run(["cat", status_path(node)], timeout=60)
+    if done.returncode != 0 or not done.stdout.strip():
+        return None
+    try:
+        return dict(json.loads(done.stdout))
+    except ValueError:
+        return None  # caught between a write and its rename: read again
+
+
+def _failure(executor: Executor, node: NodeInfo, status: dict[str, Any]) -> BootstrapError:
+    phases: list[dict[str, Any]] = list(status.get("phases", []))
+    phase: dict[str, Any] = next((p for p in phases if p.get("state") == "failed"), {})
+    name = str(phase.get("name") or status.get("phase") or "?")
+    tail = ""
+    if phase.get("log"):
+        tail = executor.run(["tail", "-n", "20", str(phase["log"])], timeout=60).stdout
+    code = phase.get("exit_code")
+    return BootstrapError(
+        str(node.index),
+        name,
+        f"exit code {code}; last lines of {phase.get('log', 'its log')}:\n{tail.rstrip()}",
+    )
+
+
+def wait_ready(
+    nodes: Sequence[NodeInfo],
+    executors: Sequence[Executor],
+    *,
+    on_event: OnEvent = ignore_event,
+    timeout_s: float = 1800,
+    poll_s: float = 0.5,
+) -> None:
+    """Block until every node's bootstrap is ready. Raises `BootstrapError` for the first
+    node whose bootstrap failed, or when `timeout_s` passes (naming the slowest phase)."""
+    seen: dict[int, str] = {}
+    deadline = time.monotonic() + timeout_s
+    pairs = list(zip(nodes, executors, strict=True))
+    while True:
+        statuses = fan_out(lambda pair: read_status(pair[1], pair[0]), pairs)
+        for (node, executor), status in zip(pairs, statuses, strict=True):
+            if status is None:
+                continue
+            where = f"{status.get('phase')}: {status.get('state')}"
+            if seen.get(node.index) != where:
+                seen[node.index] = where
+                on_event(Event("bootstrap", where, node=node.index))
+            if status.get("state") == "failed":
+                raise _failure(executor, node, status)
+        if all(s is not None and s.get("state") == "ready" for s in statuses):
+            return
+        if time.monotonic() > deadline:
+            slow = next(n for n, s in zip(nodes, statuses, strict=True)
+                        if s is None or s.get("state") != "ready")  # fmt: skip
+            raise BootstrapError(
+                str(slow.index),
+                seen.get(slow.index, "not started").split(":")[0],
+                f"not ready after {timeout_s:.0f} s",
+            )
+        time.sleep(poll_s)

@@ -1,0 +1,95 @@
+"""Waiting for the bootstrap: the one path that reads every node's status file."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.errors import BootstrapError
+from cloudtrain.executors.base import RunResult
+from cloudtrain.executors.fake import Call, FakeExecutor
+from cloudtrain.provider import Event, NodeInfo
+from cloudtrain.providers.fake.provider import _CLOUDS, _HANDLERS, FakeCloud
+from cloudtrain.readiness import wait_ready
+from tests.conftest import Cli
+
+
+def node(index: int) -> NodeInfo:
+    return NodeInfo("c", index, f"n{index}", "10.0.0.1", None, "running",
+                    extra={"root": f"/r{index}"})  # fmt: skip
+
+
+def status(phase: str, state: str, log: str = "") -> str:
+    phases = [{"name": phase, "state": "failed" if state == "failed" else "running",
+               "started": None, "finished": None, "exit_code": 3 if state == "failed" else None,
+               "log": log}]  # fmt: skip
+    return json.dumps({"phase": phase, "state": state, "phases": phases})
+
+
+def scripted(answers: Iterator[str | None]) -> FakeExecutor:
+    def handle(call: Call) -> RunResult:
+        if call.argv[0] == "tail":
+            return RunResult(call.argv, 0, "pip: no matching distribution for torch\n", "")
+        answer = next(answers)
+        if answer is None:
+            return RunResult(call.argv, 1, "", "No such file or directory")
+        return RunResult(call.argv, 0, answer, "")
+
+    return FakeExecutor(handle)
+
+
+def test_waits_through_every_phase_until_all_are_ready() -> None:
+    first = scripted(iter([None, status("torch", "running"), status("verify", "ready")]))
+    second = scripted(iter([status("verify", "ready")] * 3))
+    events: list[Event] = []
+    wait_ready([node(0), node(1)], [first, second], on_event=events.append, poll_s=0)
+    assert [(e.node, e.message) for e in events] == [
+        (1, "verify: ready"), (0, "torch: running"), (0, "verify: ready")]  # fmt: skip
+    assert first.calls[0].argv == ("cat", "/r0/bootstrap/status.json")
+
+
+def test_a_failed_phase_names_node_phase_and_log_tail() -> None:
+    failing = scripted(iter([status("torch", "failed", "/r1/bootstrap/logs/torch.log")]))
+    with pytest.raises(BootstrapError) as err:
+        wait_ready([node(1)], [failing], poll_s=0)
+    assert (err.value.node, err.value.phase) == ("1", "torch")
+    assert "exit code 3" in str(err.value)
+    assert "no matching distribution for torch" in str(err.value)
+    assert failing.calls[-1].argv == ("tail", "-n", "20", "/r1/bootstrap/logs/torch.log")
+
+
+def test_a_bootstrap_that_never_finishes_times_out() -> None:
+    slow = scripted(iter([status("nvidia-driver", "running")] * 1000))
+    with pytest.raises(BootstrapError, match="not ready after 0 s"):
+        wait_ready([node(0)], [slow], timeout_s=0, poll_s=0)
+
+
+def test_up_reports_a_failed_bootstrap_and_exits_3(run_cli: Cli, home: Path) -> None:
+    cloud = _CLOUDS[home] = FakeCloud()
+
+    def broken(call: Call) -> RunResult:
+        if call.argv[0] == "cat":
+            return RunResult(call.argv, 0, status("torch", "failed", "/x/torch.log"), "")
+        return RunResult(call.argv, 0, "pip: no matching distribution for torch\n", "")
+
+    _HANDLERS[home] = broken
+    try:
+        kept = run_cli("up", "--provider", "fake", "--name", "c1")
+        assert kept.exit_code == 3
+        assert "node 0: phase 'torch' failed: exit code 3" in kept.output
+        assert "no matching distribution for torch" in kept.output
+        assert "kept for inspection" in kept.output
+        assert len(cloud.live("c1")) == 1
+        assert run_cli("down", "c1").exit_code == 0
+        gone = run_cli("up", "--provider", "fake", "--name", "c2", "--down-on-failure")
+        assert gone.exit_code == 3
+        assert "tearing 'c2' down (--down-on-failure)" in gone.output
+        assert cloud.live() == []
+        skipped = run_cli("up", "--provider", "fake", "--name", "c3", "--no-setup")
+        assert skipped.exit_code == 0
+        assert run_cli("down", "c3").exit_code == 0
+    finally:
+        del _HANDLERS[home]
