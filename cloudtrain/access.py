@@ -39,6 +39,22 @@ def known_hosts(home: Path, cluster: str, addresses: list[str]) -> Path:
     return path
 
 
+def ssh_options(home: Path, cluster: str) -> list[str]:
+    """OpenSSH client options for the cluster's nodes: its own key only, its pinned host key
+    only (``StrictHostKeyChecking=yes`` against its known_hosts: never trust on first use)."""
+    folder = home / "keys" / cluster
+    return [
+        "-i", str(folder / "id_ed25519"),
+        "-o", "IdentitiesOnly=yes",
+        "-o", f"UserKnownHostsFile={folder / 'known_hosts'}",
+        "-o", "GlobalKnownHostsFile=/dev/null",
+        "-o", "StrictHostKeyChecking=yes",
+        "-o", "HostKeyAlgorithms=ssh-ed25519",
+        "-o", "BatchMode=yes",
+        "-o", "ConnectTimeout=10",
+    ]  # fmt: skip
+
+
 def _key_pair(folder: Path, name: str, comment: str) -> tuple[Path, str]:
     private = folder / name
     public = folder / f"{name}.pub"
