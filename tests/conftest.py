@@ -51,3 +51,18 @@ def run_cli(home: Path) -> Cli:
 
 
 pytest_plugins = ["tests.aws.fixtures"]  # the AWS stand-in, for tests/aws and the contract suite
+
+
+def require_tool(path_or_name: str) -> str:
+    """The tool's path. Missing: a skip on a developer's machine, a failure in CI (CI=true),
+    where .ci/run installs it, so a test can never silently stop testing there."""
+    import os
+    import shutil
+
+    found = shutil.which(path_or_name) or (path_or_name if os.path.exists(path_or_name) else None)
+    if found is None:
+        message = f"{path_or_name} is not installed (.ci/run installs it from Debian)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found

@@ -7,7 +7,6 @@ nodes), one presenting another key, as a machine in the middle would."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import access
+from tests.conftest import require_tool
 
 pytestmark = pytest.mark.integration
 
@@ -29,9 +29,9 @@ def free_port(host: str) -> int:
 
 class Sshd:
     def __init__(self, folder: Path, host: str, host_key: Path, authorized: str) -> None:
-        sshd = shutil.which("sshd") or "/usr/sbin/sshd"
-        if not os.path.exists(sshd) or os.geteuid() != 0:
-            pytest.skip("needs openssh-server and root (.ci/run installs it and runs as root)")
+        sshd = require_tool("/usr/sbin/sshd")
+        if os.geteuid() != 0:
+            pytest.skip("sshd on a test address needs root (CI runs as root)")
         folder.mkdir(parents=True)
         (folder / "authorized_keys").write_text(authorized + "\n")
         self.host, self.port = host, free_port(host)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import gzip
-import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +14,7 @@ import yaml
 from cloudtrain import bootstrap
 from cloudtrain.bootstrap import NodeKeys, NodeShape
 from cloudtrain.catalog import load
-from tests.conftest import Cli
+from tests.conftest import Cli, require_tool
 
 SHAPES = [("V100", 1), ("V100", 8), ("V100-32GB", 8), ("A100", 8), ("A100-80GB", 1), (None, 0)]
 
@@ -39,10 +38,7 @@ def keys(tmp_path: Path) -> NodeKeys:
 
 
 def tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"{name} is not installed (.ci/run installs it from Debian)")
-    return path
+    return require_tool(name)
 
 
 def test_the_variants_cover_every_provider() -> None:

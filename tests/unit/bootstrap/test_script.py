@@ -23,6 +23,7 @@ import pytest
 
 import cloudtrain
 from cloudtrain.gpustack import GpuStack, stack_for
+from tests.conftest import require_tool
 
 STUBS = Path(__file__).parent / "stubs"
 STUB_COMMANDS = ("apt-get", "dpkg", "nvidia-smi", "lspci", "modprobe", "systemctl", "sudo")
@@ -550,9 +551,7 @@ def test_missing_config_file(node: Node) -> None:
 
 
 def test_shellcheck_is_clean(script: Path) -> None:
-    shellcheck = shutil.which("shellcheck") or "/usr/bin/shellcheck"
-    if not Path(shellcheck).exists():
-        pytest.skip("shellcheck is not installed (CI installs it: apt-get install shellcheck)")
+    shellcheck = require_tool("shellcheck")
     result = subprocess.run(
         [shellcheck, "-s", "bash", "-S", "style", str(script)],
         capture_output=True,
