@@ -10,9 +10,8 @@ move to the next zone, then region, each attempt reported; quota and auth errors
 Every resource is tagged at creation (never in a second call), so a crash at any point leaves
 nothing that `terminate` cannot find by tag.
 
-A node's index comes from its batch tag ``cloudtrain:nodes`` (the indices one RunInstances call
-made, e.g. ``0-3``) and its ``AmiLaunchIndex`` — one tag for the whole batch keeps creation O(1)
-calls in N — or from a ``cloudtrain:node`` tag when one is present.
+A node's index comes from its batch tag (see `_instances`), or from a ``cloudtrain:node`` tag
+when one is present.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -51,41 +49,17 @@ from cloudtrain.provider import (
 )
 from cloudtrain.providers.aws import _resources as res
 from cloudtrain.providers.aws._client import Clients, aws_errors, paginate
+from cloudtrain.providers.aws._instances import TAG_NODES, expand, run_request
 from cloudtrain.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
 
-TAG_NODES = "cloudtrain:nodes"
 DLAMI_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
 )
 DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04)*"
 # Ubuntu 24.04, not 22.04: its Python 3.12 can install cloudtrain (Python >= 3.11) on the node.
 NODE_USER = "cloudtrain"
-
-
-def compact(indices: Iterable[int]) -> str:
-    """``[0, 1, 2, 5, 7, 8]`` → ``"0-2,5,7-8"``."""
-    parts: list[str] = []
-    ordered = sorted(indices)
-    start = prev = ordered[0]
-    for i in [*ordered[1:], None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if i is not None:
-            start = prev = i
-    return ",".join(parts)
-
-
-def expand(text: str) -> list[int]:
-    """The inverse of `compact`."""
-    out: list[int] = []
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        out.extend(range(int(first), int(last or first) + 1))
-    return out
 
 
 def _tag(resource: dict[str, Any], key: str) -> str:
@@ -153,8 +127,8 @@ class AwsProvider:
                 "(describe_instance_type_offerings); try another --region or GPU"
             )
         first = refined[0]
-        request = self.run_request(
-            spec, first, first.zones[0], list(range(spec.num_nodes)),
+        request = run_request(
+            spec, first, first.zones[0], list(range(spec.num_nodes)), owner=self.owner,
             sg=f"<security group cloudtrain-{spec.name}>", subnet="<default subnet>",
             token="<client token>", placement_group="<placement group>",
             keys=bootstrap.NodeKeys.placeholders(),
@@ -196,82 +170,6 @@ class AwsProvider:
         if not images:
             raise ConfigError(f"--image {image!r} does not exist in {region}")
         return str(image), str(images[0].get("RootDeviceName") or "/dev/sda1")
-
-    def run_request(
-        self,
-        spec: ClusterSpec,
-        offer: Offer,
-        zone: str,
-        indices: Sequence[int],
-        *,
-        sg: str,
-        subnet: str,
-        token: str,
-        placement_group: str | None,
-        keys: bootstrap.NodeKeys,
-    ) -> dict[str, Any]:
-        """The exact RunInstances request for `indices` in `zone` (the dry run prints it)."""
-        cluster, itype = spec.name, offer.instance_type
-        batch = {TAG_NODES: compact(indices)}
-        request: dict[str, Any] = {
-            "ImageId": offer.extra["image"],
-            "InstanceType": itype,
-            "MinCount": len(indices),
-            "MaxCount": len(indices),
-            "ClientToken": token,
-            "KeyName": res.resource_name(cluster),
-            "UserData": bootstrap.user_data(
-                bootstrap.NodeShape("aws", offer.accelerator, offer.accelerator_count, itype), keys
-            )["UserData"],
-            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
-            "BlockDeviceMappings": [
-                {
-                    "DeviceName": offer.extra["root_device"],
-                    "Ebs": {
-                        "VolumeSize": spec.resources.disk_gb,
-                        "VolumeType": "gp3",
-                        "Encrypted": True,
-                        "DeleteOnTermination": True,
-                    },
-                }
-            ],
-            "InstanceInitiatedShutdownBehavior": "terminate",
-            "Placement": {"AvailabilityZone": zone},
-            "TagSpecifications": [
-                res.tag_spec("instance", cluster, self.owner, **batch),
-                res.tag_spec("volume", cluster, self.owner),
-            ],
-        }
-        efa = res.EFA_INTERFACES.get(itype, 0) if spec.num_nodes > 1 else 0
-        if placement_group and efa:
-            request["Placement"]["GroupName"] = placement_group
-        if efa:
-            request["NetworkInterfaces"] = [
-                {
-                    "NetworkCardIndex": card,
-                    "DeviceIndex": 0 if card == 0 else 1,
-                    "InterfaceType": "efa",
-                    "SubnetId": subnet,
-                    "Groups": [sg],
-                    "DeleteOnTermination": True,
-                    **({"AssociatePublicIpAddress": True} if efa == 1 else {}),
-                }
-                for card in range(efa)
-            ]
-            request["TagSpecifications"].append(
-                res.tag_spec("network-interface", cluster, self.owner)
-            )
-        else:
-            request["SecurityGroupIds"] = [sg]
-        if offer.spot:
-            request["InstanceMarketOptions"] = {
-                "MarketType": "spot",
-                "SpotOptions": {
-                    "SpotInstanceType": "one-time",
-                    "InstanceInterruptionBehavior": "terminate",
-                },
-            }
-        return request
 
     # -- apply ----------------------------------------------------------------------------
 
@@ -334,8 +232,8 @@ class AwsProvider:
                     with aws_errors(zone):
                         subnet = "" if offer.instance_type not in res.EFA_INTERFACES else (
                             res.default_subnet(ec2, zone))  # fmt: skip
-                        request = self.run_request(
-                            spec, offer, zone, missing, sg=sg, subnet=subnet,
+                        request = run_request(
+                            spec, offer, zone, missing, owner=self.owner, sg=sg, subnet=subnet,
                             token=f"cloudtrain-{cluster}-{uuid.uuid4().hex[:20]}",
                             placement_group=group, keys=keys,
                         )  # fmt: skip

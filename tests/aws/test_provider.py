@@ -14,7 +14,8 @@ import pytest
 from cloudtrain.errors import AuthError, CapacityError, ConfigError, QuotaError
 from cloudtrain.provider import Event, ProviderContext
 from cloudtrain.providers.aws._client import Clients
-from cloudtrain.providers.aws.provider import AwsProvider, compact, expand
+from cloudtrain.providers.aws._instances import compact, expand
+from cloudtrain.providers.aws.provider import AwsProvider
 from cloudtrain.spec import ClusterSpec, Resources
 from tests.aws.standin import StandIn, assert_empty, leftovers, put_dlami_parameter, register_dlami
 

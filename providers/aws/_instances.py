@@ -1,0 +1,117 @@
+"""The RunInstances request of one attempt, and the batch tag that numbers its nodes.
+
+One request makes all N nodes or none (``MinCount = MaxCount``). A node's index comes from the
+batch tag ``cloudtrain:nodes`` (the indices one call made, e.g. ``0-3``) and its
+``AmiLaunchIndex``: one tag for the whole batch keeps creation O(1) calls in N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from cloudtrain import bootstrap
+from cloudtrain.provider import Offer
+from cloudtrain.providers.aws import _resources as res
+from cloudtrain.spec import ClusterSpec
+
+TAG_NODES = "cloudtrain:nodes"
+
+
+def compact(indices: Iterable[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` → ``"0-2,5,7-8"``."""
+    parts: list[str] = []
+    ordered = sorted(indices)
+    start = prev = ordered[0]
+    for i in [*ordered[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(parts)
+
+
+def expand(text: str) -> list[int]:
+    """The inverse of `compact`."""
+    out: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        out.extend(range(int(first), int(last or first) + 1))
+    return out
+
+
+def run_request(
+    spec: ClusterSpec,
+    offer: Offer,
+    zone: str,
+    indices: Sequence[int],
+    *,
+    owner: str,
+    sg: str,
+    subnet: str,
+    token: str,
+    placement_group: str | None,
+    keys: bootstrap.NodeKeys,
+) -> dict[str, Any]:
+    """The exact RunInstances request for `indices` in `zone` (the dry run prints it)."""
+    cluster, itype = spec.name, offer.instance_type
+    batch = {TAG_NODES: compact(indices)}
+    request: dict[str, Any] = {
+        "ImageId": offer.extra["image"],
+        "InstanceType": itype,
+        "MinCount": len(indices),
+        "MaxCount": len(indices),
+        "ClientToken": token,
+        "KeyName": res.resource_name(cluster),
+        "UserData": bootstrap.user_data(
+            bootstrap.NodeShape("aws", offer.accelerator, offer.accelerator_count, itype), keys
+        )["UserData"],
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        "BlockDeviceMappings": [
+            {
+                "DeviceName": offer.extra["root_device"],
+                "Ebs": {
+                    "VolumeSize": spec.resources.disk_gb,
+                    "VolumeType": "gp3",
+                    "Encrypted": True,
+                    "DeleteOnTermination": True,
+                },
+            }
+        ],
+        "InstanceInitiatedShutdownBehavior": "terminate",
+        "Placement": {"AvailabilityZone": zone},
+        "TagSpecifications": [
+            res.tag_spec("instance", cluster, owner, **batch),
+            res.tag_spec("volume", cluster, owner),
+        ],
+    }
+    efa = res.EFA_INTERFACES.get(itype, 0) if spec.num_nodes > 1 else 0
+    if placement_group and efa:
+        request["Placement"]["GroupName"] = placement_group
+    if efa:
+        request["NetworkInterfaces"] = [
+            {
+                "NetworkCardIndex": card,
+                "DeviceIndex": 0 if card == 0 else 1,
+                "InterfaceType": "efa",
+                "SubnetId": subnet,
+                "Groups": [sg],
+                "DeleteOnTermination": True,
+                **({"AssociatePublicIpAddress": True} if efa == 1 else {}),
+            }
+            for card in range(efa)
+        ]
+        request["TagSpecifications"].append(res.tag_spec("network-interface", cluster, owner))
+    else:
+        request["SecurityGroupIds"] = [sg]
+    if offer.spot:
+        request["InstanceMarketOptions"] = {
+            "MarketType": "spot",
+            "SpotOptions": {
+                "SpotInstanceType": "one-time",
+                "InstanceInterruptionBehavior": "terminate",
+            },
+        }
+    return request
