@@ -1,0 +1,176 @@
+"""The SSH executor: one node reached with the OpenSSH client, over one multiplexed connection.
+
+Why OpenSSH and not asyncssh or paramiko: it is on every machine that has SSH at all, it speaks
+every key type, agent and jump-host setup the user's own ``ssh`` does, ``ControlMaster``
+multiplexing makes every command after the first a new channel on one connection (no new
+handshake), and ``rsync -e ssh`` reuses that connection for incremental syncs. Each command is
+one subprocess, so hundreds of nodes fan out over threads (`fan_out`) without an event loop,
+and tests run it against real ``sshd`` processes.
+
+Security: the cluster's own key only, its pinned host key only (`cloudtrain.access.ssh_options`:
+``StrictHostKeyChecking=yes`` against the cluster's known_hosts, never trust-on-first-use).
+Every value placed in a remote command (argv, env, paths) is shell-quoted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from cloudtrain.errors import CommandError, ProviderError
+from cloudtrain.executors.base import DETACH_SCRIPT, RunResult, ignore_patterns
+from cloudtrain.executors.local import LocalExecutor
+
+log = logging.getLogger(__name__)
+
+#: ssh's own exit status when it could not connect or authenticate (the command never ran).
+SSH_FAILED = 255
+HOST_KEY_CHANGED = ("REMOTE HOST IDENTIFICATION HAS CHANGED", "Host key verification failed")
+UNREACHABLE = ("Connection refused", "Connection timed out", "No route to host",
+               "Connection reset", "Could not resolve hostname", "Connection closed")  # fmt: skip
+
+
+def control_dir() -> Path:
+    """A short folder for ControlMaster sockets (a socket path must stay under 108 bytes)."""
+    folder = Path(tempfile.gettempdir()) / f"cloudtrain-ssh-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+def remote_command(
+    argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None
+) -> str:
+    """One shell command line running `argv` with `env` in `cwd`, every value quoted."""
+    parts = []
+    if cwd:
+        parts.append(f"cd {shlex.quote(cwd)} &&")
+    if env:
+        parts.append("env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()))
+    parts.append(shlex.join(argv))
+    return " ".join(parts)
+
+
+class SshExecutor:
+    """Runs commands on `host` as `user` through OpenSSH with `options` (keys, known_hosts).
+
+    `connect_timeout_s` bounds the retries while a node boots (connection refused/timed out);
+    a changed host key or a refused login fails at once."""
+
+    def __init__(
+        self,
+        host: str,
+        *,
+        user: str,
+        options: Sequence[str],
+        port: int = 22,
+        connect_timeout_s: float = 300,
+        retry_s: float = 2.0,
+    ) -> None:
+        self.host, self.user, self.port = host, user, port
+        self._options = [
+            *options,
+            "-o", "ControlMaster=auto",
+            "-o", f"ControlPath={control_dir()}/%C",
+            "-o", "ControlPersist=120",
+            "-o", "ServerAliveInterval=15",
+            "-p", str(port),
+        ]  # fmt: skip
+        self.connect_timeout_s = connect_timeout_s
+        self.retry_s = retry_s
+        self._local = LocalExecutor()
+        self._connected = False
+
+    @property
+    def target(self) -> str:
+        return f"{self.user}@{self.host}"
+
+    def _ssh(self, command: str) -> list[str]:
+        return ["ssh", *self._options, self.target, command]
+
+    def _connect(self) -> None:
+        """Open the master connection, retrying (bounded) while the host is not up yet."""
+        if self._connected:
+            return
+        deadline = time.monotonic() + self.connect_timeout_s
+        delay = self.retry_s
+        while True:
+            done = self._local.run(self._ssh("true"), timeout=60)
+            if done.returncode == 0:
+                self._connected = True
+                return
+            message = done.stderr.strip()
+            if any(m in message for m in HOST_KEY_CHANGED):
+                raise ProviderError(
+                    "ssh", "HostKeyMismatch",
+                    f"{self.host}:{self.port} did not present the cluster's pinned host key. "
+                    "Either this is not the node cloudtrain made (check the address), or "
+                    "someone is in between; nothing was sent to it.",
+                )  # fmt: skip
+            unreachable = any(m in message for m in UNREACHABLE)
+            expired = time.monotonic() > deadline
+            if not unreachable or expired:
+                last = message.splitlines()[-1] if message else f"ssh exited {done.returncode}"
+                waited = f" after {self.connect_timeout_s:.0f} s" if expired else ""
+                raise ProviderError(
+                    "ssh",
+                    "Unreachable" if unreachable else "Refused",
+                    f"cannot reach {self.target}:{self.port}{waited}: {last}",
+                )
+            log.info("%s not reachable yet (%s); retrying in %.0f s", self.host, message, delay)
+            time.sleep(delay)
+            delay = min(delay * 1.5, 15)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        on_output: Callable[[str], None] | None = None,
+    ) -> RunResult:
+        self._connect()
+        done = self._local.run(
+            self._ssh(remote_command(argv, env, cwd)), timeout=timeout, on_output=on_output
+        )
+        return RunResult(tuple(argv), done.returncode, done.stdout, done.stderr)
+
+    def start_detached(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, job_dir: str
+    ) -> int:
+        self._connect()
+        inner = ["setsid", "sh", "-c", DETACH_SCRIPT, "cloudtrain-detach", job_dir, *argv]
+        command = f"mkdir -p {shlex.quote(job_dir)} && {remote_command(inner, env, cwd)}"
+        done = self._local.run(self._ssh(command), timeout=120)
+        pid = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+        if done.returncode != 0 or not pid.isdigit():
+            raise CommandError(done.returncode, argv, done.stderr or done.stdout)
+        return int(pid)
+
+    def put(self, local: Path, remote: str, *, excludes: Sequence[str] = ()) -> None:
+        """rsync over the same connection: only what changed moves; a directory's copy is
+        made equal to the source (--delete), minus what the ignores name."""
+        self._connect()
+        ssh = shlex.join(["ssh", *self._options])
+        argv = ["rsync", "-az", "--delete", "-e", ssh]
+        if local.is_dir():
+            for pattern in ignore_patterns(local, excludes):
+                argv += ["--exclude", pattern]
+            source, parent = f"{local}/", remote
+        else:
+            source, parent = str(local), str(Path(remote).parent)
+        mkdir = self.run(["mkdir", "-p", parent])
+        mkdir.check()
+        argv += [source, f"{self.target}:{shlex.quote(remote)}"]
+        self._local.run(argv, timeout=3600).check()
+
+    def close(self) -> None:
+        """Close the master connection. Idempotent."""
+        if self._connected:
+            self._local.run(["ssh", *self._options, "-O", "exit", self.target], timeout=30)
+            self._connected = False

@@ -1,0 +1,147 @@
+"""The SSH executor against real sshd hosts on 127.0.0.2 and 127.0.0.3."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cloudtrain import access
+from cloudtrain.errors import CommandError, ProviderError
+from cloudtrain.executors.base import fan_out
+from cloudtrain.executors.ssh import SshExecutor
+from tests.sshd import SshHost
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[SshHost]]]:
+    """Two hosts presenting the cluster's host key, the cluster's key authorised on both."""
+    home = tmp_path_factory.mktemp("ssh") / "home"
+    _, user_public = access.cluster_key(home, "c1")
+    host_private, _ = access.host_key(home, "c1")
+    up = [SshHost(home.parent / f"h{i}", f"127.0.0.{i}", host_private, user_public)
+          for i in (2, 3)]  # fmt: skip
+    access.known_hosts(home, "c1", [h.address for h in up])
+    yield home, up
+    for host in up:
+        host.stop()
+
+
+def executor(home: Path, host: SshHost, **kwargs: float) -> SshExecutor:
+    return SshExecutor(
+        host.host, user="root", port=host.port, options=access.ssh_options(home, "c1"), **kwargs
+    )  # type: ignore[arg-type]
+
+
+SHOW = "import json, os, sys; print(json.dumps([sys.argv[1:], os.environ.get('ODD')]))"
+HOSTILE = ["two words", "$(touch /tmp/ct-pwned)", "a;b", "q'uote", 'd"q', "new\nline", "`id`",
+           "*", "", "--"]  # fmt: skip
+
+
+def test_argv_env_and_cwd_arrive_verbatim_and_nothing_else_runs(
+    hosts: tuple[Path, list[SshHost]], tmp_path: Path
+) -> None:
+    home, (host, _) = hosts
+    ex = executor(home, host)
+    odd = "x y $HOME `id` $(date) ' \" ;\n"
+    try:
+        done = ex.run([sys.executable, "-c", SHOW, *HOSTILE], env={"ODD": odd}, cwd=str(tmp_path))
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == [HOSTILE, odd]
+        assert not Path("/tmp/ct-pwned").exists()
+        assert ex.run(["pwd"], cwd=str(tmp_path)).stdout.strip() == str(tmp_path)
+        assert ex.run(["sh", "-c", "exit 7"]).returncode == 7
+    finally:
+        ex.close()
+
+
+def test_streaming_and_timeouts(hosts: tuple[Path, list[SshHost]]) -> None:
+    home, (host, _) = hosts
+    ex = executor(home, host)
+    lines: list[str] = []
+    ex.run(["sh", "-c", "echo one; echo two >&2; echo three"], on_output=lines.append)
+    assert lines[0] == "one"  # stdout in order; stderr is its own channel over SSH
+    assert sorted(lines) == ["one", "three", "two"]
+    with pytest.raises(CommandError, match="timed out"):
+        ex.run(["sleep", "30"], timeout=1)
+    ex.close()
+    ex.close()  # idempotent
+
+
+def test_a_detached_process_outlives_the_connection(
+    hosts: tuple[Path, list[SshHost]], tmp_path: Path
+) -> None:
+    home, (host, _) = hosts
+    ex = executor(home, host)
+    job = tmp_path / "jobs" / "j1"
+    pid = ex.start_detached(["sh", "-c", 'sleep 1; echo "done $WHO"; exit 3'],
+                            env={"WHO": "node"}, cwd=str(tmp_path), job_dir=str(job))  # fmt: skip
+    ex.close()  # the laptop goes away
+    assert pid > 1
+    deadline = time.monotonic() + 20
+    while not (job / "exit_code").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (job / "exit_code").read_text().strip() == "3"
+    assert (job / "node.log").read_text() == "done node\n"
+
+
+def test_put_syncs_only_what_changed(hosts: tuple[Path, list[SshHost]], tmp_path: Path) -> None:
+    home, (host, _) = hosts
+    ex = executor(home, host)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / ".git").mkdir(parents=True)
+    (src / ".git" / "HEAD").write_text("x")
+    (src / "data").mkdir()
+    (src / "data" / "big.bin").write_bytes(os.urandom(1000))
+    (src / ".cloudtrainignore").write_text("data/\n")
+    (src / "train.py").write_text("print(1)\n")
+    (src / "old.py").write_text("")
+    ex.put(src, str(dst))
+    assert sorted(p.name for p in dst.iterdir()) == [".cloudtrainignore", "old.py", "train.py"]
+    stamp = (dst / "train.py").stat().st_ino
+    (src / "old.py").unlink()
+    ex.put(src, str(dst))
+    assert not (dst / "old.py").exists()
+    assert (dst / "train.py").stat().st_ino == stamp, "an unchanged file is not copied again"
+    ex.close()
+
+
+def test_fan_out_over_hosts(hosts: tuple[Path, list[SshHost]]) -> None:
+    home, up = hosts
+    executors = [executor(home, h) for h in up]
+    outputs = fan_out(lambda ex: ex.run(["hostname", "-I"]).returncode, executors)
+    assert outputs == [0, 0]
+    for ex in executors:
+        ex.close()
+
+
+def test_a_wrong_host_key_is_refused_with_a_clear_error(
+    hosts: tuple[Path, list[SshHost]], tmp_path: Path
+) -> None:
+    _, (host, _) = hosts
+    stranger = tmp_path / "home"
+    access.cluster_key(stranger, "c1")
+    access.known_hosts(stranger, "c1", [host.address])  # another cluster's host key
+    ex = SshExecutor(host.host, user="root", port=host.port,
+                     options=[*access.ssh_options(stranger, "c1")])  # fmt: skip
+    with pytest.raises(ProviderError, match="did not present the cluster's pinned host key"):
+        ex.run(["true"])
+
+
+def test_an_unreachable_host_is_named_after_bounded_retries(
+    hosts: tuple[Path, list[SshHost]],
+) -> None:
+    home, (host, _) = hosts
+    ex = SshExecutor("127.0.0.9", user="root", port=host.port, connect_timeout_s=1,
+                     retry_s=0.2, options=access.ssh_options(home, "c1"))  # fmt: skip
+    started = time.monotonic()
+    with pytest.raises(ProviderError, match=r"cannot reach root@127\.0\.0\.9:\d+ after 1 s"):
+        ex.run(["true"])
+    assert time.monotonic() - started < 15

@@ -1,0 +1,61 @@
+"""Real sshd test hosts on loopback addresses (127.0.0.2, 127.0.0.3 …: all of 127/8 is loopback),
+each with its own config, host key, port and authorized_keys, stopped by PID afterwards."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_tool
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class SshHost:
+    """One sshd on `host` presenting `host_key`, letting `authorized` log in as root."""
+
+    def __init__(self, folder: Path, host: str, host_key: Path, authorized: str) -> None:
+        sshd = require_tool("/usr/sbin/sshd")
+        if os.geteuid() != 0:
+            pytest.skip("sshd on a test address needs root (CI runs as root)")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "authorized_keys").write_text(authorized + "\n")
+        self.folder, self.host, self.port = folder, host, free_port(host)
+        config = folder / "sshd_config"
+        config.write_text(
+            f"ListenAddress {host}:{self.port}\nHostKey {host_key}\n"
+            f"AuthorizedKeysFile {folder / 'authorized_keys'}\nPidFile {folder / 'pid'}\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nMaxSessions 100\n"
+            "MaxStartups 100\n"
+        )
+        Path("/run/sshd").mkdir(exist_ok=True)
+        self.proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(config)],
+                                     stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex((host, self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"sshd on {host}:{self.port} did not start")
+
+    @property
+    def address(self) -> str:
+        """How known_hosts names it."""
+        return f"[{self.host}]:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
