@@ -17,6 +17,7 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
     pointed at a closed loopback port unless a test points them at a local stand-in."""
     closed = "http://127.0.0.1:9"
     monkeypatch.setenv("CLOUDTRAIN_PUBLIC_IP_URL", closed)
+    monkeypatch.setenv("CLOUDTRAIN_SSH_LOOPBACK_ONLY", "1")
     monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")

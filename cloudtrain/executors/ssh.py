@@ -14,6 +14,7 @@ Every value placed in a remote command (argv, env, paths) is shell-quoted.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import shlex
@@ -40,6 +41,13 @@ def control_dir() -> Path:
     folder = Path(tempfile.gettempdir()) / f"cloudtrain-ssh-{os.getuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
     return folder
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def remote_command(
@@ -96,6 +104,12 @@ class SshExecutor:
         """Open the master connection, retrying (bounded) while the host is not up yet."""
         if self._connected:
             return
+        if os.environ.get("CLOUDTRAIN_SSH_LOOPBACK_ONLY") == "1" and not _loopback(self.host):
+            raise ProviderError(
+                "ssh", "Blocked",
+                f"{self.host} is not a loopback address and CLOUDTRAIN_SSH_LOOPBACK_ONLY=1 "
+                "(set by test suites so that no packet leaves the machine)",
+            )  # fmt: skip
         deadline = time.monotonic() + self.connect_timeout_s
         delay = self.retry_s
         while True:

@@ -34,6 +34,7 @@ from cloudtrain.errors import (
     ProviderError,
     QuotaError,
 )
+from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.provider import (
     TAG_CLUSTER,
     TAG_NODE,
@@ -59,7 +60,7 @@ DLAMI_PARAMETER = (
 )
 DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04)*"
 # Ubuntu 24.04, not 22.04: its Python 3.12 can install cloudtrain (Python >= 3.11) on the node.
-NODE_USER = "cloudtrain"
+NODE_USER = bootstrap.NODE_USER
 
 
 def _tag(resource: dict[str, Any], key: str) -> str:
@@ -268,6 +269,8 @@ class AwsProvider:
             ready = [n for n in nodes if n.state == "running" and n.private_ip]
             on_event(Event("wait", f"{len(ready)}/{count} nodes running"))
             if len(ready) >= count:
+                addresses = [a for n in nodes for a in (n.public_ip, n.private_ip) if a]
+                access.known_hosts(self.home, cluster, addresses)  # pin the host key
                 return nodes
             if time.monotonic() > deadline:
                 raise ProviderError(
@@ -357,8 +360,12 @@ class AwsProvider:
                     }
         return sorted(names - {""})
 
-    def executor(self, node: NodeInfo) -> Any:
-        raise ConfigError(
-            "running jobs on aws nodes needs the SSH executor, which this version does not "
-            "have yet; the cluster is up and `cloudtrain down` removes it"
+    def executor(self, node: NodeInfo) -> SshExecutor:
+        """SSH as ``cloudtrain`` to the node's public address (its private one when it has
+        none), with the cluster's key and its pinned host key."""
+        address = node.public_ip or node.private_ip
+        if not address:
+            raise ProviderError("aws", "NoAddress", f"node {node.index} has no address yet")
+        return SshExecutor(
+            address, user=NODE_USER, options=access.ssh_options(self.home, node.cluster)
         )

@@ -15,7 +15,8 @@ from tests.aws.standin import StandIn, assert_empty, leftovers, put_dlami_parame
 from tests.integration.conftest import Shell
 
 pytestmark = pytest.mark.integration
-UP = ["up", "--provider", "aws", "--gpus", "A100:8", "--nodes", "4", "--name", "exp1"]
+# --no-setup: moto's instances are records, not machines; no bootstrap runs on them to watch.
+UP = ["up", "--provider", "aws", "--gpus", "A100:8", "--nodes", "4", "--name", "exp1", "--no-setup"]
 CIDR = ["--ssh-cidr", "203.0.113.7/32"]
 
 
