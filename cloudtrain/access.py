@@ -43,13 +43,18 @@ def ssh_options(home: Path, cluster: str) -> list[str]:
     """OpenSSH client options for the cluster's nodes: its own key only, its pinned host key
     only (``StrictHostKeyChecking=yes`` against its known_hosts: never trust on first use)."""
     folder = home / "keys" / cluster
+    options = client_options(folder / "id_ed25519", folder / "known_hosts")
+    return [*options, "-o", "HostKeyAlgorithms=ssh-ed25519"]
+
+
+def client_options(identity: Path, known_hosts: Path) -> list[str]:
+    """OpenSSH client options: this key only, host keys from this known_hosts only, strictly."""
     return [
-        "-i", str(folder / "id_ed25519"),
+        "-i", str(identity),
         "-o", "IdentitiesOnly=yes",
-        "-o", f"UserKnownHostsFile={folder / 'known_hosts'}",
+        "-o", f"UserKnownHostsFile={known_hosts}",
         "-o", "GlobalKnownHostsFile=/dev/null",
         "-o", "StrictHostKeyChecking=yes",
-        "-o", "HostKeyAlgorithms=ssh-ed25519",
         "-o", "BatchMode=yes",
         "-o", "ConnectTimeout=10",
     ]  # fmt: skip

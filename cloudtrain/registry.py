@@ -27,10 +27,11 @@ BUILTIN: dict[str, str] = {
     "local": "cloudtrain.providers.local.provider:LocalProvider",
     "fake": "cloudtrain.providers.fake.provider:FakeProvider",
     "aws": "cloudtrain.providers.aws.provider:AwsProvider",
+    "ssh": "cloudtrain.providers.ssh.provider:SshProvider",
 }
 
 #: Cloud providers this version knows of and can plan (the catalog has them) but cannot create.
-PLANNED = ("gcp", "azure", "ssh")
+PLANNED = ("gcp", "azure")
 
 
 @cache

@@ -35,6 +35,24 @@ def cluster_options(fn: Any) -> Any:
             "public address; 0.0.0.0/0 only when you say so).",
         ),
         click.option("--profile", help="Cloud credentials profile (AWS: a profile name)."),
+        click.option(
+            "--hosts", help="ssh provider: user@address[:port],… (the first is the head)."
+        ),
+        click.option(
+            "--identity",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="ssh provider: the private key to log in with.",
+        ),
+        click.option(
+            "--known-hosts",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="ssh provider: where the hosts' keys are pinned (~/.ssh/known_hosts).",
+        ),
+        click.option(
+            "--python",
+            "remote_python",
+            help="ssh provider: the Python with torch and cloudtrain on the hosts.",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -45,10 +63,14 @@ def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
     """A validated task from an optional YAML file with the cluster flags on top."""
     from cloudtrain import taskfile
 
+    hosts = flags.get("hosts")
+    num_nodes = flags.get("num_nodes")
+    if hosts and num_nodes is None:
+        num_nodes = len([h for h in str(hosts).split(",") if h.strip()])
     overrides = {
         "name": flags.get("name"),
         "provider": flags.get("provider"),
-        "num_nodes": flags.get("num_nodes"),
+        "num_nodes": num_nodes,
         "resources.accelerator": flags.get("gpus"),
         "resources.spot": flags.get("spot"),
         "resources.region": flags.get("region"),
@@ -59,7 +81,22 @@ def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
     task = (
         taskfile.from_flags(overrides) if task_file is None else taskfile.load(task_file, overrides)
     )
-    return with_access(task, flags.get("ssh_cidr"), flags.get("profile"))
+    task = with_access(task, flags.get("ssh_cidr"), flags.get("profile"))
+    ssh = {
+        "hosts": hosts,
+        "identity": str(Path(flags["identity"]).resolve()) if flags.get("identity") else None,
+        "known_hosts": str(Path(flags["known_hosts"]).resolve())
+        if flags.get("known_hosts")
+        else None,
+        "python": flags.get("remote_python"),
+    }
+    ssh = {k: v for k, v in ssh.items() if v}
+    if ssh:
+        import dataclasses
+
+        cluster = dataclasses.replace(task.cluster, extra={**task.cluster.extra, **ssh})
+        task = dataclasses.replace(task, cluster=cluster)
+    return task
 
 
 def with_access(task: TaskSpec, ssh_cidr: str | None, profile: str | None) -> TaskSpec:

@@ -1,0 +1,245 @@
+"""Bring-your-own machines over SSH. See the package docstring for what it needs.
+
+Options (``--hosts``, ``--identity``, ``--known-hosts``, ``--python``; stored in the cluster's
+spec): ``hosts`` (``user@address[:port]``, comma-separated or a list; the first is the head),
+``identity`` (private key; default ``~/.ssh/id_ed25519``), ``known_hosts`` (default
+``~/.ssh/known_hosts``), ``python`` (default ``python3``). On each host, node *i* of cluster *c*
+lives in ``~/.cloudtrain/c/node-i/``; its ``node.json`` is the "tag" `describe` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+from cloudtrain import access, bootstrap
+from cloudtrain.errors import ConfigError, ProviderError
+from cloudtrain.executors.base import fan_out
+from cloudtrain.executors.ssh import SshExecutor
+from cloudtrain.provider import (
+    Capability,
+    Event,
+    NodeInfo,
+    Offer,
+    OnEvent,
+    Plan,
+    ProviderContext,
+    ignore_event,
+)
+from cloudtrain.spec import ClusterSpec
+
+#: What `apply` learns of a host, printed as one JSON line by its Python.
+FACTS = """
+import json, os, shutil, subprocess, sys
+def out(*argv):
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+route = out("ip", "-o", "route", "get", sys.argv[1]).split()
+gpus = [l for l in out("nvidia-smi", "-L").splitlines() if l.startswith("GPU ")]
+print(json.dumps({
+    "home": os.path.expanduser("~"), "python": sys.version.split()[0],
+    "cpus": os.cpu_count(), "gpus": len(gpus),
+    "ifname": route[route.index("dev") + 1] if "dev" in route else "",
+    "rsync": bool(shutil.which("rsync")),
+}))
+"""
+
+
+@dataclass(frozen=True)
+class Host:
+    user: str
+    address: str
+    port: int = 22
+
+    @classmethod
+    def parse(cls, text: str) -> Host:
+        user, at, rest = text.strip().rpartition("@")
+        address, colon, port = rest.rpartition(":") if rest.count(":") == 1 else (rest, "", "")
+        if not at or not user or not (address or rest) or (colon and not port.isdigit()):
+            raise ConfigError(f"--hosts entry {text!r}: write user@address or user@address:port")
+        return cls(user, address or rest, int(port) if colon else 22)
+
+    def __str__(self) -> str:
+        return f"{self.user}@{self.address}:{self.port}"
+
+
+def parse_hosts(value: object) -> list[Host]:
+    if isinstance(value, str):
+        items: list[object] = list(value.split(","))
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        items = []
+    hosts = [Host.parse(str(item)) for item in items if str(item).strip()]
+    if len({(h.address, h.port) for h in hosts}) != len(hosts):
+        raise ConfigError("--hosts lists the same host twice")
+    return hosts
+
+
+class SshProvider:
+    """Clusters on machines you already have."""
+
+    name: ClassVar[str] = "ssh"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.MULTI_NODE, Capability.GPU}
+    )
+
+    def __init__(self, context: ProviderContext) -> None:
+        opts = context.options
+        self.home = context.home
+        self.hosts = parse_hosts(opts.get("hosts"))
+        self.identity = Path(str(opts.get("identity") or "~/.ssh/id_ed25519")).expanduser()
+        self.known_hosts = Path(str(opts.get("known_hosts") or "~/.ssh/known_hosts")).expanduser()
+        self.python = str(opts.get("python") or "python3")
+        self.connect_timeout_s = float(opts.get("connect_timeout_s", 30))
+
+    def _executor(self, host: Host) -> SshExecutor:
+        return SshExecutor(
+            host.address, user=host.user, port=host.port,
+            options=access.client_options(self.identity, self.known_hosts),
+            connect_timeout_s=self.connect_timeout_s, retry_s=1.0,
+        )  # fmt: skip
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        if not self.hosts:
+            raise ConfigError("provider 'ssh' needs --hosts user@address[:port],…")
+        if spec.num_nodes > len(self.hosts):
+            raise ConfigError(
+                f"num_nodes {spec.num_nodes} is more than the {len(self.hosts)} --hosts given"
+            )
+        for path, flag in ((self.identity, "--identity"), (self.known_hosts, "--known-hosts")):
+            if not path.is_file():
+                raise ConfigError(f"{flag} {str(path)!r} is not a file")
+        if spec.resources.spot or spec.resources.region or spec.resources.image:
+            raise ConfigError("provider 'ssh' takes no --spot, --region or --image")
+        offer = Offer("ssh", "byo", ("byo",), "byo", 0.0, False, spec.resources.accelerator,
+                      spec.resources.count)  # fmt: skip
+        requests = [{"action": "connect", "host": str(h)} for h in self.hosts[: spec.num_nodes]]
+        return Plan(spec=spec, offers=(offer,), requests=tuple(requests))
+
+    def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
+        """Connect to every host first (nothing is written anywhere unless all answer), then
+        record the nodes and start the check-only bootstrap on each."""
+        spec = plan.spec
+        hosts = self.hosts[: spec.num_nodes]
+        facts = fan_out(lambda h: self._facts(h), hosts)
+        for index, (host, fact) in enumerate(zip(hosts, facts, strict=True)):
+            on_event(Event("node", f"{host}: Python {fact['python']}, {fact['cpus']} CPUs, "
+                                   f"{fact['gpus']} GPUs", node=index))  # fmt: skip
+            if spec.resources.count and fact["gpus"] < spec.resources.count:
+                raise ConfigError(f"{host} has {fact['gpus']} GPUs, not {spec.resources.count}")
+        fan_out(lambda i: self._make_node(spec, i, hosts[i], facts[i]), list(range(len(hosts))))
+        return self.describe(spec.name)
+
+    def _facts(self, host: Host) -> dict[str, Any]:
+        ex = self._executor(host)
+        try:
+            done = ex.run([self.python, "-c", FACTS, host.address], timeout=60)
+        finally:
+            ex.close()
+        if done.returncode != 0:
+            raise ProviderError("ssh", "NoPython", f"{host}: {self.python} failed: {done.stderr}")
+        return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+    def _root(self, home: str, cluster: str, index: int) -> str:
+        return f"{home}/.cloudtrain/{cluster}/node-{index}"
+
+    def _make_node(self, spec: ClusterSpec, index: int, host: Host, fact: dict[str, Any]) -> None:
+        root = self._root(str(fact["home"]), spec.name, index)
+        tags = json.dumps({"cluster": spec.name, "index": index, "host": str(host), **fact})
+        shape = bootstrap.NodeShape("ssh", spec.resources.accelerator, spec.resources.count)
+        config = bootstrap.config(shape, install=False, phases="python torch cloudtrain verify",
+                                  python=self.python, root=root)  # fmt: skip
+        write = (
+            f"mkdir -p {shlex.quote(root)}/bootstrap && cd {shlex.quote(root)} && "
+            f"printf '%s\\n' {shlex.quote(tags)} > node.json && "
+            f"printf '%s' {shlex.quote(config)} > bootstrap/bootstrap.env"
+        )
+        ex = self._executor(host)
+        try:
+            ex.run(["sh", "-c", write]).check()
+            self.home.mkdir(parents=True, exist_ok=True)
+            script = self.home / "bootstrap.sh"
+            script.write_text(bootstrap.script())
+            ex.put(script, f"{root}/bootstrap/bootstrap.sh")
+            ex.start_detached(
+                ["bash", f"{root}/bootstrap/bootstrap.sh", f"{root}/bootstrap/bootstrap.env"],
+                env={"CLOUDTRAIN_NODE_ROOT": root}, cwd=root, job_dir=f"{root}/bootstrap/run",
+            )  # fmt: skip
+        finally:
+            ex.close()
+
+    def _node(self, cluster: str, index: int, host: Host) -> NodeInfo | None:
+        ex = self._executor(host)
+        try:
+            done = ex.run(["sh", "-c", f'cat "$HOME/.cloudtrain/{cluster}/node-{index}/node.json"'],
+                          timeout=60)  # fmt: skip
+        except ProviderError:
+            return NodeInfo(cluster, index, str(host), host.address, None, "unreachable")
+        finally:
+            ex.close()
+        if done.returncode != 0:
+            return None
+        tags = json.loads(done.stdout)
+        return NodeInfo(
+            cluster=cluster, index=index, node_id=str(host), private_ip=host.address,
+            public_ip=None, state="running", zone="byo", instance_type="byo",
+            extra=MappingProxyType({
+                "root": self._root(tags["home"], cluster, index), "python": self.python,
+                "user": host.user, "port": host.port, "ifname": tags.get("ifname", ""),
+            }),
+        )  # fmt: skip
+
+    def describe(self, cluster: str) -> list[NodeInfo]:
+        found = fan_out(lambda p: self._node(cluster, p[0], p[1]), list(enumerate(self.hosts)))
+        return [n for n in found if n is not None and n.state != "unreachable"]
+
+    def terminate(self, cluster: str) -> None:
+        """Stop every cloudtrain process of the cluster on each host and remove its files;
+        the machines stay. Raises naming the hosts it could not clean."""
+        failed: list[str] = []
+
+        def clean(host: Host) -> None:
+            ex = self._executor(host)
+            base = f'"$HOME/.cloudtrain/{cluster}"'
+            try:
+                for index in range(len(self.hosts)):
+                    ex.run(["sh", "-c", f'test -d {base}/node-{index} && {shlex.quote(self.python)}'
+                            f' -m cloudtrain.node kill --match CLOUDTRAIN_NODE_ROOT="$HOME/'
+                            f'.cloudtrain/{cluster}/node-{index}" --grace 5 || true'])  # fmt: skip
+                ex.run(["sh", "-c", f"rm -rf {base}"]).check()
+            except ProviderError as exc:
+                failed.append(f"{host} ({exc.code})")
+            finally:
+                ex.close()
+
+        fan_out(clean, self.hosts)
+        if failed:
+            raise ProviderError("ssh", "NotCleaned", "could not clean " + ", ".join(failed))
+
+    def clusters(self) -> list[str]:
+        def names(host: Host) -> list[str]:
+            ex = self._executor(host)
+            try:
+                done = ex.run(["sh", "-c", 'ls "$HOME/.cloudtrain" 2>/dev/null || true'])
+            except ProviderError:
+                return []
+            finally:
+                ex.close()
+            return done.stdout.split()
+
+        return sorted({n for found in fan_out(names, self.hosts) for n in found})
+
+    def executor(self, node: NodeInfo) -> SshExecutor:
+        return self._executor(Host(str(node.extra["user"]), str(node.private_ip),
+                                   int(node.extra["port"])))  # fmt: skip
+
+
+__all__: Sequence[str] = ["Host", "SshProvider", "parse_hosts"]
