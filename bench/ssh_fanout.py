@@ -94,6 +94,14 @@ def preflight() -> None:
             raise SystemExit(f"bench/ssh_fanout.py needs {tool}; it is not installed")
 
 
+def end_master(host: SshHost) -> None:
+    """End a master connection to `host` that `SshExecutor.close` does not know of: one whose
+    first connection was interrupted (Ctrl-C) after ssh had already put it in the background."""
+    argv = ["ssh", "-o", f"ControlPath={control_dir()}/%C", "-p", str(host.port),
+            "-O", "exit", f"root@{host.host}"]  # fmt: skip
+    subprocess.run(argv, capture_output=True, timeout=30, check=False)
+
+
 def tool_versions() -> str:
     ssh = subprocess.run(["ssh", "-V"], capture_output=True, text=True, check=False)
     rsync = subprocess.run(["rsync", "--version"], capture_output=True, text=True, check=False)
@@ -266,6 +274,7 @@ def main() -> None:
                 for ex in opened:
                     ex.close()
                 for host in hosts:
+                    end_master(host)
                     host.stop()
             finally:
                 signal.signal(signal.SIGINT, previous)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,3 +60,40 @@ class SshHost:
         if self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=10)
+
+
+def keygen(path: Path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path.with_suffix(".pub").read_text().strip()
+
+
+class Lab:
+    """Two hosts, the user's key, a known_hosts pinning both host keys."""
+
+    def __init__(self, folder: Path, addresses: tuple[int, ...] = (2, 3)) -> None:
+        folder.mkdir(parents=True)
+        self.identity = folder / "id_user"
+        user_public = keygen(self.identity)
+        self.hosts: list[SshHost] = []
+        lines = []
+        for i in addresses:
+            host_key = folder / f"host{i}"
+            public = keygen(host_key)
+            host = SshHost(folder / f"h{i}", f"127.0.0.{i}", host_key, user_public)
+            self.hosts.append(host)
+            lines.append(f"{host.address} {' '.join(public.split()[:2])}\n")
+        self.known_hosts = folder / "known_hosts"
+        self.known_hosts.write_text("".join(lines))
+
+    def host_list(self) -> list[str]:
+        return [f"root@{h.host}:{h.port}" for h in self.hosts]
+
+    def up_args(self, name: str, hosts: list[str] | None = None) -> list[str]:
+        listed = hosts or self.host_list()
+        return ["up", "--provider", "ssh", "--name", name, "--hosts", ",".join(listed),
+                "--identity", str(self.identity), "--known-hosts", str(self.known_hosts),
+                "--python", sys.executable]  # fmt: skip
+
+    def stop(self) -> None:
+        for host in self.hosts:
+            host.stop()

@@ -110,6 +110,10 @@ class SshExecutor:
                 f"{self.host} is not a loopback address and CLOUDTRAIN_SSH_LOOPBACK_ONLY=1 "
                 "(set by test suites so that no packet leaves the machine)",
             )  # fmt: skip
+        check = self._local.run(["ssh", *self._options, "-O", "check", self.target], timeout=30)
+        if check.returncode == 0:  # a master from an earlier command is still up: reuse it
+            self._connected = True
+            return
         deadline = time.monotonic() + self.connect_timeout_s
         delay = self.retry_s
         while True:
@@ -184,7 +188,13 @@ class SshExecutor:
         self._local.run(argv, timeout=3600).check()
 
     def close(self) -> None:
-        """Close the master connection. Idempotent."""
-        if self._connected:
-            self._local.run(["ssh", *self._options, "-O", "exit", self.target], timeout=30)
-            self._connected = False
+        """Close the master connection, also one left by an interrupted first connect (ssh
+        backgrounds the master before `_connect` knows it succeeded). Idempotent. Without it
+        the master lingers ``ControlPersist`` seconds, for the next command to reuse."""
+        self._local.run(["ssh", *self._options, "-O", "exit", self.target], timeout=30)
+        self._connected = False
+
+    def release(self) -> None:
+        """Forget this object but keep the master connection for the next one (it closes
+        itself after ``ControlPersist`` idle seconds)."""
+        self._connected = False

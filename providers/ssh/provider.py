@@ -3,8 +3,11 @@
 Options (``--hosts``, ``--identity``, ``--known-hosts``, ``--python``; stored in the cluster's
 spec): ``hosts`` (``user@address[:port]``, comma-separated or a list; the first is the head),
 ``identity`` (private key; default ``~/.ssh/id_ed25519``), ``known_hosts`` (default
-``~/.ssh/known_hosts``), ``python`` (default ``python3``). On each host, node *i* of cluster *c*
-lives in ``~/.cloudtrain/c/node-i/``; its ``node.json`` is the "tag" `describe` reads.
+``~/.ssh/known_hosts``), ``python`` (default ``python3``), ``bootstrap_phases`` (the check-only
+phases `up` runs; default ``python torch cloudtrain verify``). Connections are multiplexed and
+kept ``ControlPersist`` seconds, so the commands of one CLI run share one per host. On each
+host, node *i* of cluster *c* lives in ``~/.cloudtrain/c/node-i/``; its ``node.json`` is the
+"tag" `describe` reads.
 """
 
 from __future__ import annotations
@@ -98,7 +101,9 @@ class SshProvider:
         self.identity = Path(str(opts.get("identity") or "~/.ssh/id_ed25519")).expanduser()
         self.known_hosts = Path(str(opts.get("known_hosts") or "~/.ssh/known_hosts")).expanduser()
         self.python = str(opts.get("python") or "python3")
-        self.connect_timeout_s = float(opts.get("connect_timeout_s", 30))
+        # Hosts that exist already: a refused connection is an answer, not a machine booting.
+        self.connect_timeout_s = float(opts.get("connect_timeout_s", 3))
+        self.phases = str(opts.get("bootstrap_phases") or "python torch cloudtrain verify")
 
     def _executor(self, host: Host) -> SshExecutor:
         return SshExecutor(
@@ -130,6 +135,12 @@ class SshProvider:
         spec = plan.spec
         hosts = self.hosts[: spec.num_nodes]
         facts = fan_out(lambda h: self._facts(h), hosts)
+        existing = self.describe(spec.name)
+        if len(existing) > spec.num_nodes:
+            raise ConfigError(
+                f"cluster {spec.name!r} has {len(existing)} nodes, more than the "
+                f"{spec.num_nodes} asked for; `cloudtrain down {spec.name}` first"
+            )
         for index, (host, fact) in enumerate(zip(hosts, facts, strict=True)):
             on_event(Event("node", f"{host}: Python {fact['python']}, {fact['cpus']} CPUs, "
                                    f"{fact['gpus']} GPUs", node=index))  # fmt: skip
@@ -143,7 +154,7 @@ class SshProvider:
         try:
             done = ex.run([self.python, "-c", FACTS, host.address], timeout=60)
         finally:
-            ex.close()
+            ex.release()
         if done.returncode != 0:
             raise ProviderError("ssh", "NoPython", f"{host}: {self.python} failed: {done.stderr}")
         return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -155,8 +166,8 @@ class SshProvider:
         root = self._root(str(fact["home"]), spec.name, index)
         tags = json.dumps({"cluster": spec.name, "index": index, "host": str(host), **fact})
         shape = bootstrap.NodeShape("ssh", spec.resources.accelerator, spec.resources.count)
-        config = bootstrap.config(shape, install=False, phases="python torch cloudtrain verify",
-                                  python=self.python, root=root)  # fmt: skip
+        config = bootstrap.config(shape, install=False, phases=self.phases, python=self.python,
+                                  root=root)  # fmt: skip
         write = (
             f"mkdir -p {shlex.quote(root)}/bootstrap && cd {shlex.quote(root)} && "
             f"printf '%s\\n' {shlex.quote(tags)} > node.json && "
@@ -174,7 +185,7 @@ class SshProvider:
                 env={"CLOUDTRAIN_NODE_ROOT": root}, cwd=root, job_dir=f"{root}/bootstrap/run",
             )  # fmt: skip
         finally:
-            ex.close()
+            ex.release()
 
     def _node(self, cluster: str, index: int, host: Host) -> NodeInfo | None:
         ex = self._executor(host)
@@ -184,7 +195,7 @@ class SshProvider:
         except ProviderError:
             return NodeInfo(cluster, index, str(host), host.address, None, "unreachable")
         finally:
-            ex.close()
+            ex.release()
         if done.returncode != 0:
             return None
         tags = json.loads(done.stdout)
@@ -218,7 +229,7 @@ class SshProvider:
             except ProviderError as exc:
                 failed.append(f"{host} ({exc.code})")
             finally:
-                ex.close()
+                ex.release()
 
         fan_out(clean, self.hosts)
         if failed:
@@ -232,7 +243,7 @@ class SshProvider:
             except ProviderError:
                 return []
             finally:
-                ex.close()
+                ex.release()
             return done.stdout.split()
 
         return sorted({n for found in fan_out(names, self.hosts) for n in found})

@@ -6,9 +6,10 @@ or a user would (remove one node behind cloudtrain's back)."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,12 +81,56 @@ def aws_harness(home: Path, request: pytest.FixtureRequest) -> Harness:
     return Harness(provider, remove_node, is_empty, aws_spec, runs_commands=False)
 
 
-HARNESSES = {"local": local_harness, "fake": fake_harness, "aws": aws_harness}
+def ssh_harness(home: Path, request: pytest.FixtureRequest) -> Harness:
+    """The ssh provider over three real sshd hosts (127.0.0.4-6) on this machine."""
+    import sys
+
+    from cloudtrain.providers.ssh.provider import SshProvider
+
+    lab = request.getfixturevalue("ssh_lab")
+    options = {
+        "hosts": lab.host_list(),
+        "identity": str(lab.identity),
+        "known_hosts": str(lab.known_hosts),
+        "python": sys.executable,
+        "bootstrap_phases": "python cloudtrain",
+    }  # fmt: skip  (torch: the CLI tests)
+    provider = SshProvider(ProviderContext(home=home, options=options))
+    base = Path.home() / ".cloudtrain"
+
+    def remove_node(cluster: str, index: int) -> None:
+        (base / cluster / f"node-{index}" / "node.json").unlink()
+
+    def is_empty() -> bool:
+        return not any((base / c).exists() for c in ("c1", "a", "b"))
+
+    return Harness(provider, remove_node, is_empty,
+                   lambda name, nodes: ClusterSpec(name, "ssh", nodes))  # fmt: skip
+
+
+HARNESSES = {
+    "local": local_harness,
+    "fake": fake_harness,
+    "aws": aws_harness,
+    "ssh": ssh_harness,
+}
+
+
+@pytest.fixture(scope="module")
+def ssh_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from tests.sshd import Lab
+
+    lab = Lab(tmp_path_factory.mktemp("contract-ssh") / "lab", addresses=(4, 5, 6))
+    yield lab
+    lab.stop()
 
 
 @pytest.fixture(params=sorted(HARNESSES))
-def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
-    return HARNESSES[request.param](tmp_path, request)
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    built = HARNESSES[request.param](tmp_path, request)
+    yield built
+    for cluster in ("c1", "a", "b"):  # machines that outlive a test (ssh hosts) start clean
+        built.provider.terminate(cluster)
 
 
 def test_plan_has_no_side_effects(harness: Harness) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,43 +13,9 @@ import pytest
 
 from cloudtrain import node as agent
 from tests.integration.conftest import REPO, SCRIPTS, Shell, wait_for
-from tests.sshd import SshHost
+from tests.sshd import Lab, keygen
 
 pytestmark = pytest.mark.integration
-
-
-def keygen(path: Path) -> str:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
-    return path.with_suffix(".pub").read_text().strip()
-
-
-class Lab:
-    """Two hosts, the user's key, a known_hosts pinning both host keys."""
-
-    def __init__(self, folder: Path) -> None:
-        folder.mkdir(parents=True)
-        self.identity = folder / "id_user"
-        user_public = keygen(self.identity)
-        self.hosts: list[SshHost] = []
-        lines = []
-        for i in (2, 3):
-            host_key = folder / f"host{i}"
-            public = keygen(host_key)
-            host = SshHost(folder / f"h{i}", f"127.0.0.{i}", host_key, user_public)
-            self.hosts.append(host)
-            lines.append(f"{host.address} {' '.join(public.split()[:2])}\n")
-        self.known_hosts = folder / "known_hosts"
-        self.known_hosts.write_text("".join(lines))
-
-    def up_args(self, name: str, hosts: list[str] | None = None) -> list[str]:
-        listed = hosts or [f"root@{h.host}:{h.port}" for h in self.hosts]
-        return ["up", "--provider", "ssh", "--name", name, "--hosts", ",".join(listed),
-                "--identity", str(self.identity), "--known-hosts", str(self.known_hosts),
-                "--python", sys.executable]  # fmt: skip
-
-    def stop(self) -> None:
-        for host in self.hosts:
-            host.stop()
 
 
 @pytest.fixture(scope="module")
