@@ -14,6 +14,7 @@ Every value placed in a remote command (argv, env, paths) is shell-quoted.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import logging
 import os
@@ -80,10 +81,13 @@ class SshExecutor:
         retry_s: float = 2.0,
     ) -> None:
         self.host, self.user, self.port = host, user, port
+        # One master per (target, options): a connection made under another key or another
+        # known_hosts must never be reused (ssh's own %C hashes only host, port and user).
+        digest = hashlib.sha256("\0".join([*options, user, host, str(port)]).encode())
         self._options = [
             *options,
             "-o", "ControlMaster=auto",
-            "-o", f"ControlPath={control_dir()}/%C",
+            "-o", f"ControlPath={control_dir()}/{digest.hexdigest()[:32]}",
             "-o", "ControlPersist=120",
             "-o", "ServerAliveInterval=15",
             "-p", str(port),

@@ -145,3 +145,19 @@ def test_an_unreachable_host_is_named_after_bounded_retries(
     with pytest.raises(ProviderError, match=r"cannot reach root@127\.0\.0\.9:\d+ after 1 s"):
         ex.run(["true"])
     assert time.monotonic() - started < 15
+
+
+def test_a_live_connection_is_never_reused_under_another_known_hosts(
+    hosts: tuple[Path, list[SshHost]], tmp_path: Path
+) -> None:
+    home, (host, _) = hosts
+    trusted = executor(home, host)
+    assert trusted.run(["true"]).returncode == 0  # a master is up for this host now
+    stranger = tmp_path / "home"
+    access.cluster_key(stranger, "c1")
+    access.known_hosts(stranger, "c1", [host.address])
+    other = SshExecutor(host.host, user="root", port=host.port,
+                        options=access.ssh_options(stranger, "c1"))  # fmt: skip
+    with pytest.raises(ProviderError, match="did not present the cluster's pinned host key"):
+        other.run(["true"])
+    trusted.close()
