@@ -92,9 +92,14 @@ def up(
         with state.intent(spec.name, "apply", {"provider": spec.provider}):
             nodes = prov.apply(the_plan, on_event)
     except BaseException:
-        left = prov.describe(spec.name)
+        try:
+            left: list[NodeInfo] | None = prov.describe(spec.name)
+        except Exception:  # cannot tell what exists: keep the record, so `down` can clean
+            log.warning("could not list what the failed up of %s left", spec.name)
+            left = None
         if left:  # a half-made cluster: keep the record so `up` completes it, `down` removes it
             state.set_nodes(spec.name, left)
+        if left is None or left:
             state.set_cluster_status(spec.name, "partial")
         else:  # all or nothing: nothing was made, so nothing is recorded
             state.delete_cluster(spec.name)
