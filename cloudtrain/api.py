@@ -110,13 +110,14 @@ def up(
     state.set_cluster_status(spec.name, "bootstrapping")
     state.add_event(spec.name, "up", f"{len(nodes)} node(s) running")
     if bootstrap_timeout_s is not None:
-        wait_bootstrap(state, prov, spec.name, nodes, on_event, bootstrap_timeout_s)
+        wait_bootstrap(state, home, prov, spec.name, nodes, on_event, bootstrap_timeout_s)
     state.set_cluster_status(spec.name, "up")
     return nodes
 
 
 def wait_bootstrap(
     state: State,
+    home: Path,
     prov: Provider,
     cluster: str,
     nodes: list[NodeInfo],
@@ -132,8 +133,13 @@ def wait_bootstrap(
     except ConfigError as exc:
         on_event(Event("bootstrap", f"not watched: {exc}"))
         return
+    from cloudtrain import wheel
+
+    handoff = readiness.hand_over_wheel(lambda: wheel.build(home))
     try:
-        readiness.wait_ready(nodes, executors, on_event=on_event, timeout_s=timeout_s)
+        readiness.wait_ready(
+            nodes, executors, on_event=on_event, timeout_s=timeout_s, handoff=handoff
+        )
     except BootstrapError as exc:
         state.set_cluster_status(cluster, "failed")
         state.add_event(cluster, "bootstrap", str(exc))

@@ -27,6 +27,11 @@ TORCH_SPEC = "torch>=2.4,<3"
 #: Raw user-data size each provider accepts (Azure: customData is 64 KiB before base64).
 LIMITS = {"aws": 16384, "gcp": 256 * 1024, "azure": 64 * 1024}
 GZIP_MAGIC = b"\x1f\x8b"
+#: Where the user-data puts the script and its settings on a cloud node (see the template).
+NODE_SCRIPT = "/usr/local/lib/cloudtrain/bootstrap.sh"
+NODE_CONFIG = "/etc/cloudtrain/bootstrap.env"
+#: The script's exit code when its `cloudtrain` phase waits for the coordinator's wheel.
+WAITING_FOR_WHEEL = 75
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+from cloudtrain import bootstrap
 from cloudtrain.errors import BootstrapError
 from cloudtrain.executors.base import Executor, fan_out
 from cloudtrain.provider import Event, NodeInfo, OnEvent, ignore_event
+
+#: What to do for a node whose bootstrap waits for the coordinator's cloudtrain wheel.
+Handoff = Callable[[NodeInfo, Executor], None]
 
 
 def status_path(node: NodeInfo) -> str:
@@ -49,6 +54,29 @@ def _failure(executor: Executor, node: NodeInfo, status: dict[str, Any]) -> Boot
     )
 
 
+def hand_over_wheel(wheel: Callable[[], Path]) -> Handoff:
+    """A `Handoff` that copies the wheel `wheel()` gives (this cloudtrain: made only when a
+    node needs it) to a node whose bootstrap waits for it, and runs the bootstrap again there
+    (it resumes at its ``cloudtrain`` phase)."""
+
+    def handoff(node: NodeInfo, executor: Executor) -> None:
+        built = wheel()
+        executor.put(built, f"{node.root}/dist/{built.name}")
+        script, config = bootstrap.NODE_SCRIPT, bootstrap.NODE_CONFIG
+        executor.start_detached(["bash", script, config], env={}, cwd="/",
+                                job_dir=f"{node.root}/bootstrap/rerun")  # fmt: skip
+
+    return handoff
+
+
+def _waits_for_wheel(status: dict[str, Any]) -> bool:
+    return any(
+        p.get("name") == "cloudtrain" and p.get("exit_code") == bootstrap.WAITING_FOR_WHEEL
+        for p in status.get("phases", [])
+        if p.get("state") == "failed"
+    )
+
+
 def wait_ready(
     nodes: Sequence[NodeInfo],
     executors: Sequence[Executor],
@@ -56,22 +84,30 @@ def wait_ready(
     on_event: OnEvent = ignore_event,
     timeout_s: float = 1800,
     poll_s: float = 0.5,
+    handoff: Handoff | None = None,
 ) -> None:
-    """Block until every node's bootstrap is ready. Raises `BootstrapError` for the first
-    node whose bootstrap failed, or when `timeout_s` passes (naming the slowest phase)."""
+    """Block until every node's bootstrap is ready. A node waiting for the cloudtrain wheel
+    gets it through `handoff` (once). Raises `BootstrapError` for the first node whose
+    bootstrap failed, or when `timeout_s` passes (naming the slowest phase)."""
     seen: dict[int, str] = {}
+    handed: dict[int, dict[str, Any]] = {}  # node → its status when the wheel was handed over
     deadline = time.monotonic() + timeout_s
     pairs = list(zip(nodes, executors, strict=True))
     while True:
         statuses = fan_out(lambda pair: read_status(pair[1], pair[0]), pairs)
         for (node, executor), status in zip(pairs, statuses, strict=True):
-            if status is None:
-                continue
+            if status is None or status == handed.get(node.index):
+                continue  # not started, or the rerun has not written its first status yet
             where = f"{status.get('phase')}: {status.get('state')}"
             if seen.get(node.index) != where:
                 seen[node.index] = where
                 on_event(Event("bootstrap", where, node=node.index))
             if status.get("state") == "failed":
+                if handoff and node.index not in handed and _waits_for_wheel(status):
+                    on_event(Event("bootstrap", "copying the cloudtrain wheel", node=node.index))
+                    handoff(node, executor)
+                    handed[node.index] = status
+                    continue
                 raise _failure(executor, node, status)
         if all(s is not None and s.get("state") == "ready" for s in statuses):
             return

@@ -33,6 +33,8 @@ def scripted(answers: Iterator[str | None]) -> FakeExecutor:
     def handle(call: Call) -> RunResult:
         if call.argv[0] == "tail":
             return RunResult(call.argv, 0, "pip: no matching distribution for torch\n", "")
+        if call.argv[0] != "cat":  # put, start_detached: the handoff's own calls
+            return RunResult(call.argv, 0, "", "")
         answer = next(answers)
         if answer is None:
             return RunResult(call.argv, 1, "", "No such file or directory")
@@ -93,3 +95,33 @@ def test_up_reports_a_failed_bootstrap_and_exits_3(run_cli: Cli, home: Path) -> 
         assert run_cli("down", "c3").exit_code == 0
     finally:
         del _HANDLERS[home]
+
+
+def waiting_for_wheel(started: str | None = None) -> str:
+    phases = [{"name": "cloudtrain", "state": "failed", "started": started, "finished": None,
+               "exit_code": 75, "log": "/r0/bootstrap/logs/cloudtrain.log"}]  # fmt: skip
+    return json.dumps({"phase": "cloudtrain", "state": "failed", "phases": phases})
+
+
+def test_a_node_waiting_for_the_wheel_gets_it_and_the_bootstrap_resumes(tmp_path: Path) -> None:
+    from cloudtrain.readiness import hand_over_wheel
+
+    wheel_file = tmp_path / "cloudtrain-0.1.0-py3-none-any.whl"
+    wheel_file.write_bytes(b"PK")
+    stale = waiting_for_wheel()
+    ex = scripted(iter([stale, stale, status("cloudtrain", "running"), status("verify", "ready")]))
+    # stale twice: the rerun has not written its first status yet on the next poll
+    events: list[Event] = []
+    wait_ready([node(0)], [ex], on_event=events.append, poll_s=0,
+               handoff=hand_over_wheel(lambda: wheel_file))  # fmt: skip
+    puts = [c for c in ex.calls if c.kind == "put"]
+    assert [c.argv for c in puts] == [(str(wheel_file), f"/r0/dist/{wheel_file.name}")]
+    starts = [c for c in ex.calls if c.kind == "start_detached"]
+    assert [c.argv for c in starts] == [
+        ("bash", "/usr/local/lib/cloudtrain/bootstrap.sh", "/etc/cloudtrain/bootstrap.env")
+    ]
+    assert (0, "copying the cloudtrain wheel") in [(e.node, e.message) for e in events]
+
+    again = scripted(iter([stale, waiting_for_wheel(started="2026-11-30T18:00:00Z")]))
+    with pytest.raises(BootstrapError, match="phase 'cloudtrain' failed: exit code 75"):
+        wait_ready([node(0)], [again], poll_s=0, handoff=hand_over_wheel(lambda: wheel_file))
