@@ -82,11 +82,11 @@ def main() -> None:
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
     loss_fn = nn.CrossEntropyLoss()
     node = os.environ.get("CLOUDTRAIN_NODE_RANK", "0")
-    print(
-        f"rank {runtime.rank()}/{runtime.world_size()} on node {node}: "
-        f"{len(sampler)} of {len(train)} training samples per epoch",
-        flush=True,
-    )
+    share = f"{len(sampler)} of {len(train)} training samples per epoch"
+    # One write (end=""): every rank prints this line at once, and a separate "\n" write
+    # could land between another rank's words.
+    print(f"rank {runtime.rank()}/{runtime.world_size()} on node {node}: {share}\n", end="",
+          flush=True)  # fmt: skip
     first_step = True
     for epoch in range(start, args.epochs):
         sampler.set_epoch(epoch)
@@ -120,6 +120,7 @@ def main() -> None:
     final = accuracy(model, test)
     if runtime.is_main():
         print(f"final test accuracy: {final:.4f}", flush=True)
+    del ddp  # its reducer talks to the group: let it go before the group does
     runtime.shutdown()
 
 

@@ -83,8 +83,11 @@ def init(backend: str | None = None, timeout_s: float = 300) -> None:
 
 
 def shutdown() -> None:
-    """Leave and destroy the process group. Idempotent."""
+    """Leave and destroy the process group, once every rank got here (a rank that tears its
+    group down while another is still talking to it can abort the other). Idempotent."""
     if dist.is_initialized():
+        if dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 

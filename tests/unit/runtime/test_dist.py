@@ -183,15 +183,13 @@ def run_example(argv: list[str], checkpoints: Path) -> list[str]:
     assert proc.returncode == 0, proc.stderr[-3000:]
     # Ranks print nothing but their lines; torchrun's agent may log, Python warnings may not.
     assert not re.search(r"\w+Warning\b", proc.stderr), proc.stderr[-3000:]
-    lines = proc.stdout.splitlines()
     # every rank says once what share of the data it trains on; rank 0 alone prints the rest
-    shares = [line for line in lines if RANK_LINE.fullmatch(line)]
     world = 2 if "--nproc-per-node" in argv else 1
-    assert sorted(int(RANK_LINE.fullmatch(line)[1]) for line in shares) == list(range(world))  # type: ignore[index]
-    return [line for line in lines if line not in shares]
+    assert sorted(int(r) for r in RANK_LINE.findall(proc.stdout)) == list(range(world))
+    return RANK_LINE.sub("", proc.stdout).splitlines()
 
 
-RANK_LINE = re.compile(r"rank (\d+)/\d+ on node 0: \d+ of 1437 training samples per epoch")
+RANK_LINE = re.compile(r"rank (\d+)/\d+ on node 0: \d+ of 1437 training samples per epoch\n")
 
 
 def check_run(lines: list[str], *, first: int, last: int) -> float:
