@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from cloudtrain import node as agent
 from cloudtrain.errors import ConfigError
 from cloudtrain.provider import Capability, Event, Provider, ProviderContext
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
@@ -35,7 +36,11 @@ def local_harness(home: Path, request: pytest.FixtureRequest) -> Harness:
     provider = LocalProvider(ProviderContext(home=home))
 
     def remove_node(cluster: str, index: int) -> None:
-        shutil.rmtree(home / "local" / cluster / f"node-{index}")
+        """The node's machine goes away: its processes (the bootstrap apply started) die with
+        its files; removing the files alone races the bootstrap still writing into them."""
+        node_dir = home / "local" / cluster / f"node-{index}"
+        agent.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node_dir)}, grace_s=5.0)
+        shutil.rmtree(node_dir)
 
     def is_empty() -> bool:
         root = home / "local"
