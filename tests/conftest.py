@@ -26,6 +26,23 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_EC2"):
         monkeypatch.delenv(name, raising=False)
+    # GCP and Azure: their endpoints, and the places their SDKs look for credentials
+    monkeypatch.setenv("CLOUDTRAIN_GCP_ENDPOINT", closed)
+    monkeypatch.setenv("CLOUDTRAIN_AZURE_ENDPOINT", closed)
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
+    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    monkeypatch.setenv("AZURE_AUTHORITY_HOST", closed)
+    for name in (
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "CLOUDSDK_CORE_PROJECT",
+        "GOOGLE_CLOUD_PROJECT",
+        "AZURE_SUBSCRIPTION_ID",
+        "AZURE_CLIENT_ID",
+        "AZURE_CLIENT_SECRET",
+        "AZURE_TENANT_ID",
+    ):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture

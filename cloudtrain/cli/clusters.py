@@ -34,7 +34,13 @@ def cluster_options(fn: Any) -> Any:
             help="Where SSH is allowed from (default: this machine's "
             "public address; 0.0.0.0/0 only when you say so).",
         ),
-        click.option("--profile", help="Cloud credentials profile (AWS: a profile name)."),
+        *account_options(),
+        click.option(
+            "--max-hours",
+            type=click.FloatRange(min=0, min_open=True),
+            help="GCP: the nodes delete themselves after this many hours (a forgotten cluster "
+            "stops billing).",
+        ),
         click.option(
             "--hosts", help="ssh provider: user@address[:port],… (the first is the head)."
         ),
@@ -59,6 +65,29 @@ def cluster_options(fn: Any) -> Any:
     return fn
 
 
+def account_options() -> list[Any]:
+    """The flags that say which cloud account to use; `up` records them, `down` needs them
+    only when the local state has no record."""
+    return [
+        click.option("--profile", help="AWS: the credentials profile (default AWS_PROFILE)."),
+        click.option(
+            "--project", help="GCP: the project (default CLOUDSDK_CORE_PROJECT or gcloud's)."
+        ),
+        click.option("--subscription", help="Azure: the subscription (AZURE_SUBSCRIPTION_ID)."),
+    ]
+
+
+def with_account_options(fn: Any) -> Any:
+    for option in reversed(account_options()):
+        fn = option(fn)
+    return fn
+
+
+def account(flags: dict[str, Any]) -> dict[str, Any]:
+    """The account flags that were given, as provider options."""
+    return {k: flags[k] for k in ("profile", "project", "subscription") if flags.get(k)}
+
+
 def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
     """A validated task from an optional YAML file with the cluster flags on top."""
     from cloudtrain import taskfile
@@ -81,7 +110,7 @@ def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
     task = (
         taskfile.from_flags(overrides) if task_file is None else taskfile.load(task_file, overrides)
     )
-    task = with_access(task, flags.get("ssh_cidr"), flags.get("profile"))
+    task = with_access(task, flags.get("ssh_cidr"))
     ssh = {
         "hosts": hosts,
         "identity": str(Path(flags["identity"]).resolve()) if flags.get("identity") else None,
@@ -89,27 +118,26 @@ def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
         if flags.get("known_hosts")
         else None,
         "python": flags.get("remote_python"),
+        "max_hours": flags.get("max_hours"),
     }
-    ssh = {k: v for k, v in ssh.items() if v}
-    if ssh:
+    extra = {**account(flags), **{k: v for k, v in ssh.items() if v}}
+    if extra:
         import dataclasses
 
-        cluster = dataclasses.replace(task.cluster, extra={**task.cluster.extra, **ssh})
+        cluster = dataclasses.replace(task.cluster, extra={**task.cluster.extra, **extra})
         task = dataclasses.replace(task, cluster=cluster)
     return task
 
 
-def with_access(task: TaskSpec, ssh_cidr: str | None, profile: str | None) -> TaskSpec:
-    """The task with --ssh-cidr (validated: bad input costs nothing) and --profile applied."""
+def with_access(task: TaskSpec, ssh_cidr: str | None) -> TaskSpec:
+    """The task with --ssh-cidr applied (validated: bad input costs nothing)."""
     import dataclasses
 
     from cloudtrain.access import validate_cidr
 
-    cluster = task.cluster
-    if ssh_cidr is not None:
-        cluster = dataclasses.replace(cluster, ssh_cidr=validate_cidr(ssh_cidr))
-    if profile:
-        cluster = dataclasses.replace(cluster, extra={**cluster.extra, "profile": profile})
+    if ssh_cidr is None:
+        return task
+    cluster = dataclasses.replace(task.cluster, ssh_cidr=validate_cidr(ssh_cidr))
     return dataclasses.replace(task, cluster=cluster)
 
 
@@ -200,7 +228,6 @@ def up(
     "-p",
     help="Where to look when the local state has no record (found by tag; default local).",
 )
-@click.option("--profile", help="Cloud credentials profile, when the local state has no record.")
 @click.option(
     "--all",
     "every",
@@ -208,9 +235,10 @@ def up(
     help="Every cluster: those recorded here and those of this owner found by tag.",
 )
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before --all.")
+@with_account_options
 @pass_app
 def down(
-    app: App, name: str | None, provider: str | None, profile: str | None, every: bool, yes: bool
+    app: App, name: str | None, provider: str | None, every: bool, yes: bool, **flags: Any
 ) -> None:
     """Tear down cluster NAME: stop its jobs, delete every node and resource it has.
 
@@ -219,7 +247,7 @@ def down(
     from cloudtrain import api
     from cloudtrain.errors import ConfigError
 
-    options = {"profile": profile} if profile else None
+    options = account(flags) or None
     if every == bool(name):
         raise ConfigError("give a cluster NAME, or --all (not both)")
     targets = [(name, provider)] if name else _every_cluster(app, provider, options)
