@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shlex
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from cloudtrain.errors import ConfigError
@@ -45,6 +47,16 @@ def ssh_options(home: Path, cluster: str) -> list[str]:
     folder = home / "keys" / cluster
     options = client_options(folder / "id_ed25519", folder / "known_hosts")
     return [*options, "-o", "HostKeyAlgorithms=ssh-ed25519"]
+
+
+def jump_options(options: Sequence[str], jump: str, user: str, port: int = 22) -> list[str]:
+    """Options that reach a node with no public address through one that has one (the head):
+    ssh runs ``ssh <options> -W <node>:<port> user@jump`` as its ProxyCommand, so the hop uses
+    the same key and the same pinned host keys. (``ProxyJump`` would not: options given on the
+    command line do not apply to the jump host, whose key would then be checked against the
+    user's own known_hosts.)"""
+    inner = shlex.join(["ssh", *options, "-p", str(port), "-W", "%h:%p", f"{user}@{jump}"])
+    return ["-o", f"ProxyCommand={inner}"]
 
 
 def client_options(identity: Path, known_hosts: Path) -> list[str]:

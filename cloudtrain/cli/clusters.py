@@ -238,7 +238,7 @@ def up(
 @with_account_options
 @pass_app
 def down(
-    app: App, name: str | None, provider: str | None, every: bool, yes: bool, **flags: Any
+    app: App, /, name: str | None, provider: str | None, every: bool, yes: bool, **flags: Any
 ) -> None:
     """Tear down cluster NAME: stop its jobs, delete every node and resource it has.
 

@@ -1,5 +1,6 @@
-"""The per-cluster resources of one region besides instances: a security group, a key pair and
-(for multi-node clusters of types that support it) a cluster placement group.
+"""The per-cluster resources of one region besides instances: a security group, a key pair,
+(for multi-node clusters of types that support it) a cluster placement group, and (for
+multi-card types, which get no public IPv4) an Elastic IP for the head.
 
 Each is tagged with the cluster and found again by tag, so `ensure_*` is idempotent and
 `delete_all` works with no local state. Names are ``cloudtrain-<cluster>``.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Any
 
 from cloudtrain.errors import ProviderError
@@ -20,6 +22,12 @@ log = logging.getLogger(__name__)
 
 #: Instance families that support cluster placement groups and EFA, with EFA interfaces per node.
 EFA_INTERFACES = {"p3dn.24xlarge": 1, "p4d.24xlarge": 4, "p4de.24xlarge": 4}
+
+
+def multi_card(instance_type: str | None) -> bool:
+    """Launched with several network cards, where EC2 gives no public IPv4 (it refuses
+    ``AssociatePublicIpAddress`` with more than one interface)."""
+    return EFA_INTERFACES.get(instance_type or "", 0) > 1
 
 
 def resource_name(cluster: str) -> str:
@@ -140,6 +148,22 @@ def ensure_placement_group(ec2: Any, cluster: str, owner: str) -> str:
     return name
 
 
+def ensure_head_address(ec2: Any, cluster: str, owner: str, interface_id: str) -> str:
+    """The cluster's Elastic IP, on the head's primary interface: how the coordinator reaches
+    a cluster of multi-card nodes (the others through the head). Idempotent; returns it."""
+    found = ec2.describe_addresses(Filters=[cluster_filter(cluster)])["Addresses"]
+    address = found[0] if found else ec2.allocate_address(
+        Domain="vpc", TagSpecifications=[tag_spec("elastic-ip", cluster, owner)]
+    )  # fmt: skip
+    if address.get("NetworkInterfaceId") != interface_id:
+        ec2.associate_address(
+            AllocationId=address["AllocationId"],
+            NetworkInterfaceId=interface_id,
+            AllowReassociation=True,
+        )
+    return str(address["PublicIp"])
+
+
 def live_instances(ec2: Any, cluster: str) -> list[dict[str, Any]]:
     """The cluster's instances in this region that are not terminated (one paginated call)."""
     states = ["pending", "running", "stopping", "stopped", "shutting-down"]
@@ -156,10 +180,16 @@ def live_instances(ec2: Any, cluster: str) -> list[dict[str, Any]]:
 
 
 def delete_all(ec2: Any, cluster: str, *, timeout_s: float = 600, poll_s: float = 2) -> list[str]:
-    """Delete the placement group, security group and key pair of `cluster` in this region,
-    once no instance of it is left (a group in use cannot be deleted). Idempotent; returns
-    what was deleted."""
+    """Release the Elastic IP and delete the placement group, security group and key pair of
+    `cluster` in this region, once no instance of it is left (a group in use cannot be
+    deleted). Idempotent; returns what was deleted."""
     deleted: list[str] = []
+    for address in ec2.describe_addresses(Filters=[cluster_filter(cluster)])["Addresses"]:
+        if address.get("AssociationId"):  # EC2 drops it with the instance; be sure
+            _ignore_gone(partial(ec2.disassociate_address, AssociationId=address["AssociationId"]))
+        release = partial(ec2.release_address, AllocationId=address["AllocationId"])
+        _retry_in_use(release, timeout_s, poll_s)
+        deleted.append(f"elastic IP {address['PublicIp']}")
     name = find_placement_group(ec2, cluster)
     if name:
         _retry_in_use(lambda: ec2.delete_placement_group(GroupName=name), timeout_s, poll_s)
@@ -178,6 +208,16 @@ def delete_all(ec2: Any, cluster: str, *, timeout_s: float = 600, poll_s: float 
         ec2.delete_key_pair(KeyName=key_name)
         deleted.append(f"key pair {key_name}")
     return deleted
+
+
+def _ignore_gone(call: Any) -> None:
+    from botocore.exceptions import ClientError
+
+    try:
+        call()
+    except ClientError as exc:
+        if not code_of(exc).endswith("NotFound"):
+            raise
 
 
 def _retry_in_use(call: Any, timeout_s: float, poll_s: float) -> None:

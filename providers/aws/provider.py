@@ -269,6 +269,9 @@ class AwsProvider:
             ready = [n for n in nodes if n.state == "running" and n.private_ip]
             on_event(Event("wait", f"{len(ready)}/{count} nodes running"))
             if len(ready) >= count:
+                if not nodes[0].public_ip and res.multi_card(nodes[0].instance_type):
+                    self._address_head(cluster, region, nodes[0], on_event)
+                    continue
                 addresses = [a for n in nodes for a in (n.public_ip, n.private_ip) if a]
                 access.known_hosts(self.home, cluster, addresses)  # pin the host key
                 return nodes
@@ -280,12 +283,31 @@ class AwsProvider:
                 )  # fmt: skip
             time.sleep(self.poll_s)
 
+    def _address_head(self, cluster: str, region: str, head: NodeInfo, on_event: OnEvent) -> None:
+        """Multi-card nodes get no public IPv4: give the head an Elastic IP (the others are
+        reached through it, see `executor`)."""
+        if head.index != 0 or not head.extra.get("interface"):
+            raise ProviderError("aws", "NoHead", f"cluster {cluster!r} has no node 0 to address")
+        with aws_errors(region):
+            address = res.ensure_head_address(
+                self.clients.ec2(region), cluster, self.owner, str(head.extra["interface"])
+            )
+        on_event(Event("node", f"Elastic IP {address} for the head", node=0))
+
     # -- describe / terminate -------------------------------------------------------------
 
     def _describe_region(self, cluster: str, region: str) -> list[NodeInfo]:
         with aws_errors(region):
             instances = res.live_instances(self.clients.ec2(region), cluster)
-        return sorted((self._node(cluster, region, i) for i in instances), key=lambda n: n.index)
+        nodes = sorted((self._node(cluster, region, i) for i in instances), key=lambda n: n.index)
+        head = nodes[0].public_ip if nodes and nodes[0].index == 0 else None
+        if head:  # nodes without a public address are reached through the head
+            nodes = [
+                n if n.public_ip else dataclasses.replace(
+                    n, extra=MappingProxyType({**n.extra, "jump": head}))
+                for n in nodes
+            ]  # fmt: skip
+        return nodes
 
     def describe(self, cluster: str) -> list[NodeInfo]:
         nodes = [n for region in self.regions() for n in self._describe_region(cluster, region)]
@@ -298,6 +320,12 @@ class AwsProvider:
         else:
             index = expand(tags.get(TAG_NODES, "0"))[int(inst.get("AmiLaunchIndex", 0))]
         state = str(inst["State"]["Name"])
+        primary = [
+            n["NetworkInterfaceId"]
+            for n in inst.get("NetworkInterfaces", [])
+            if n.get("Attachment", {}).get("DeviceIndex") == 0
+            and n["Attachment"].get("NetworkCardIndex", 0) == 0
+        ]
         return NodeInfo(
             cluster=cluster,
             index=index,
@@ -314,6 +342,7 @@ class AwsProvider:
                     "python": f"/home/{NODE_USER}/.cloudtrain/venv/bin/python",
                     "user": NODE_USER,
                     "spot": inst.get("InstanceLifecycle") == "spot",
+                    "interface": primary[0] if primary else None,
                 }
             ),
         )
@@ -361,11 +390,15 @@ class AwsProvider:
         return sorted(names - {""})
 
     def executor(self, node: NodeInfo) -> SshExecutor:
-        """SSH as ``cloudtrain`` to the node's public address (its private one when it has
-        none), with the cluster's key and its pinned host key."""
-        address = node.public_ip or node.private_ip
+        """SSH as ``cloudtrain`` to the node's public address, or through the head to its
+        private one (multi-card nodes have no public address), with the cluster's key and its
+        pinned host key."""
+        options = access.ssh_options(self.home, node.cluster)
+        address = node.public_ip
+        if not address and node.extra.get("jump") and node.private_ip:
+            options += access.jump_options(options, str(node.extra["jump"]), NODE_USER)
+            address = node.private_ip
+        address = address or node.private_ip
         if not address:
             raise ProviderError("aws", "NoAddress", f"node {node.index} has no address yet")
-        return SshExecutor(
-            address, user=NODE_USER, options=access.ssh_options(self.home, node.cluster)
-        )
+        return SshExecutor(address, user=NODE_USER, options=options)

@@ -19,7 +19,8 @@ def leftovers(ec2: Any, cluster: str, *, tag_key: str = CLUSTER_TAG) -> dict[str
     """What still exists with tag ``tag_key=cluster``, by kind; every kind is always present.
 
     Kinds: ``instances`` (ids, not terminated), ``security_groups`` (ids), ``key_pairs``
-    (names), ``placement_groups`` (names), ``volumes`` (ids), ``network_interfaces`` (ids).
+    (names), ``placement_groups`` (names), ``volumes`` (ids), ``network_interfaces`` (ids),
+    ``addresses`` (Elastic IP allocation ids).
     Read-only: one describe call per kind (paginated where EC2 paginates).
     """
     tagged = [{"Name": f"tag:{tag_key}", "Values": [cluster]}]
@@ -44,6 +45,9 @@ def leftovers(ec2: Any, cluster: str, *, tag_key: str = CLUSTER_TAG) -> dict[str
         "network_interfaces": [
             n["NetworkInterfaceId"]
             for n in pages("describe_network_interfaces", "NetworkInterfaces", Filters=tagged)
+        ],
+        "addresses": [
+            a["AllocationId"] for a in ec2.describe_addresses(Filters=tagged)["Addresses"]
         ],
     }
 

@@ -168,6 +168,15 @@ def set_instance_placement(region: str, instance_ids: list[str], name: str, grou
             instance.placement.group_id = group_id
 
 
+def drop_public_ips(region: str, instance_ids: list[str]) -> None:
+    """EC2 gives no public IPv4 to an instance launched with several network interfaces (it
+    refuses ``AssociatePublicIpAddress`` there); moto gives one anyway. This takes it back."""
+    for instance in ec2_backend(region).all_instances():
+        if instance.id in instance_ids:
+            for nic in instance.nics.values():
+                nic.public_ip = None
+
+
 def register_dlami(ec2: Any, *, name: str = DLAMI_NAME) -> str:
     """Registers a Deep Learning AMI as AWS publishes it; returns its image id.
 

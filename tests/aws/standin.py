@@ -15,6 +15,7 @@ to it over HTTP. ``StandInApp``, the middleware, fills moto's gaps and watches t
   (and this stand-in) answers the first launch again, or ``IdempotentParameterMismatch`` when the
   other parameters differ. botocore fills in a token when the caller gives none, and a retry
   resends the same one;
+- gives **no public IPv4 to multi-interface launches** (EFA on p4d/p4de), as EC2 does;
 - on start and ``reset``, re-applies the offering and instance-type shims of ``moto_gaps.py``.
 
 Faults and retries: botocore retries HTTP 500/502/503/504 and throttling codes
@@ -355,6 +356,8 @@ class StandInApp:
         if group is not None:
             self.placement_groups.launched(group, instance_ids)
             moto_gaps.set_instance_placement(call.region, instance_ids, group.name, group.group_id)
+        if len(call.indexed("NetworkInterface")) > 1:
+            moto_gaps.drop_public_ips(call.region, instance_ids)
         if token[1]:
             with self._lock:
                 self._launches[token] = (call.params, answer.body)

@@ -88,7 +88,8 @@ def test_apply_makes_a_gang_in_one_call_with_the_exact_request(make: Make, aws: 
     assert all(n.private_ip for n in nodes)
     assert {n.zone for n in nodes} == {"us-east-1a"}
     assert mutations(aws) == ["CreateSecurityGroup", "AuthorizeSecurityGroupIngress",
-                              "ImportKeyPair", "CreatePlacementGroup", "RunInstances"]  # fmt: skip
+                              "ImportKeyPair", "CreatePlacementGroup", "RunInstances",
+                              "AllocateAddress", "AssociateAddress"]  # fmt: skip
     run = aws.app.calls("RunInstances")[0]
     p = run.params
     assert (p["MinCount"], p["MaxCount"]) == ("4", "4")
@@ -122,6 +123,36 @@ def test_apply_makes_a_gang_in_one_call_with_the_exact_request(make: Make, aws: 
         group["GroupId"]
     ]
     assert rules[("-1", None, None)]["IpRanges"] == []
+
+
+def test_multi_card_nodes_are_reached_through_the_head_s_elastic_ip(
+    make: Make, aws: StandIn
+) -> None:
+    """p4d has 4 network cards: EC2 gives it no public IPv4, so the head gets an Elastic IP
+    and the other nodes are reached through it with the same key and pinned host keys."""
+    provider = make()
+    nodes = provider.apply(provider.plan(a100(nodes=3)))
+    (address,) = aws.client("ec2").describe_addresses(
+        Filters=[{"Name": "tag:cloudtrain:cluster", "Values": ["exp1"]}]
+    )["Addresses"]
+    assert nodes[0].public_ip == address["PublicIp"]
+    assert address["NetworkInterfaceId"] == nodes[0].extra["interface"]
+    assert [n.public_ip for n in nodes[1:]] == [None, None]
+    assert {n.extra["jump"] for n in nodes[1:]} == {address["PublicIp"]}
+    pinned = (provider.home / "keys" / "exp1" / "known_hosts").read_text().split()
+    assert {address["PublicIp"], *(n.private_ip for n in nodes)} <= set(pinned)
+    head, other = provider.executor(nodes[0]), provider.executor(nodes[2])
+    assert head.host == address["PublicIp"]
+    assert "ProxyCommand" not in " ".join(head._options)
+    assert other.host == nodes[2].private_ip
+    proxy = next(o for o in other._options if o.startswith("ProxyCommand="))
+    assert proxy.endswith(f"-W %h:%p cloudtrain@{address['PublicIp']}")
+    assert "StrictHostKeyChecking=yes" in proxy
+    assert "known_hosts" in proxy
+    assert provider.apply(provider.plan(a100(nodes=3))) == provider.describe("exp1")
+    assert len(aws.app.calls("AllocateAddress")) == 1, "a second up re-uses the address"
+    provider.terminate("exp1")
+    everywhere_empty(aws, "exp1")
 
 
 def test_secrets_stay_home_and_the_key_is_0600(make: Make, aws: StandIn, tmp_path: Path) -> None:
@@ -249,7 +280,8 @@ class Crash(Exception):
 
 
 MUTATING = ["CreateSecurityGroup", "AuthorizeSecurityGroupIngress", "ImportKeyPair",
-            "CreatePlacementGroup", "RunInstances"]  # fmt: skip
+            "CreatePlacementGroup", "RunInstances", "AllocateAddress",
+            "AssociateAddress"]  # fmt: skip
 
 
 @pytest.mark.parametrize("operation", MUTATING)

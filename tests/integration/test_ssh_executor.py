@@ -161,3 +161,27 @@ def test_a_live_connection_is_never_reused_under_another_known_hosts(
     with pytest.raises(ProviderError, match="did not present the cluster's pinned host key"):
         other.run(["true"])
     trusted.close()
+
+
+def test_a_node_without_a_public_address_is_reached_through_the_head(
+    hosts: tuple[Path, list[SshHost]],
+) -> None:
+    """What AWS does for multi-card nodes: ssh hops through the head (here 127.0.0.7) with the
+    cluster's key and pinned host keys, so a node is unreachable once the head is gone."""
+    home, (_, node) = hosts
+    host_private, user_public = access.host_key(home, "c1")[0], access.cluster_key(home, "c1")[1]
+    head = SshHost(home.parent / "head", "127.0.0.7", host_private, user_public)
+    access.known_hosts(home, "c1", [h.address for h in (*hosts[1], head)])
+    options = access.ssh_options(home, "c1")
+    hop = access.jump_options(options, head.host, "root", head.port)
+    through = SshExecutor(node.host, user="root", port=node.port, options=[*options, *hop],
+                          connect_timeout_s=1, retry_s=0.2)  # fmt: skip
+    try:
+        assert through.run(["echo", "hello"]).stdout == "hello\n"
+        through.close()
+        head.stop()
+        with pytest.raises(ProviderError, match=r"cannot reach root@127\.0\.0\.3"):
+            through.run(["true"])
+    finally:
+        head.stop()
+        access.known_hosts(home, "c1", [h.address for h in hosts[1]])
