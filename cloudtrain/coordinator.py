@@ -15,6 +15,7 @@ Job lifecycle (the ``status`` column)::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -27,8 +28,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from cloudtrain.errors import CommandError, JobError, NotFoundError
-from cloudtrain.executors.base import Executor, RunResult, fan_out
+from cloudtrain.errors import CommandError, JobError, NotFoundError, ProviderError
+from cloudtrain.executors.base import SSH_FAILED, Executor, RunResult, fan_out
 from cloudtrain.provider import NodeInfo, Provider
 from cloudtrain.state import JobRecord, State
 from cloudtrain.torchrun import Launch, entrypoint_args, read_failure
@@ -254,8 +255,15 @@ class Coordinator:
         return nodes
 
     def _status(self, node: NodeInfo, job_id: str) -> dict[str, Any]:
-        out = self._agent(node, "status", _job_dir(node, job_id)).check().stdout
-        return dict(json.loads(out))
+        """The job's state on `node` as its agent reads it, or ``{"unreachable": why}`` when
+        the node cannot be reached (the job may still run there)."""
+        try:
+            done = self._agent(node, "status", _job_dir(node, job_id))
+        except ProviderError as exc:  # could not (re)connect
+            return _unreachable(str(exc))
+        if done.returncode == SSH_FAILED:  # the connection broke; the agent never exits 255
+            return _unreachable(done.stderr.strip().splitlines()[-1:] or ["connection lost"])
+        return dict(json.loads(done.check().stdout))
 
     def _read_log(self, node: NodeInfo, job_id: str, tail: int | None = None) -> str:
         args = ["follow", "--once", _job_dir(node, job_id)]
@@ -274,10 +282,27 @@ class Coordinator:
         return self._conclude(rec, nodes, statuses)
 
     def _conclude(
-        self, rec: JobRecord, nodes: Sequence[NodeInfo], statuses: Sequence[Mapping[str, Any]]
+        self,
+        rec: JobRecord,
+        nodes: Sequence[NodeInfo],
+        statuses: Sequence[Mapping[str, Any]],
+        *,
+        lost: Mapping[int, str] | None = None,
     ) -> JobRecord:
-        if any(s["exit_code"] is None and s["alive"] for s in statuses):
-            return rec  # still running somewhere
+        """Record each node's state and, once no node runs the job, its outcome. A node that
+        cannot be reached keeps the job open, unless `lost` says its host went away while
+        the job was followed (then the job failed there)."""
+        lost = lost or {}
+        states = [node_state(s) for s in statuses]
+        self.state.update_job(rec.id, detail={"nodes": states})
+        if any(s["state"] == "running" for s in states):
+            return self._job(rec.id)
+        gone = [(n, s) for n, s in zip(nodes, states, strict=True) if s["state"] == "unreachable"]
+        if any(n.index not in lost for n, _ in gone):
+            return self._job(rec.id)  # cannot tell yet
+        if gone:
+            node, why = gone[0][0], lost[gone[0][0].index]
+            return self._fail(rec, node, -1, f"went away ({why})", "")
         codes = [s["exit_code"] for s in statuses]
         now = time.time()
         if any(s["cancelled"] for s in statuses):
@@ -297,13 +322,16 @@ class Coordinator:
             return self._job(rec.id)
         _, node, code = min(failed, key=lambda f: (f[0], f[1].index))
         failure = read_failure(self._read_log(node, rec.id, tail=80))
-        reason = failure.reason(code)
-        tail = failure.tail
+        return self._fail(rec, node, code, failure.reason(code), failure.tail)
+
+    def _fail(
+        self, rec: JobRecord, node: NodeInfo, code: int | None, reason: str, tail: str
+    ) -> JobRecord:
         self.state.update_job(
             rec.id,
             status="failed",
             exit_code=code if code is not None else -1,
-            ended_at=now,
+            ended_at=time.time(),
             detail={"failed_node": node.index, "reason": reason, "log_tail": tail},
         )
         self.state.add_event(
@@ -318,6 +346,7 @@ class Coordinator:
         rec = self._job(job_id)
         nodes = self._job_nodes(rec)
         stop_once = threading.Lock()
+        lost: dict[int, str] = {}
 
         def watch(node: NodeInfo) -> None:
             copy_dir = self.home / "logs" / job_id
@@ -328,17 +357,18 @@ class Coordinator:
                     copy.write(line + "\n")
                     on_line(node.index, line)
 
-                self._agent(node, "follow", _job_dir(node, job_id), timeout=None, on_output=emit)
+                with contextlib.suppress(ProviderError):  # unreachable: the status says so
+                    self._agent(node, "follow", _job_dir(node, job_id), timeout=None,
+                                on_output=emit)  # fmt: skip
             status = self._status(node, job_id)
+            if "unreachable" in status:
+                lost[node.index] = status["unreachable"]
             failed = status["exit_code"] != 0 and not status["cancelled"]
             if failed and stop_once.acquire(blocking=False):
-                log.info(
-                    "job %s: node %d exited %s; stopping the others",
-                    job_id,
-                    node.index,
-                    status["exit_code"],
-                )
-                self._stop(job_id, [n for n in nodes if n is not node], mark=False)
+                log.info("job %s: node %d %s; stopping the others", job_id, node.index,
+                         node_state(status)["state"])  # fmt: skip
+                others = [n for n in nodes if n is not node and n.index not in lost]
+                self._stop(job_id, others, mark=False)
 
         threads = [threading.Thread(target=watch, args=(n,), daemon=True) for n in nodes]
         for t in threads:
@@ -346,7 +376,11 @@ class Coordinator:
         while any(t.is_alive() for t in threads):
             for t in threads:
                 t.join(timeout=0.2)
-        return self.refresh(job_id)
+        rec = self._job(job_id)
+        if rec.finished:
+            return rec
+        statuses = fan_out(lambda n: self._status(n, job_id), nodes)
+        return self._conclude(rec, nodes, statuses, lost=lost)
 
     def logs(self, job_id: str, on_line: OnLine, *, follow: bool = False) -> JobRecord:
         """Print a job's logs from its nodes (or the copy kept when its cluster is gone)."""
@@ -427,6 +461,24 @@ class Coordinator:
             raise JobError(rec.id, "cancelled", cancelled=True)
         where = f"node {rec.detail.get('failed_node')} {rec.detail.get('reason', '')}".strip()
         raise JobError(rec.id, f"failed: {where}")
+
+
+def _unreachable(why: str | Sequence[str]) -> dict[str, Any]:
+    text = why if isinstance(why, str) else " ".join(why)
+    return {"unreachable": text, "exit_code": None, "alive": False, "cancelled": False}
+
+
+def node_state(status: Mapping[str, Any]) -> dict[str, Any]:
+    """One node's part in a job, for `status`: ``running``, ``exited`` (with its code),
+    ``cancelled``, ``vanished`` (no process and no exit code) or ``unreachable``."""
+    if "unreachable" in status:
+        return {"state": "unreachable", "exit_code": None, "why": status["unreachable"]}
+    code = status["exit_code"]
+    if code is None:
+        state = "running" if status["alive"] else "vanished"
+    else:
+        state = "cancelled" if status["cancelled"] else "exited"
+    return {"state": state, "exit_code": code}
 
 
 def _first_nonzero(codes: Sequence[int | None]) -> int | None:

@@ -3,7 +3,9 @@ each with its own config, host key, port and authorized_keys, stopped by PID aft
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -42,17 +44,31 @@ class SshHost:
             "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nMaxSessions 100\n"
             "MaxStartups 100\n"
         )
+        self._argv = [sshd, "-D", "-e", "-f", str(config)]
+        self.start()
+
+    def start(self) -> None:
+        """Start (again, after `cut`) listening on the same address and port."""
         Path("/run/sshd").mkdir(exist_ok=True)
-        self.proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(config)],
-                                     stderr=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(self._argv, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with socket.socket() as s:
-                if s.connect_ex((host, self.port)) == 0:
+                if s.connect_ex((self.host, self.port)) == 0:
                     return
             time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"sshd on {host}:{self.port} did not start")
+        raise RuntimeError(f"sshd on {self.host}:{self.port} did not start")
+
+    def cut(self) -> None:
+        """The host goes away: the listener and every connection's sshd die at once (what
+        they started in a session of its own, like a detached job, lives on: the test kills
+        it, as the host's death would)."""
+        doomed = [self.proc.pid, *_descendants(self.proc.pid, comm="sshd")]
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
 
     @property
     def address(self) -> str:
@@ -63,6 +79,25 @@ class SshHost:
         if self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=10)
+
+
+def _descendants(root: int, comm: str) -> list[int]:
+    """PIDs below `root` (any depth) whose command name is `comm`, from /proc."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            text = stat.read_text()
+            pid, rest = int(text.split(" ", 1)[0]), text.rsplit(")", 1)[1].split()
+            names[pid] = text[text.index("(") + 1 : text.rindex(")")]
+            children.setdefault(int(rest[1]), []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            todo.append(child)
+            if names.get(child) == comm:
+                found.append(child)
+    return found
 
 
 def keygen(path: Path) -> str:

@@ -45,6 +45,11 @@ def cluster_options(fn: Any) -> Any:
             "--hosts", help="ssh provider: user@address[:port],… (the first is the head)."
         ),
         click.option(
+            "--inventory",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="ssh provider: a YAML file of hosts (user, port, key, GPUs per host).",
+        ),
+        click.option(
             "--identity",
             type=click.Path(dir_okay=False, path_type=Path),
             help="ssh provider: the private key to log in with.",
@@ -94,8 +99,13 @@ def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
 
     hosts = flags.get("hosts")
     num_nodes = flags.get("num_nodes")
+    inventory = flags.get("inventory")
     if hosts and num_nodes is None:
         num_nodes = len([h for h in str(hosts).split(",") if h.strip()])
+    if inventory and num_nodes is None:
+        from cloudtrain.providers.ssh.hosts import load_inventory
+
+        num_nodes = len(load_inventory(Path(inventory)).hosts)
     overrides = {
         "name": flags.get("name"),
         "provider": flags.get("provider"),
@@ -113,6 +123,7 @@ def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
     task = with_access(task, flags.get("ssh_cidr"))
     ssh = {
         "hosts": hosts,
+        "inventory": str(Path(inventory).resolve()) if inventory else None,
         "identity": str(Path(flags["identity"]).resolve()) if flags.get("identity") else None,
         "known_hosts": str(Path(flags["known_hosts"]).resolve())
         if flags.get("known_hosts")

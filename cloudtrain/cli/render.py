@@ -104,7 +104,9 @@ def clusters_table(clusters: Sequence[ClusterRecord], node_counts: dict[str, int
 
 def jobs_table(jobs: Sequence[JobRecord]) -> Table:
     table = Table(title="jobs", title_justify="left")
-    for col in ("job", "cluster", "name", "status", "nodes×procs", "started", "duration", "exit"):
+    columns = ("job", "cluster", "name", "status", "nodes×procs", "on each node", "started",
+               "duration", "exit")  # fmt: skip
+    for col in columns:
         table.add_column(col)
     for j in jobs:
         style = JOB_STYLES.get(j.status)
@@ -115,11 +117,24 @@ def jobs_table(jobs: Sequence[JobRecord]) -> Table:
             j.name,
             status,
             f"{j.num_nodes}×{j.nproc_per_node}",
+            node_states(j),
             ago(j.started_at),
             duration(j.started_at, j.ended_at),
             "-" if j.exit_code is None else str(j.exit_code),
         )
     return table
+
+
+def node_states(job: JobRecord) -> str:
+    """``0 running, 1 exited 1`` from the states the last refresh read on the nodes."""
+    states = job.detail.get("nodes") or []
+    return (
+        ", ".join(
+            f"{i} {s['state']}" + (f" {s['exit_code']}" if s["state"] == "exited" else "")
+            for i, s in enumerate(states)
+        )
+        or "-"
+    )
 
 
 def gpus_table(rows: Sequence[InstanceType], spot: bool, prices_read_on: str) -> Table:

@@ -18,6 +18,9 @@ from cloudtrain.errors import CommandError
 #: Directory entries never copied to a node by `put`, besides what `.cloudtrainignore` names.
 DEFAULT_EXCLUDES = (".git", ".venv", "venv", "__pycache__", ".mypy_cache", ".pytest_cache")
 IGNORE_FILE = ".cloudtrainignore"
+#: ssh's own exit status when it could not connect, or lost the connection (the remote command
+#: may still be running); no command cloudtrain runs on a node exits with it.
+SSH_FAILED = 255
 
 #: Starts "$@" detached: its own session, stdin from /dev/null, stdout+stderr to
 #: JOB_DIR/node.log; writes JOB_DIR/pid now and JOB_DIR/exit_code (atomically) when it ends;

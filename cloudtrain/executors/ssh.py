@@ -30,8 +30,6 @@ from cloudtrain.executors.local import LocalExecutor
 
 log = logging.getLogger(__name__)
 
-#: ssh's own exit status when it could not connect or authenticate (the command never ran).
-SSH_FAILED = 255
 HOST_KEY_CHANGED = ("REMOTE HOST IDENTIFICATION HAS CHANGED", "Host key verification failed")
 UNREACHABLE = ("Connection refused", "Connection timed out", "No route to host",
                "Connection reset", "Could not resolve hostname", "Connection closed")  # fmt: skip

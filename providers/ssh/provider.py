@@ -1,10 +1,12 @@
 """Bring-your-own machines over SSH. See the package docstring for what it needs.
 
-Options (``--hosts``, ``--identity``, ``--known-hosts``, ``--python``; stored in the cluster's
-spec): ``hosts`` (``user@address[:port]``, comma-separated or a list; the first is the head),
-``identity`` (private key; default ``~/.ssh/id_ed25519``), ``known_hosts`` (default
-``~/.ssh/known_hosts``), ``python`` (default ``python3``), ``bootstrap_phases`` (the check-only
-phases `up` runs; default ``python torch cloudtrain verify``). Connections are multiplexed and
+Options (``--hosts`` or ``--inventory``, ``--identity``, ``--known-hosts``, ``--python``; stored
+in the cluster's spec): ``hosts`` (``user@address[:port]``, comma-separated or a list; the first
+is the head), ``inventory`` (a YAML file of hosts with per-host user, port, key and GPUs: see
+`cloudtrain.providers.ssh.hosts`), ``identity`` (private key; default ``~/.ssh/id_ed25519``),
+``known_hosts`` (default ``~/.ssh/known_hosts``), ``python`` (default ``python3``),
+``bootstrap_phases`` (the check-only phases `up` runs; default ``python torch cloudtrain
+verify``). Connections are multiplexed and
 kept ``ControlPersist`` seconds, so the commands of one CLI run share one per host. On each
 host, node *i* of cluster *c* lives in ``~/.cloudtrain/c/node-i/``; its ``node.json`` is the
 "tag" `describe` reads.
@@ -15,7 +17,6 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -34,6 +35,7 @@ from cloudtrain.provider import (
     ProviderContext,
     ignore_event,
 )
+from cloudtrain.providers.ssh.hosts import Host, load_inventory, parse_hosts
 from cloudtrain.spec import ClusterSpec
 
 #: What `apply` learns of a host, printed as one JSON line by its Python.
@@ -55,37 +57,6 @@ print(json.dumps({
 """
 
 
-@dataclass(frozen=True)
-class Host:
-    user: str
-    address: str
-    port: int = 22
-
-    @classmethod
-    def parse(cls, text: str) -> Host:
-        user, at, rest = text.strip().rpartition("@")
-        address, colon, port = rest.rpartition(":") if rest.count(":") == 1 else (rest, "", "")
-        if not at or not user or not (address or rest) or (colon and not port.isdigit()):
-            raise ConfigError(f"--hosts entry {text!r}: write user@address or user@address:port")
-        return cls(user, address or rest, int(port) if colon else 22)
-
-    def __str__(self) -> str:
-        return f"{self.user}@{self.address}:{self.port}"
-
-
-def parse_hosts(value: object) -> list[Host]:
-    if isinstance(value, str):
-        items: list[object] = list(value.split(","))
-    elif isinstance(value, list | tuple):
-        items = list(value)
-    else:
-        items = []
-    hosts = [Host.parse(str(item)) for item in items if str(item).strip()]
-    if len({(h.address, h.port) for h in hosts}) != len(hosts):
-        raise ConfigError("--hosts lists the same host twice")
-    return hosts
-
-
 class SshProvider:
     """Clusters on machines you already have."""
 
@@ -98,28 +69,41 @@ class SshProvider:
         opts = context.options
         self.home = context.home
         self.hosts = parse_hosts(opts.get("hosts"))
-        self.identity = Path(str(opts.get("identity") or "~/.ssh/id_ed25519")).expanduser()
-        self.known_hosts = Path(str(opts.get("known_hosts") or "~/.ssh/known_hosts")).expanduser()
-        self.python = str(opts.get("python") or "python3")
+        defaults: dict[str, str | None] = {}
+        if opts.get("inventory"):
+            if self.hosts:
+                raise ConfigError("give --hosts or --inventory, not both")
+            inventory = load_inventory(Path(str(opts["inventory"])))
+            self.hosts = list(inventory.hosts)
+            defaults = {"identity": inventory.identity, "known_hosts": inventory.known_hosts,
+                        "python": inventory.python}  # fmt: skip
+        identity = opts.get("identity") or defaults.get("identity") or "~/.ssh/id_ed25519"
+        known = opts.get("known_hosts") or defaults.get("known_hosts") or "~/.ssh/known_hosts"
+        self.identity = Path(str(identity)).expanduser()
+        self.known_hosts = Path(str(known)).expanduser()
+        self.python = str(opts.get("python") or defaults.get("python") or "python3")
         # Hosts that exist already: a refused connection is an answer, not a machine booting.
         self.connect_timeout_s = float(opts.get("connect_timeout_s", 3))
         self.phases = str(opts.get("bootstrap_phases") or "python torch cloudtrain verify")
 
     def _executor(self, host: Host) -> SshExecutor:
+        identity = Path(host.identity) if host.identity else self.identity
         return SshExecutor(
             host.address, user=host.user, port=host.port,
-            options=access.client_options(self.identity, self.known_hosts),
+            options=access.client_options(identity, self.known_hosts),
             connect_timeout_s=self.connect_timeout_s, retry_s=1.0,
         )  # fmt: skip
 
     def plan(self, spec: ClusterSpec) -> Plan:
         if not self.hosts:
-            raise ConfigError("provider 'ssh' needs --hosts user@address[:port],…")
+            raise ConfigError("provider 'ssh' needs --hosts user@address[:port],… or --inventory")
         if spec.num_nodes > len(self.hosts):
             raise ConfigError(
                 f"num_nodes {spec.num_nodes} is more than the {len(self.hosts)} --hosts given"
             )
-        for path, flag in ((self.identity, "--identity"), (self.known_hosts, "--known-hosts")):
+        keys = [(self.identity, "--identity"), (self.known_hosts, "--known-hosts")]
+        keys += [(Path(h.identity), f"identity of {h}") for h in self.hosts if h.identity]
+        for path, flag in keys:
             if not path.is_file():
                 raise ConfigError(f"{flag} {str(path)!r} is not a file")
         if spec.resources.spot or spec.resources.region or spec.resources.image:
@@ -144,6 +128,9 @@ class SshProvider:
         for index, (host, fact) in enumerate(zip(hosts, facts, strict=True)):
             on_event(Event("node", f"{host}: Python {fact['python']}, {fact['cpus']} CPUs, "
                                    f"{fact['gpus']} GPUs", node=index))  # fmt: skip
+            if host.gpus is not None and fact["gpus"] != host.gpus:
+                raise ConfigError(f"{host}: the inventory says {host.gpus} GPUs, nvidia-smi "
+                                  f"shows {fact['gpus']}")  # fmt: skip
             if spec.resources.count and fact["gpus"] < spec.resources.count:
                 raise ConfigError(f"{host} has {fact['gpus']} GPUs, not {spec.resources.count}")
         fan_out(lambda i: self._make_node(spec, i, hosts[i], facts[i]), list(range(len(hosts))))
@@ -205,6 +192,7 @@ class SshProvider:
             extra=MappingProxyType({
                 "root": self._root(tags["home"], cluster, index), "python": self.python,
                 "user": host.user, "port": host.port, "ifname": tags.get("ifname", ""),
+                "identity": host.identity, "gpus": tags.get("gpus", 0),
             }),
         )  # fmt: skip
 
@@ -249,8 +237,9 @@ class SshProvider:
         return sorted({n for found in fan_out(names, self.hosts) for n in found})
 
     def executor(self, node: NodeInfo) -> SshExecutor:
+        key = node.extra.get("identity")
         return self._executor(Host(str(node.extra["user"]), str(node.private_ip),
-                                   int(node.extra["port"])))  # fmt: skip
+                                   int(node.extra["port"]), key and str(key)))  # fmt: skip
 
 
 __all__: Sequence[str] = ["Host", "SshProvider", "parse_hosts"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,3 +103,64 @@ def test_a_wrong_host_key_is_refused(sh: Shell, lab: Lab, name: str, tmp_path: P
     result = sh(*args)
     assert result.returncode == 3
     assert "did not present the cluster's pinned host key" in result.stderr
+
+
+def test_a_host_that_goes_away_mid_job_fails_the_job_naming_it(
+    sh: Shell, tmp_path: Path, name: str
+) -> None:
+    """Its own two hosts (one of them is cut): the job is marked failed with the node that went
+    away, and the reachable node's ranks are stopped."""
+    lab = Lab(tmp_path / "lab", addresses=(10, 11))
+    try:
+        assert sh(*lab.up_args(name)).returncode == 0
+        proc = sh.popen("train", "-c", name, str(SCRIPTS / "sleeper.py"))
+        assert proc.stdout is not None
+        seen: set[str] = set()
+        for line in proc.stdout:
+            seen |= {n for n in ("[node 0] tick 2", "[node 1] tick 2") if n in line}
+            if len(seen) == 2:
+                break
+        lab.hosts[1].cut()
+        out, _ = proc.communicate(timeout=120)
+        job = sh.status()["jobs"][0]
+        assert proc.returncode == 1, out
+        assert f"job {job['id']}: failed: node 1 went away (ssh: " in out
+        assert job["detail"]["failed_node"] == 1
+        assert [s["state"] for s in job["detail"]["nodes"]] == ["exited", "unreachable"]
+        head_root = Path.home() / ".cloudtrain" / name / "node-0"
+        assert not agent.find_processes({"CLOUDTRAIN_NODE_ROOT": str(head_root),
+                                         "CLOUDTRAIN_JOB_ID": job["id"]})  # fmt: skip
+        agent.kill_matching({"CLOUDTRAIN_JOB_ID": job["id"]}, grace_s=2)  # the host died
+        lab.hosts[1].start()
+        assert sh("down", name).returncode == 0
+    finally:
+        lab.stop()
+
+
+def test_up_from_an_inventory_file_checks_each_host_s_gpus(
+    sh: Shell, lab: Lab, name: str, tmp_path: Path
+) -> None:
+    first, second = lab.hosts
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text(
+        f"user: root\nidentity: {lab.identity}\nknown_hosts: {lab.known_hosts}\n"
+        f"python: {sys.executable}\nhosts:\n"
+        f"  - {{address: {first.host}, port: {first.port}, gpus: 0}}\n"
+        f"  - root@{second.host}:{second.port}\n"
+    )
+    up = sh("up", "--provider", "ssh", "--name", name, "--inventory", str(inventory))
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert f"cluster {name} is up: 2 node(s)" in up.stdout
+    nodes = sh.status()["clusters"][0]["nodes"]
+    assert [(n["private_ip"], n["extra"]["port"]) for n in nodes] == [
+        (first.host, first.port), (second.host, second.port)
+    ]  # fmt: skip
+    assert sh("down", name).returncode == 0
+
+    inventory.write_text(inventory.read_text().replace("gpus: 0", "gpus: 8"))
+    wrong = sh("up", "--provider", "ssh", "--name", name, "--inventory", str(inventory))
+    assert wrong.returncode == 2, wrong.stderr
+    assert f"root@{first.host}:{first.port}: the inventory says 8 GPUs, nvidia-smi shows 0" in (
+        wrong.stderr
+    )
+    assert not (Path.home() / ".cloudtrain" / name).exists(), "nothing written on a bad input"

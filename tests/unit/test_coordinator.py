@@ -23,9 +23,13 @@ class Node:
 
     def __init__(self) -> None:
         self.exit_codes: dict[str, int | None] = {}
+        #: node roots whose host no longer answers (ssh exits 255)
+        self.lost: set[str] = set()
 
     def __call__(self, call: Call) -> RunResult:
         argv = call.argv
+        if len(argv) > 4 and argv[4].split("/jobs/")[0] in self.lost:
+            return RunResult(argv, 255, "", "Timeout, server 10.0.0.2 not responding.")
         if argv[1:4] == ("-m", "cloudtrain.node", "port"):
             return RunResult(argv, 0, "29555\n", "")
         if argv[1:4] == ("-m", "cloudtrain.node", "status"):
@@ -173,3 +177,44 @@ def test_success_and_unknown_names(setup: Setup) -> None:
         coord.submit("nope", JobSpec(entrypoint=("train.py",)))
     with pytest.raises(NotFoundError):
         coord.refresh("nope-9")
+
+
+def test_refresh_records_each_node_s_state_and_waits_for_an_unreachable_one(
+    setup: Setup,
+) -> None:
+    coord, _, node, state = setup
+    rec = coord.submit("c1", JobSpec(entrypoint=("train.py",)))
+    roots = [n.root for n in state.nodes("c1")]
+    node.exit_codes[roots[0]] = None  # still running
+    node.lost.add(roots[1])
+    now = coord.refresh(rec.id)
+    assert now.status == "running"
+    assert now.detail["nodes"] == [
+        {"state": "running", "exit_code": None},
+        {"state": "unreachable", "exit_code": None,
+         "why": "Timeout, server 10.0.0.2 not responding."},
+    ]  # fmt: skip
+    node.exit_codes[roots[0]] = 0
+    assert coord.refresh(rec.id).status == "running", "a silent node is no verdict"
+    node.lost.clear()
+    done = coord.refresh(rec.id)
+    assert done.status == "succeeded"
+    assert done.detail["nodes"] == [{"state": "exited", "exit_code": 0}] * 2
+
+
+def test_a_host_that_goes_away_while_followed_fails_the_job_and_stops_the_others(
+    setup: Setup,
+) -> None:
+    coord, provider, node, state = setup
+    rec = coord.submit("c1", JobSpec(entrypoint=("train.py",)))
+    head, other = state.nodes("c1")
+    node.lost.add(other.root)
+    done = coord.follow(rec.id, lambda i, line: None)
+    assert done.status == "failed"
+    assert done.detail["failed_node"] == 1
+    assert done.detail["reason"] == ("went away (Timeout, server 10.0.0.2 not responding.)")
+    kills = [c for c in provider.executors[head.node_id].calls
+             if c.argv[1:4] == ("-m", "cloudtrain.node", "kill")]  # fmt: skip
+    assert kills, "the reachable node is stopped"
+    with pytest.raises(JobError, match="node 1 went away"):
+        coord.raise_for_status(done)

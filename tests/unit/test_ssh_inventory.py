@@ -1,0 +1,74 @@
+"""The ssh provider's host list: ``--hosts`` and inventory files, and their errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.errors import ConfigError
+from cloudtrain.providers.ssh.hosts import Host, load_inventory, parse_hosts
+
+INVENTORY = """\
+user: ubuntu
+identity: keys/lab
+known_hosts: /etc/ssh/known
+python: /opt/venv/bin/python
+gpus: 8
+hosts:
+  - address: 10.0.0.5
+    port: 2222
+  - address: 10.0.0.6
+    user: admin
+    identity: ~/.ssh/other
+    gpus: 4
+  - root@10.0.0.7:23
+  - 10.0.0.8
+"""
+
+
+def test_an_inventory_gives_defaults_that_each_host_may_override(tmp_path: Path) -> None:
+    path = tmp_path / "lab.yaml"
+    path.write_text(INVENTORY)
+    inv = load_inventory(path)
+    assert inv.hosts == (
+        Host("ubuntu", "10.0.0.5", 2222, None, 8),
+        Host("admin", "10.0.0.6", 22, str(Path("~/.ssh/other").expanduser()), 4),
+        Host("root", "10.0.0.7", 23, None, 8),
+        Host("ubuntu", "10.0.0.8", 22, None, 8),
+    )
+    assert inv.identity == str(tmp_path / "keys" / "lab")  # relative to the file
+    assert (inv.known_hosts, inv.python) == ("/etc/ssh/known", "/opt/venv/bin/python")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("hosts: []", "'hosts' must be a non-empty list"),
+        ("host: [a@b]", "unknown field 'host'; did you mean 'hosts'?"),
+        ("hosts: [{address: a, prot: 2}]", r"hosts\[0\]: unknown field 'prot'; did you mean"),
+        ("hosts: [{address: a}]", r"hosts\[0\]: no 'user'"),
+        ("user: u\nhosts: [{address: a, port: x}]", "port 'x' is not a port number"),
+        ("user: u\nhosts: [{address: a, port: 70000}]", "port 70000 is not a port number"),
+        ("user: u\ngpus: -1\nhosts: [a]", r"hosts\[0\]: gpus -1 is not a count"),
+        ("user: u\nhosts: [a, a]", "names the same host twice"),
+        ("user: u\nhosts: [{port: 22}]", r"hosts\[0\]: 'address' is required"),
+        ("- a\n- b", "expected a mapping with 'hosts', got list"),
+        ("hosts: [a: b: c]", "not YAML"),
+    ],
+)
+def test_a_bad_inventory_names_the_file_the_field_and_the_value(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_inventory(path)
+
+
+def test_hosts_flag() -> None:
+    assert parse_hosts("a@h1,b@h2:2200") == [Host("a", "h1"), Host("b", "h2", 2200)]
+    with pytest.raises(ConfigError, match="write user@address"):
+        parse_hosts("h1")
+    with pytest.raises(ConfigError, match=r"not a file|No such file"):
+        load_inventory(Path("/nonexistent/inv.yaml"))
