@@ -97,8 +97,10 @@ def config(
     python: str = "python3",
     root: str = NODE_ROOT,
     nccl_ifname: str | None = None,
+    torch_index: str | None = None,
 ) -> str:
-    """The bootstrap's settings as ``KEY='value'`` lines (shell-quoted: safe to source)."""
+    """The bootstrap's settings as ``KEY='value'`` lines (shell-quoted: safe to source).
+    `torch_index` replaces the wheel index the GPU stack table picks (a mirror)."""
     from cloudtrain.gpustack import stack_for
 
     stack = stack_for(shape.accelerator, shape.instance_type)
@@ -110,7 +112,7 @@ def config(
         "CT_GPU_COUNT": str(shape.count if shape.accelerator else 0),
         "CT_DRIVER_BRANCH": stack.driver_branch or "",
         "CT_MIN_DRIVER": stack.min_driver or "",
-        "CT_TORCH_INDEX": stack.torch_index,
+        "CT_TORCH_INDEX": torch_index or stack.torch_index,
         "CT_TORCH_VERSION": TORCH_SPEC,
         "CT_EFA": "1" if stack.efa else "0",
         "CT_NCCL_SOCKET_IFNAME": nccl_ifname or "",

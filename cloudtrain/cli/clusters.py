@@ -62,7 +62,18 @@ def cluster_options(fn: Any) -> Any:
         click.option(
             "--python",
             "remote_python",
-            help="ssh provider: the Python with torch and cloudtrain on the hosts.",
+            help="ssh provider: use this Python (with torch) on the hosts as it is; without "
+            "it each node gets a venv with torch and cloudtrain.",
+        ),
+        click.option(
+            "--allow-sudo",
+            is_flag=True,
+            default=None,
+            help="ssh provider: may install system packages (python3-venv, rsync, an NVIDIA "
+            "driver where a GPU host lacks one) with sudo.",
+        ),
+        click.option(
+            "--torch-index", help="ssh provider: the pip index to install torch from (a mirror)."
         ),
     ]
     for option in reversed(options):
@@ -129,6 +140,8 @@ def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
         if flags.get("known_hosts")
         else None,
         "python": flags.get("remote_python"),
+        "allow_sudo": flags.get("allow_sudo"),
+        "torch_index": flags.get("torch_index"),
         "max_hours": flags.get("max_hours"),
     }
     extra = {**account(flags), **{k: v for k, v in ssh.items() if v}}

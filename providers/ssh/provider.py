@@ -81,10 +81,19 @@ class SshProvider:
         known = opts.get("known_hosts") or defaults.get("known_hosts") or "~/.ssh/known_hosts"
         self.identity = Path(str(identity)).expanduser()
         self.known_hosts = Path(str(known)).expanduser()
-        self.python = str(opts.get("python") or defaults.get("python") or "python3")
+        python = opts.get("python") or defaults.get("python")
+        self.python = str(python or "python3")
+        # --python: use that interpreter as it is. Without it, each node gets a venv of its own
+        # (in its folder: `down` removes it) with torch and this cloudtrain installed.
+        self.install = not python
+        self.allow_sudo = bool(opts.get("allow_sudo"))
+        self.torch_index = str(opts["torch_index"]) if opts.get("torch_index") else None
         # Hosts that exist already: a refused connection is an answer, not a machine booting.
         self.connect_timeout_s = float(opts.get("connect_timeout_s", 3))
-        self.phases = str(opts.get("bootstrap_phases") or "python torch cloudtrain verify")
+        phases = "python torch cloudtrain verify"
+        if self.allow_sudo:  # packages (python3-venv, rsync; a driver on a GPU host that
+            phases = "base nvidia-driver " + phases  # lacks one) through `sudo -n apt-get`
+        self.phases = str(opts.get("bootstrap_phases") or phases)
 
     def _executor(self, host: Host) -> SshExecutor:
         identity = Path(host.identity) if host.identity else self.identity
@@ -151,10 +160,13 @@ class SshProvider:
 
     def _make_node(self, spec: ClusterSpec, index: int, host: Host, fact: dict[str, Any]) -> None:
         root = self._root(str(fact["home"]), spec.name, index)
-        tags = json.dumps({"cluster": spec.name, "index": index, "host": str(host), **fact})
+        python = f"{root}/venv/bin/python" if self.install else self.python
+        tags = json.dumps({"cluster": spec.name, "index": index, "host": str(host),
+                           "node_python": python, **fact})  # fmt: skip
         shape = bootstrap.NodeShape("ssh", spec.resources.accelerator, spec.resources.count)
-        config = bootstrap.config(shape, install=False, phases=self.phases, python=self.python,
-                                  root=root)  # fmt: skip
+        config = bootstrap.config(shape, install=self.install, phases=self.phases,
+                                  python=self.python, root=root,
+                                  torch_index=self.torch_index)  # fmt: skip
         write = (
             f"mkdir -p {shlex.quote(root)}/bootstrap && cd {shlex.quote(root)} && "
             f"printf '%s\\n' {shlex.quote(tags)} > node.json && "
@@ -186,13 +198,15 @@ class SshProvider:
         if done.returncode != 0:
             return None
         tags = json.loads(done.stdout)
+        root = self._root(tags["home"], cluster, index)
         return NodeInfo(
             cluster=cluster, index=index, node_id=str(host), private_ip=host.address,
             public_ip=None, state="running", zone="byo", instance_type="byo",
             extra=MappingProxyType({
-                "root": self._root(tags["home"], cluster, index), "python": self.python,
+                "root": root, "python": tags.get("node_python", self.python),
                 "user": host.user, "port": host.port, "ifname": tags.get("ifname", ""),
                 "identity": host.identity, "gpus": tags.get("gpus", 0),
+                "bootstrap": (f"{root}/bootstrap/bootstrap.sh", f"{root}/bootstrap/bootstrap.env"),
             }),
         )  # fmt: skip
 

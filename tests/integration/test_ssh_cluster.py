@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -164,3 +165,31 @@ def test_up_from_an_inventory_file_checks_each_host_s_gpus(
         wrong.stderr
     )
     assert not (Path.home() / ".cloudtrain" / name).exists(), "nothing written on a bad input"
+
+
+def test_without_python_each_node_gets_a_venv_with_torch_and_this_cloudtrain(
+    sh: Shell, lab: Lab, name: str, tmp_path: Path
+) -> None:
+    """The install path: a venv per node, torch from a (local) index, the coordinator's wheel
+    copied over SSH when the bootstrap asks for it, then the verify phase; `down` removes it."""
+    wheels = sorted(Path("/opt/wheels").glob("torch-2.*+cpu-*.whl"))
+    if not wheels:
+        pytest.skip("no local torch CPU wheel in /opt/wheels to serve as the torch index")
+    index = tmp_path / "whl" / "cpu"
+    (index / "torch").mkdir(parents=True)
+    (index / "torch" / wheels[-1].name).symlink_to(wheels[-1])
+    args = [a for a in lab.up_args(name) if a not in ("--python", sys.executable)]
+    up = sh(*args, "--torch-index", index.as_uri(), timeout=900)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "copying the cloudtrain wheel" in up.stderr
+    assert "verify: ready" in up.stderr
+    for i in (0, 1):
+        venv = Path.home() / ".cloudtrain" / name / f"node-{i}" / "venv"
+        probe = "import cloudtrain, torch; print(cloudtrain.__file__)"
+        done = subprocess.run([venv / "bin" / "python", "-c", probe], cwd=tmp_path,
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(str(venv)), "cloudtrain is the venv's own copy"
+    train = sh("train", "-c", name, str(SCRIPTS / "countdown.py"))
+    assert train.returncode == 0, train.stdout + train.stderr
+    assert sh("down", name).returncode == 0

@@ -72,3 +72,23 @@ def test_hosts_flag() -> None:
         parse_hosts("h1")
     with pytest.raises(ConfigError, match=r"not a file|No such file"):
         load_inventory(Path("/nonexistent/inv.yaml"))
+
+
+def test_what_the_bootstrap_may_install_on_your_machines(tmp_path: Path) -> None:
+    """--python: check-only with that interpreter. Without it: a venv per node (nothing
+    system-wide). --allow-sudo: also system packages and a missing driver, through sudo."""
+    from cloudtrain.provider import ProviderContext
+    from cloudtrain.providers.ssh.provider import SshProvider
+
+    def provider(**options: object) -> SshProvider:
+        return SshProvider(ProviderContext(home=tmp_path, options={"hosts": "u@h", **options}))
+
+    checked = provider(python="/opt/py/bin/python")
+    assert (checked.install, checked.phases) == (False, "python torch cloudtrain verify")
+    venv = provider()
+    assert (venv.install, venv.phases) == (True, "python torch cloudtrain verify")
+    sudo = provider(allow_sudo=True, torch_index="https://mirror.example/whl/cu126")
+    assert sudo.phases == "base nvidia-driver python torch cloudtrain verify"
+    assert sudo.torch_index == "https://mirror.example/whl/cu126"
+    with pytest.raises(ConfigError, match="give --hosts or --inventory, not both"):
+        provider(inventory=str(tmp_path / "x.yaml"))
