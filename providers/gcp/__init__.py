@@ -1,0 +1,14 @@
+"""Google Cloud (Compute Engine) provider, through google-cloud-compute (``cloudtrain[gcp]``).
+
+Needs: credentials ``google.auth.default()`` finds (``gcloud auth application-default login``,
+``GOOGLE_APPLICATION_CREDENTIALS``, or the metadata server); a project (``--project``,
+``CLOUDSDK_CORE_PROJECT``/``GOOGLE_CLOUD_PROJECT``, or the credentials' own); the Compute
+Engine API enabled; GPU quota (``GPUS_ALL_REGIONS`` and the region's per-GPU quota); a VPC
+network (``default`` unless the ``network`` option names another). ``CLOUDTRAIN_GCP_ENDPOINT``
+points every call, operation polling included, at another address (the tests' stand-in).
+
+Modules (the same names as every provider): `provider` (the contract), `_client` (clients,
+credentials, operation waits), `_errors` (GCE errors → cloudtrain's), `_instances` (the
+bulkInsert request, nodes read back), `_resources` (names, labels, firewall rules, placement
+policy).
+"""

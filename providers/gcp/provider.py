@@ -1,0 +1,342 @@
+"""The GCP provider: Compute Engine instances per cluster, found again by their labels.
+
+Prerequisites: ``pip install 'cloudtrain[gcp]'``; credentials that ``google.auth.default()``
+finds (``gcloud auth application-default login`` or ``GOOGLE_APPLICATION_CREDENTIALS``); a
+project (``--project``, ``CLOUDSDK_CORE_PROJECT``/``GOOGLE_CLOUD_PROJECT``, or the
+credentials' own); the Compute Engine API enabled and GPU quota (``GPUS_ALL_REGIONS`` and the
+per-region GPU quota) for the shape.
+
+`apply` makes, in the first zone of the plan that has capacity: two firewall rules (SSH from the
+user's CIDR only; everything between the cluster's instances, by network tag), for multi-node
+A100 (A2) clusters a compact placement policy (and gVNIC on the instances), and then all N
+instances in **one** ``instances.bulkInsert`` (``count = minCount = N``: all or nothing).
+Instances carry the labels ``cloudtrain-cluster`` and ``cloudtrain-owner``; the node index is
+in the name (see `_instances`). Boot disks are deleted with their instance; spot nodes are
+``SPOT`` and deleted when preempted; ``max_hours`` sets ``maxRunDuration`` so a forgotten
+cluster deletes itself. OS Login is off for the node and the cluster's public key is in the
+instance metadata for the ``cloudtrain`` user; no service account is attached to the nodes.
+Capacity errors (``ZONE_RESOURCE_POOL_EXHAUSTED``, ``UNSUPPORTED_OPERATION``), whether in the
+call's answer or in its finished operation, move to the next zone; quota and auth errors stop
+at once; a failed attempt leaves nothing behind.
+
+Supports: GPU (V100 on N1, A100 and A100-80GB on A2), spot, multi-node, compact placement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from cloudtrain import access, bootstrap, planner
+from cloudtrain.errors import CapacityError, ConfigError, ProviderError
+from cloudtrain.executors.ssh import SshExecutor
+from cloudtrain.provider import (
+    Capability,
+    Event,
+    NodeInfo,
+    Offer,
+    OnEvent,
+    Plan,
+    ProviderContext,
+    ignore_event,
+)
+from cloudtrain.providers.gcp import _resources as res
+from cloudtrain.providers.gcp._client import Clients, import_compute, last
+from cloudtrain.providers.gcp._instances import (
+    DEFAULT_IMAGE,
+    Shape,
+    bulk_insert_body,
+    dry_run,
+    fast_network,
+    max_run_seconds,
+    node_info,
+)
+from cloudtrain.spec import ClusterSpec
+
+log = logging.getLogger(__name__)
+
+
+def default_owner() -> str:
+    return os.environ.get("CLOUDTRAIN_OWNER") or f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+class GcpProvider:
+    """Compute Engine instance groups. Options: ``project``, ``owner``, ``network`` (default
+    ``default``), ``max_hours``, ``clients`` (a `Clients`, for tests), ``wait_timeout_s``,
+    ``poll_s``."""
+
+    name: ClassVar[str] = "gcp"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE, Capability.PLACEMENT_GROUP}
+    )
+
+    def __init__(self, context: ProviderContext) -> None:
+        opts = context.options
+        self.home = context.home
+        self.options = opts
+        self.clients: Clients = opts.get("clients") or Clients(project=opts.get("project"))
+        self.owner = str(opts.get("owner") or default_owner())
+        self.network = str(opts.get("network") or "default")
+        self.wait_timeout_s = float(opts.get("wait_timeout_s", 900))
+        self.poll_s = float(opts.get("poll_s", 2.0))
+
+    # -- plan ---------------------------------------------------------------------------
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        """Offers from the catalog, narrowed to the zones whose accelerator types offer the GPU
+        (one read-only call per GPU type); bad input is refused before any call."""
+        offers = planner.offers(spec)
+        max_run_s = max_run_seconds(self._max_hours(spec))
+        cidr, _ = access.ssh_cidr(spec.ssh_cidr)
+        spec = dataclasses.replace(spec, ssh_cidr=cidr)
+        image = spec.resources.image or DEFAULT_IMAGE
+        offered: dict[str, dict[str, int]] = {}
+        refined: list[Offer] = []
+        for offer in offers:
+            shape = Shape.of(offer)
+            if shape.accelerator_type not in offered:
+                offered[shape.accelerator_type] = res.accelerator_zones(
+                    self.clients, shape.accelerator_type
+                )
+            most = offered[shape.accelerator_type]
+            zones = tuple(z for z in offer.zones if most.get(z, 0) >= offer.accelerator_count)
+            if not zones:
+                log.info("%s: no zone offers %s", offer.region, shape.accelerator_type)
+                continue
+            extra = {
+                "image": image,
+                "machine_type": shape.machine_type,
+                "accelerator_type": shape.accelerator_type,
+            }
+            refined.append(dataclasses.replace(offer, zones=zones, extra=extra))
+        if not refined:
+            where = "; ".join(f"{o.region}: {', '.join(o.zones)}" for o in offers)
+            raise ConfigError(
+                f"gcp offers {Shape.of(offers[0]).accelerator_type} × "
+                f"{offers[0].accelerator_count} in no catalog zone ({where}) right now "
+                "(acceleratorTypes.aggregatedList); try another --zone, --region or GPU"
+            )
+        requests = dry_run(
+            spec, refined[0], owner=self.owner, network=self.network, max_run_s=max_run_s
+        )
+        return Plan(spec=spec, offers=tuple(refined), requests=requests)
+
+    def _max_hours(self, spec: ClusterSpec) -> object:
+        return spec.extra.get("max_hours") or self.options.get("max_hours")
+
+    # -- apply ----------------------------------------------------------------------------
+
+    def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
+        spec = plan.spec
+        max_run_s = max_run_seconds(self._max_hours(spec))
+        if spec.ssh_cidr in access.WORLD:
+            on_event(
+                Event("warning", f"SSH is open to the whole internet ({spec.ssh_cidr}), as asked")
+            )
+        existing = self.describe(spec.name)
+        if len(existing) > spec.num_nodes:
+            raise ConfigError(
+                f"cluster {spec.name!r} has {len(existing)} instances, more than the "
+                f"{spec.num_nodes} asked for; `cloudtrain down {spec.name}` first"
+            )
+        missing = sorted(set(range(spec.num_nodes)) - {n.index for n in existing})
+        if not missing:
+            return self._wait(spec.name, spec.num_nodes, on_event)
+        offers = list(plan.offers)
+        if existing:  # complete the cluster where it is: same zone
+            zone = str(existing[0].zone)
+            offers = [dataclasses.replace(o, zones=(zone,)) for o in offers if zone in o.zones]
+            if not offers:
+                raise ConfigError(f"cluster {spec.name!r} runs in {zone}, not in the plan")
+        keys = bootstrap.NodeKeys.for_cluster(self.home, spec.name)
+        attempts: list[str] = []
+        for offer in offers:
+            nodes = self._try_region(spec, offer, missing, keys, max_run_s, attempts, on_event)
+            if nodes is not None:
+                return nodes
+        raise CapacityError(
+            "gcp",
+            "NoCapacity",
+            f"no zone had {len(missing)} × {offers[0].instance_type}: " + "; ".join(attempts),
+        )
+
+    def _try_region(
+        self,
+        spec: ClusterSpec,
+        offer: Offer,
+        missing: list[int],
+        keys: bootstrap.NodeKeys,
+        max_run_s: int | None,
+        attempts: list[str],
+        on_event: OnEvent,
+    ) -> list[NodeInfo] | None:
+        """Create the missing nodes in one of the offer's zones; None when every zone lacked
+        capacity (and then nothing of the cluster is left)."""
+        cluster, timeout = spec.name, self.wait_timeout_s
+        try:
+            bodies = res.firewall_bodies(cluster, self.owner, str(spec.ssh_cidr), self.network)
+            res.ensure_firewalls(self.clients, bodies, timeout)
+            policy = None
+            if fast_network(spec, offer):
+                res.ensure_policy(
+                    self.clients, offer.region, res.policy_body(cluster, self.owner), timeout
+                )
+                policy = res.resource_name(cluster)
+            for zone in offer.zones:
+                on_event(
+                    Event(
+                        "attempt",
+                        f"{offer.region}/{zone}: creating {len(missing)} × {offer.instance_type}",
+                    )
+                )
+                body = bulk_insert_body(
+                    spec,
+                    offer,
+                    missing,
+                    owner=self.owner,
+                    keys=keys,
+                    image=str(offer.extra["image"]),
+                    network=self.network,
+                    max_run_s=max_run_s,
+                    policy=policy,
+                )
+                try:
+                    self._bulk_insert(cluster, zone, body)
+                except CapacityError as exc:
+                    attempts.append(f"{zone}: {exc.code}")
+                    on_event(Event("capacity", f"{zone}: {exc.code}; trying the next zone"))
+                    continue
+                return self._wait(cluster, spec.num_nodes, on_event)
+        except (ProviderError, ConfigError):
+            self._clean(cluster)
+            raise
+        self._clean(cluster)
+        return None
+
+    def _bulk_insert(self, cluster: str, zone: str, body: dict[str, Any]) -> None:
+        """One all-or-nothing bulkInsert, waited on; on any error, delete whatever of it GCE
+        left in the zone (it should leave nothing: ``minCount``) before raising."""
+        compute = import_compute()
+        resource = compute.BulkInsertInstanceResource.from_json(json.dumps(body))
+        try:
+            op = self.clients.mutate(
+                "instances.bulkInsert",
+                self.clients.instances().bulk_insert_unary,
+                zone,
+                project=self.clients.project,
+                zone=zone,
+                bulk_insert_instance_resource_resource=resource,
+            )
+            self.clients.wait(op, zone, self.wait_timeout_s)
+        except ProviderError:
+            names = set(body["perInstanceProperties"])
+            self._delete([i for i in self._instances(cluster) if i.name in names])
+            raise
+
+    def _clean(self, cluster: str) -> None:
+        """After a failed attempt: remove the firewall rules and placement policy when no
+        instance of the cluster exists (a half-made cluster keeps them for `up`)."""
+        try:
+            if not self._instances(cluster):
+                res.delete_all(self.clients, cluster, timeout_s=60)
+        except ProviderError as exc:
+            log.warning("could not clean up cluster %s: %s", cluster, exc)
+
+    def _wait(self, cluster: str, count: int, on_event: OnEvent) -> list[NodeInfo]:
+        """Block until `count` nodes run with both addresses; one paged list per poll."""
+        deadline = time.monotonic() + self.wait_timeout_s
+        while True:
+            nodes = self.describe(cluster)
+            ready = [n for n in nodes if n.state == "running" and n.private_ip and n.public_ip]
+            on_event(Event("wait", f"{len(ready)}/{count} nodes running"))
+            if len(ready) >= count:
+                addresses = [a for n in nodes for a in (n.public_ip, n.private_ip) if a]
+                access.known_hosts(self.home, cluster, addresses)  # pin the host key
+                return nodes
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    "gcp",
+                    "WaitTimeout",
+                    f"{len(ready)} of {count} nodes of {cluster!r} running after "
+                    f"{self.wait_timeout_s:.0f} s; `cloudtrain down {cluster}` removes them",
+                )
+            time.sleep(self.poll_s)
+
+    # -- describe / terminate -------------------------------------------------------------
+
+    def _instances(self, cluster: str) -> list[Any]:
+        return res.live_instances(self.clients, res.LABEL_CLUSTER, cluster)
+
+    def describe(self, cluster: str) -> list[NodeInfo]:
+        nodes = [node_info(cluster, i) for i in self._instances(cluster)]
+        return sorted((n for n in nodes if n is not None), key=lambda n: n.index)
+
+    def terminate(self, cluster: str) -> None:
+        """Delete the instances found by label (their boot disks go with them), wait until they
+        are gone, then the firewall rules and placement policy. Idempotent."""
+        self._delete(self._instances(cluster))
+        deadline = time.monotonic() + self.wait_timeout_s
+        while self._instances(cluster):
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    "gcp",
+                    "WaitTimeout",
+                    f"instances of {cluster!r} still not deleted after "
+                    f"{self.wait_timeout_s:.0f} s; run `cloudtrain down {cluster}` again",
+                )
+            time.sleep(self.poll_s)
+        res.delete_all(self.clients, cluster, timeout_s=self.wait_timeout_s)
+        access.forget_key(self.home, cluster)
+
+    def _delete(self, instances: Sequence[Any]) -> None:
+        """Delete `instances` (all calls first, then the waits); one already gone is fine."""
+        ops = []
+        for inst in instances:
+            zone = last(inst.zone)
+            try:
+                ops.append(
+                    (
+                        zone,
+                        self.clients.mutate(
+                            "instances.delete",
+                            self.clients.instances().delete_unary,
+                            zone,
+                            project=self.clients.project,
+                            zone=zone,
+                            instance=inst.name,
+                        ),
+                    )
+                )
+            except ProviderError as exc:
+                if exc.code not in ("NOT_FOUND", "HTTP_404", "RESOURCE_NOT_READY"):
+                    raise  # not ready: a delete is already under way; the caller waits
+        for zone, op in ops:
+            self.clients.wait(op, zone, self.wait_timeout_s)
+
+    def clusters(self) -> list[str]:
+        """Clusters of this owner: any instance labelled with the owner, or a firewall rule
+        whose description names it (a crash before the instances leaves only those)."""
+        mine = res.owner_label(self.owner)
+        names = {
+            i.labels.get(res.LABEL_CLUSTER, "")
+            for i in res.live_instances(self.clients, res.LABEL_OWNER, mine)
+        }
+        names |= {c for c, owner in res.firewall_owners(self.clients) if owner == mine}
+        return sorted(names - {""})
+
+    def executor(self, node: NodeInfo) -> SshExecutor:
+        """SSH as ``cloudtrain`` to the node's public address (its private one when it has
+        none), with the cluster's key and its pinned host key."""
+        address = node.public_ip or node.private_ip
+        if not address:
+            raise ProviderError("gcp", "NoAddress", f"node {node.index} has no address yet")
+        return SshExecutor(
+            address, user=bootstrap.NODE_USER, options=access.ssh_options(self.home, node.cluster)
+        )

@@ -1,0 +1,275 @@
+"""The state and rules of the GCE REST subset the stand-in serves (no HTTP here).
+
+Time advances one **tick per request**: an operation answered ``RUNNING`` by the call that
+made it is ``DONE`` (with its effect applied, or its ``error`` set) from the next request on,
+so a client that never polls never sees it finish, and one that treats ``RUNNING`` as done is
+caught. A new instance is ``PROVISIONING``, then ``STAGING``, then ``RUNNING`` (with its
+external address) on successive reads. Rules a real GCE enforces and the stand-in checks too:
+names unique per zone, a zone must offer the accelerator type a machine needs, resource
+policies must exist in the region and cannot be deleted while an instance uses them, a boot
+disk outlives its instance unless ``autoDelete`` is set, the ``filter`` syntax is parsed (an
+unknown one is a 400, never silently ignored).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+ZONES = {  # zone → accelerator type → most cards per instance
+    "us-central1-a": {"nvidia-tesla-v100": 8, "nvidia-tesla-a100": 16, "nvidia-a100-80gb": 8},
+    "us-central1-b": {"nvidia-tesla-v100": 8, "nvidia-tesla-a100": 16},
+    "us-central1-c": {"nvidia-tesla-v100": 8, "nvidia-tesla-a100": 16, "nvidia-a100-80gb": 8},
+    "us-central1-f": {"nvidia-tesla-v100": 8, "nvidia-tesla-a100": 16},
+    "europe-west4-a": {"nvidia-tesla-v100": 8, "nvidia-tesla-a100": 16},
+}
+BUILT_IN_GPUS = {
+    "a2-highgpu-": "nvidia-tesla-a100",
+    "a2-megagpu-": "nvidia-tesla-a100",
+    "a2-ultragpu-": "nvidia-a100-80gb",
+}
+_TERM = re.compile(r'\(?\s*(labels\.[a-z0-9_-]+|name|status)\s*(=|!=)\s*"?([^"\s)]*)"?\s*\)?')
+
+
+class ApiError(Exception):
+    """An HTTP error answer: ``{"error": {"code", "message", "errors": [{"reason"}]}}``."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "code": self.status,
+                "message": self.message,
+                "errors": [{"domain": "global", "reason": self.reason, "message": self.message}],
+            }
+        }
+
+
+def matches(resource: dict[str, Any], expression: str | None) -> bool:
+    """GCE's ``filter``: terms ``labels.K = "V"``, ``name = "N"``, ``status != S``, ANDed."""
+    if not expression:
+        return True
+    rest = _TERM.sub("", expression).replace("AND", "").strip()
+    if rest:
+        raise ApiError(400, "invalid", f"Invalid value for field 'filter': {expression!r}")
+    for key, op, value in _TERM.findall(expression):
+        have = (
+            resource.get("labels", {}).get(key[7:])
+            if key.startswith("labels.")
+            else (resource.get(key))
+        )
+        if (have == value) != (op == "="):
+            return False
+    return True
+
+
+@dataclass
+class Operation:
+    body: dict[str, Any]
+    effect: Callable[[], None] | None = None
+    error: dict[str, Any] | None = None
+
+
+@dataclass
+class Gce:
+    """One project's resources. Every method is called with the stand-in's lock held."""
+
+    project: str
+    url: str
+    instances: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    disks: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    firewalls: dict[str, dict[str, Any]] = field(default_factory=dict)
+    policies: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    operations: dict[str, Operation] = field(default_factory=dict)
+    zones: dict[str, dict[str, int]] = field(
+        default_factory=lambda: {z: dict(t) for z, t in ZONES.items()}
+    )
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
+    _pending: list[str] = field(default_factory=list)
+
+    def link(self, *parts: str) -> str:
+        return "/".join([f"{self.url}/compute/v1/projects/{self.project}", *parts])
+
+    # -- time and operations --------------------------------------------------------------
+
+    def tick(self) -> None:
+        """One request's worth of time: every pending operation finishes."""
+        pending, self._pending = self._pending, []
+        for name in pending:
+            op = self.operations[name]
+            op.body["status"] = "DONE"
+            op.body["progress"] = 100
+            if op.error is not None:
+                op.body.update(op.error)
+            elif op.effect is not None:
+                op.effect()
+
+    def operation(
+        self,
+        kind: str,
+        target: str,
+        scope: tuple[str, str] | None,
+        effect: Callable[[], None] | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A new RUNNING operation in `scope` (("zones", z), ("regions", r) or None: global)."""
+        name = f"operation-{next(self._ids)}"
+        where = [*scope] if scope else ["global"]
+        body = {
+            "kind": "compute#operation",
+            "id": str(next(self._ids)),
+            "name": name,
+            "operationType": kind,
+            "targetLink": target,
+            "status": "RUNNING",
+            "progress": 0,
+            "selfLink": self.link(*where, "operations", name),
+        }
+        if scope:
+            body[scope[0][:-1]] = self.link(*scope)
+        self.operations[name] = Operation(body, effect, error)
+        self._pending.append(name)
+        return body
+
+    def get_operation(self, name: str) -> dict[str, Any]:
+        if name not in self.operations:
+            raise ApiError(404, "notFound", f"The resource 'operations/{name}' was not found")
+        return self.operations[name].body
+
+    # -- instances ------------------------------------------------------------------------
+
+    def check_shape(self, zone: str, props: dict[str, Any]) -> None:
+        """Refuse what the zone cannot give, as GCE does (a 400 naming the field)."""
+        if zone not in self.zones:
+            raise ApiError(404, "notFound", f"The resource 'zones/{zone}' was not found")
+        machine = str(props.get("machineType", "")).rsplit("/", 1)[-1]
+        wanted = [
+            (str(a["acceleratorType"]).rsplit("/", 1)[-1], int(a["acceleratorCount"]))
+            for a in props.get("guestAccelerators", [])
+        ]
+        wanted += [(t, 1) for prefix, t in BUILT_IN_GPUS.items() if machine.startswith(prefix)]
+        for kind, count in wanted:
+            if self.zones[zone].get(kind, 0) < count:
+                raise ApiError(
+                    400,
+                    "invalid",
+                    "Invalid value for field 'resource.guest"
+                    f"Accelerators[0].acceleratorType': '{kind}' in {zone}",
+                )
+        region = zone.rsplit("-", 1)[0]
+        for policy in props.get("resourcePolicies", []):
+            if (region, str(policy).rsplit("/", 1)[-1]) not in self.policies:
+                raise ApiError(400, "invalid", f"The resource policy '{policy}' was not found")
+
+    def create_instance(self, zone: str, name: str, props: dict[str, Any]) -> None:
+        number = len(self.instances) + 2
+        disks = []
+        for i, disk in enumerate(props.get("disks", [])):
+            disk_name = name if i == 0 else f"{name}-{i}"
+            params = disk.get("initializeParams", {})
+            self.disks[(zone, disk_name)] = {
+                "name": disk_name,
+                "labels": params.get("labels", {}),
+                "sizeGb": params.get("diskSizeGb"),
+                "users": [name],
+            }
+            disks.append({**disk, "source": self.link("zones", zone, "disks", disk_name)})
+        nics = [
+            {
+                **nic,
+                "name": f"nic{i}",
+                "networkIP": f"10.128.{number // 250}.{number % 250}",
+                "accessConfigs": [dict(a) for a in nic.get("accessConfigs", [])],
+            }
+            for i, nic in enumerate(props.get("networkInterfaces", []))
+        ]
+        machine = str(props.get("machineType", "")).rsplit("/", 1)[-1]
+        self.instances[(zone, name)] = {
+            **props,
+            "kind": "compute#instance",
+            "id": str(next(self._ids)),
+            "name": name,
+            "zone": self.link("zones", zone),
+            "status": "PROVISIONING",
+            "disks": disks,
+            "networkInterfaces": nics,
+            "selfLink": self.link("zones", zone, "instances", name),
+            "machineType": self.link("zones", zone, "machineTypes", machine),
+            "guestAccelerators": [
+                {
+                    **a,
+                    "acceleratorType": self.link(
+                        "zones",
+                        zone,
+                        "acceleratorTypes",
+                        str(a["acceleratorType"]).rsplit("/", 1)[-1],
+                    ),
+                }
+                for a in props.get("guestAccelerators", [])
+            ],
+        }
+
+    def read(self, inst: dict[str, Any]) -> dict[str, Any]:
+        """An instance as a read shows it; each read moves a new one a step towards RUNNING."""
+        step = {"PROVISIONING": "STAGING", "STAGING": "RUNNING"}
+        if inst["status"] in step:
+            inst["status"] = step[inst["status"]]
+            if inst["status"] == "RUNNING":
+                for nic in inst["networkInterfaces"]:
+                    for access in nic["accessConfigs"]:
+                        access["natIP"] = (
+                            f"34.0.{int(inst['id']) // 250 % 250}.{int(inst['id']) % 250}"
+                        )
+        return inst
+
+    def delete_instance(self, zone: str, name: str) -> dict[str, Any]:
+        inst = self.instances.get((zone, name))
+        if inst is None:
+            raise ApiError(
+                404,
+                "notFound",
+                f"The resource 'projects/{self.project}/zones/{zone}/instances/{name}' "
+                "was not found",
+            )
+        inst["status"] = "STOPPING"
+
+        def gone() -> None:
+            if self.instances.pop((zone, name), None) is None:
+                return
+            for disk in inst["disks"]:
+                key = (zone, str(disk["source"]).rsplit("/", 1)[-1])
+                if disk.get("autoDelete"):
+                    self.disks.pop(key, None)
+                elif key in self.disks:
+                    self.disks[key]["users"] = []
+
+        return self.operation("delete", inst["selfLink"], ("zones", zone), gone)
+
+    def delete_policy(self, region: str, name: str) -> dict[str, Any]:
+        if (region, name) not in self.policies:
+            raise ApiError(404, "notFound", f"The resource 'resourcePolicies/{name}' was not found")
+        users = [
+            i["name"]
+            for (z, _), i in self.instances.items()
+            if z.startswith(region)
+            and name in [str(p).rsplit("/", 1)[-1] for p in i.get("resourcePolicies", [])]
+        ]
+        if users:
+            raise ApiError(
+                400,
+                "resourceInUseByAnotherResource",
+                f"The resource_policy resource '{name}' is already being used by '{users[0]}'",
+            )
+        link = self.link("regions", region, "resourcePolicies", name)
+        return self.operation(
+            "delete",
+            link,
+            ("regions", region),
+            lambda: self.policies.pop((region, name), None) and None,
+        )
