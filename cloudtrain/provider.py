@@ -123,7 +123,7 @@ class NodeInfo:
     node_id: str
     private_ip: str | None
     public_ip: str | None
-    state: str  # pending | running | stopping | stopped | terminated
+    state: str  # pending | running | stopping | stopped | terminated | failed | unreachable
     zone: str | None = None
     instance_type: str | None = None
     extra: Mapping[str, Any] = field(default_factory=_empty)

@@ -28,10 +28,12 @@ BUILTIN: dict[str, str] = {
     "fake": "cloudtrain.providers.fake.provider:FakeProvider",
     "aws": "cloudtrain.providers.aws.provider:AwsProvider",
     "ssh": "cloudtrain.providers.ssh.provider:SshProvider",
+    "gcp": "cloudtrain.providers.gcp.provider:GcpProvider",
+    "azure": "cloudtrain.providers.azure.provider:AzureProvider",
 }
 
 #: Cloud providers this version knows of and can plan (the catalog has them) but cannot create.
-PLANNED = ("gcp", "azure")
+PLANNED: tuple[str, ...] = ()
 
 
 @cache

@@ -33,6 +33,7 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
     monkeypatch.setenv("NO_GCE_CHECK", "True")
     monkeypatch.setenv("AZURE_AUTHORITY_HOST", closed)
+    monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", closed)  # else IMDS, 169.254.169.254
     for name in (
         "GOOGLE_APPLICATION_CREDENTIALS",
         "CLOUDSDK_CORE_PROJECT",
@@ -68,7 +69,8 @@ def run_cli(home: Path) -> Cli:
     return Cli()
 
 
-pytest_plugins = ["tests.aws.fixtures"]  # the AWS stand-in, for tests/aws and the contract suite
+# the cloud stand-ins, for tests/<cloud> and the contract suite
+pytest_plugins = ["tests.aws.fixtures", "tests.gcp.fixtures", "tests.azure.fixtures"]
 
 
 def require_tool(path_or_name: str) -> str:

@@ -113,11 +113,25 @@ def ssh_harness(home: Path, request: pytest.FixtureRequest) -> Harness:
                    lambda name, nodes: ClusterSpec(name, "ssh", nodes))  # fmt: skip
 
 
+def gcp_harness(home: Path, request: pytest.FixtureRequest) -> Harness:
+    from tests.gcp.harness import harness
+
+    return harness(home, request)
+
+
+def azure_harness(home: Path, request: pytest.FixtureRequest) -> Harness:
+    from tests.azure.harness import harness
+
+    return harness(home, request)
+
+
 HARNESSES = {
     "local": local_harness,
     "fake": fake_harness,
     "aws": aws_harness,
     "ssh": ssh_harness,
+    "gcp": gcp_harness,
+    "azure": azure_harness,
 }
 
 

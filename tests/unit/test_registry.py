@@ -22,11 +22,12 @@ def plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "_plugins", lambda: {point.name: point.value})
 
 
-def test_builtin_and_planned_names() -> None:
-    assert {"local", "fake"} <= set(registry.available())
-    assert {"aws", "gcp", "azure", "ssh", "local"} <= set(registry.known())
-    with pytest.raises(ConfigError, match="provider 'gcp' is planned but not implemented"):
-        registry.create("gcp", ProviderContext(home=Path("/nonexistent")))
+def test_builtin_and_planned_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert {"local", "fake", "aws", "gcp", "azure", "ssh"} <= set(registry.available())
+    monkeypatch.setattr(registry, "PLANNED", ("lambda",))
+    assert "lambda" in registry.known()
+    with pytest.raises(ConfigError, match="provider 'lambda' is planned but not implemented"):
+        registry.create("lambda", ProviderContext(home=Path("/nonexistent")))
     with pytest.raises(ConfigError, match="provider 'nimbus' is not known; known: aws"):
         registry.create("nimbus", ProviderContext(home=Path("/nonexistent")))
     with pytest.raises(SpecError, match="did you mean 'local'"):

@@ -49,8 +49,12 @@ CASES = [
     ),
     (["up", "--name", "x", "--provider", "nimbus"], "provider 'nimbus' is not a known provider"),
     (
-        ["up", "--name", "x", "--provider", "gcp", "--gpus", "A100:8"],
-        "provider 'gcp' is planned but not implemented",
+        ["up", "--name", "x", "--provider", "gcp", "--gpus", "A100:8", "--max-hours", "0"],
+        "Invalid value for '--max-hours'",
+    ),
+    (
+        ["up", "--name", "x", "--provider", "ssh", "--inventory", "no/such/inventory.yaml"],
+        "--inventory 'no/such/inventory.yaml'",
     ),
     (
         ["up", "--name", "x", "--provider", "aws", "--gpus", "A100:8", "--ssh-cidr", "nowhere"],
@@ -125,12 +129,7 @@ def test_down_of_an_unknown_cluster_is_nothing_to_do(run_cli: Cli) -> None:
 
 
 def test_dry_run_prints_the_plan_and_creates_nothing(run_cli: Cli, home: Path) -> None:
-    result = run_cli(
-        "up", "--provider", "gcp", "--gpus", "A100:8", "--nodes", "4", "--name", "exp1", "--dry-run"
-    )
-    assert result.exit_code == 0, result.output
-    assert "a2-highgpu-8g" in result.output
-    assert "would create 4 node(s) of a2-highgpu-8g on gcp for $117.55/h" in result.output
+    """(The clouds' dry runs read their APIs: tests/<cloud>/test_cli.py.)"""
     local = run_cli("up", "--name", "d", "--nodes", "2", "--dry-run")
     assert local.exit_code == 0
     assert "$0.00/h" in local.output
