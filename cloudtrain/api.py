@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain import registry
-from cloudtrain.errors import BootstrapError, ConfigError, NotFoundError
+from cloudtrain.errors import BootstrapError, CloudtrainError, ConfigError, NotFoundError
 from cloudtrain.provider import (
     Event,
     NodeInfo,
@@ -180,7 +180,11 @@ def down(
             for job in state.jobs(name):
                 if not job.finished:
                     on_event(Event("job", f"cancelling job {job.id}"))
-                    coord.cancel(job.id)
+                    try:
+                        coord.cancel(job.id)
+                    except CloudtrainError as exc:  # a node that does not answer must not
+                        on_event(Event("warning", f"could not stop job {job.id} on every "
+                                       f"node ({exc}); terminating anyway"))  # fmt: skip
             coord.archive_logs(name)
         finally:
             coord.close()

@@ -154,10 +154,11 @@ class Coordinator:
         nodes = self.provider.describe(cluster)
         running = [n for n in nodes if n.state == "running"]
         if len(running) < expected:
+            others = "".join(f", node {n.index} {n.state}" for n in nodes if n.state != "running")
             raise NotFoundError(
-                f"cluster {cluster!r} has {len(running)} of its {expected} node(s) running; "
-                f"`cloudtrain up --name {cluster}` completes it, `cloudtrain down {cluster}` "
-                "removes it"
+                f"cluster {cluster!r} has {len(running)} of its {expected} node(s) running"
+                f"{others}; `cloudtrain up --name {cluster}` completes it, "
+                f"`cloudtrain down {cluster}` removes it"
             )
         self.state.set_nodes(cluster, running)
         return running
@@ -410,7 +411,7 @@ class Coordinator:
             for node in nodes:
                 try:
                     out = self._read_log(node, rec.id)
-                except CommandError as exc:
+                except (CommandError, ProviderError) as exc:
                     log.warning(
                         "could not copy the logs of %s from node %d: %s", rec.id, node.index, exc
                     )

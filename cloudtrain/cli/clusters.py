@@ -379,12 +379,20 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool) -> None:
 def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
     """Compare the records with the providers' tags and fix what drifted: nodes gone behind
     our back, nodes that appeared; report clusters that exist but are not recorded here."""
+    import dataclasses
+
     from cloudtrain import api
 
     state = app.state
     for c in clusters:
         found = api.provider_for(c.spec, app.home).describe(c.name)
-        before = {n.node_id for n in state.nodes(c.name)}
+        recorded = {n.node_id: n for n in state.nodes(c.name)}
+        found = [  # a node that does not answer keeps what was known of it
+            dataclasses.replace(n, extra={**recorded[n.node_id].extra, **n.extra})
+            if n.state == "unreachable" and n.node_id in recorded else n
+            for n in found
+        ]  # fmt: skip
+        before = set(recorded)
         after = {n.node_id for n in found}
         if before != after:
             app.note(f"{c.name}: {len(before - after)} node(s) gone, {len(after - before)} "

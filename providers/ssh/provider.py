@@ -211,8 +211,10 @@ class SshProvider:
         )  # fmt: skip
 
     def describe(self, cluster: str) -> list[NodeInfo]:
+        """The hosts that hold a node of `cluster`, and (state ``unreachable``) those that do
+        not answer: the cluster's host list says they may."""
         found = fan_out(lambda p: self._node(cluster, p[0], p[1]), list(enumerate(self.hosts)))
-        return [n for n in found if n is not None and n.state != "unreachable"]
+        return [n for n in found if n is not None]
 
     def terminate(self, cluster: str) -> None:
         """Stop every cloudtrain process of the cluster on each host and remove its files;

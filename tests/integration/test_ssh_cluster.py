@@ -3,6 +3,7 @@ a DDP job across them, a job that outlives a killed CLI, cancel, down leaving no
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -132,6 +133,14 @@ def test_a_host_that_goes_away_mid_job_fails_the_job_naming_it(
         assert not agent.find_processes({"CLOUDTRAIN_NODE_ROOT": str(head_root),
                                          "CLOUDTRAIN_JOB_ID": job["id"]})  # fmt: skip
         agent.kill_matching({"CLOUDTRAIN_JOB_ID": job["id"]}, grace_s=2)  # the host died
+        refreshed = sh("status", "--refresh", "--json")
+        cluster = json.loads(refreshed.stdout)["clusters"][0]
+        assert (cluster["status"], [n["state"] for n in cluster["nodes"]]) == (
+            "partial", ["running", "unreachable"]
+        )  # fmt: skip
+        again = sh("train", "-c", name, str(SCRIPTS / "sleeper.py"))
+        assert again.returncode != 0
+        assert "has 1 of its 2 node(s) running, node 1 unreachable" in again.stderr
         lab.hosts[1].start()
         assert sh("down", name).returncode == 0
     finally:

@@ -28,7 +28,7 @@ class Node:
 
     def __call__(self, call: Call) -> RunResult:
         argv = call.argv
-        if len(argv) > 4 and argv[4].split("/jobs/")[0] in self.lost:
+        if any(root in arg for root in self.lost for arg in argv):
             return RunResult(argv, 255, "", "Timeout, server 10.0.0.2 not responding.")
         if argv[1:4] == ("-m", "cloudtrain.node", "port"):
             return RunResult(argv, 0, "29555\n", "")
@@ -218,3 +218,31 @@ def test_a_host_that_goes_away_while_followed_fails_the_job_and_stops_the_others
     assert kills, "the reachable node is stopped"
     with pytest.raises(JobError, match="node 1 went away"):
         coord.raise_for_status(done)
+
+
+def test_down_terminates_even_when_a_node_cannot_be_reached_to_stop_its_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing may keep billing because a node stopped answering: `down` warns and goes on."""
+    from cloudtrain import api
+    from cloudtrain.provider import Event
+    from cloudtrain.providers.fake import provider as fake
+
+    node = Node()
+    monkeypatch.setitem(fake._CLOUDS, tmp_path, FakeCloud())
+    monkeypatch.setitem(fake._HANDLERS, tmp_path, node)
+    provider = FakeProvider(ProviderContext(home=tmp_path))
+    state = State.open(tmp_path)
+    spec = ClusterSpec("c1", "fake", 2, Resources(accelerator="A100", count=8))
+    state.put_cluster(spec, status="up")
+    state.set_nodes("c1", provider.apply(provider.plan(spec)))
+    rec = Coordinator(state, provider, home=tmp_path).submit("c1", JobSpec(("train.py",)))
+    node.exit_codes[state.nodes("c1")[0].root] = None
+    node.lost.add(state.nodes("c1")[1].root)
+    events: list[Event] = []
+    assert api.down(state, tmp_path, "c1", on_event=events.append)
+    (warning,) = [e.message for e in events if e.kind == "warning"]
+    assert warning.startswith(f"could not stop job {rec.id} on every node (")
+    assert warning.endswith("; terminating anyway")
+    assert provider.describe("c1") == []
+    assert state.cluster("c1") is None
