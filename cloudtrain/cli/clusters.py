@@ -386,13 +386,13 @@ def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
     state = app.state
     for c in clusters:
         found = api.provider_for(c.spec, app.home).describe(c.name)
-        recorded = {n.node_id: n for n in state.nodes(c.name)}
+        known = {n.node_id: n for n in state.nodes(c.name)}
         found = [  # a node that does not answer keeps what was known of it
-            dataclasses.replace(n, extra={**recorded[n.node_id].extra, **n.extra})
-            if n.state == "unreachable" and n.node_id in recorded else n
+            dataclasses.replace(n, extra={**known[n.node_id].extra, **n.extra})
+            if n.state == "unreachable" and n.node_id in known else n
             for n in found
         ]  # fmt: skip
-        before = set(recorded)
+        before = set(known)
         after = {n.node_id for n in found}
         if before != after:
             app.note(f"{c.name}: {len(before - after)} node(s) gone, {len(after - before)} "
