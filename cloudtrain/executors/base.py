@@ -7,13 +7,14 @@ non-zero exit: it returns the code, and `RunResult.check()` turns it into a `Com
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from cloudtrain.errors import CommandError
+from cloudtrain.errors import CommandError, ConfigError
 
 #: Directory entries never copied to a node by `put`, besides what `.cloudtrainignore` names.
 DEFAULT_EXCLUDES = (".git", ".venv", "venv", "__pycache__", ".mypy_cache", ".pytest_cache")
@@ -105,12 +106,29 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def fan_out(fn: Callable[[T], R], items: Sequence[T], *, max_workers: int = 32) -> list[R]:
-    """Apply `fn` to every item concurrently (bounded), results in order. The first exception
-    is raised after every call has finished, so one slow node never hides another's error."""
+#: How many nodes are worked on at once (each is one ssh subprocess): ``$CLOUDTRAIN_PARALLEL``.
+PARALLEL_ENV = "CLOUDTRAIN_PARALLEL"
+DEFAULT_PARALLEL = 32
+
+
+def parallelism() -> int:
+    """``$CLOUDTRAIN_PARALLEL`` (a positive integer), else 32."""
+    text = os.environ.get(PARALLEL_ENV, "").strip()
+    if not text:
+        return DEFAULT_PARALLEL
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{PARALLEL_ENV}={text!r}: use a positive whole number, e.g. 64")
+    return int(text)
+
+
+def fan_out(fn: Callable[[T], R], items: Sequence[T], *, max_workers: int | None = None) -> list[R]:
+    """Apply `fn` to every item concurrently (at most `max_workers`, default `parallelism()`),
+    results in order. The first exception is raised after every call has finished, so one
+    slow node never hides another's error."""
     if len(items) <= 1:
         return [fn(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
+    workers = max_workers or parallelism()
+    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
         futures = [pool.submit(fn, item) for item in items]
         errors = [f.exception() for f in futures]
         for error in errors:

@@ -83,3 +83,29 @@ def test_put_copies_only_what_changed_and_honours_ignores(tmp_path: Path) -> Non
     single.write_text("1")
     ex.put(single, str(tmp_path / "copy" / "one.txt"))
     assert (tmp_path / "copy" / "one.txt").read_text() == "1"
+
+
+def test_fan_out_is_bounded_by_cloudtrain_parallel(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from cloudtrain.errors import ConfigError
+    from cloudtrain.executors.base import fan_out
+
+    active, most, lock = [0], [0], threading.Lock()
+    together = threading.Barrier(3, timeout=30)  # 3 at a time reach it, in 4 rounds
+
+    def work(i: int) -> int:
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        together.wait()
+        with lock:
+            active[0] -= 1
+        return i * i
+
+    monkeypatch.setenv("CLOUDTRAIN_PARALLEL", "3")
+    assert fan_out(work, list(range(12))) == [i * i for i in range(12)]
+    assert most[0] == 3
+    monkeypatch.setenv("CLOUDTRAIN_PARALLEL", "0")
+    with pytest.raises(ConfigError, match="CLOUDTRAIN_PARALLEL='0': use a positive whole number"):
+        fan_out(work, [1, 2])
