@@ -36,6 +36,17 @@ if TYPE_CHECKING:
     from cloudtrain.executors.base import Executor
     from cloudtrain.spec import ClusterSpec
 
+
+def default_owner() -> str:
+    """Who owns what a provider creates (the owner tag; `down --all` and `clusters()` look
+    for it): ``$CLOUDTRAIN_OWNER``, else ``user@host``."""
+    import getpass
+    import os
+    import socket
+
+    return os.environ.get("CLOUDTRAIN_OWNER") or f"{getpass.getuser()}@{socket.gethostname()}"
+
+
 #: Tag/label keys put on every resource a provider creates (clouds adapt the separator).
 TAG_CLUSTER = "cloudtrain:cluster"
 TAG_NODE = "cloudtrain:node"

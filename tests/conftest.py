@@ -46,6 +46,33 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+#: What `my_ip_url` says this machine's public address is (TEST-NET-2: routes nowhere).
+MY_ADDRESS = "198.51.100.9"
+
+
+@pytest.fixture
+def my_ip_url() -> Iterator[str]:
+    """The URL of a "what is my IP" service on loopback that answers `MY_ADDRESS`; set it as
+    ``CLOUDTRAIN_PUBLIC_IP_URL`` to test SSH being opened to the caller's address."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class MyIp(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(f"{MY_ADDRESS}\n".encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), MyIp)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/"
+    server.shutdown()
+    server.server_close()
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A fresh CLOUDTRAIN_HOME for one test."""

@@ -17,10 +17,8 @@ when one is present.
 from __future__ import annotations
 
 import dataclasses
-import getpass
 import logging
 import os
-import socket
 import time
 import uuid
 from types import MappingProxyType
@@ -46,6 +44,7 @@ from cloudtrain.provider import (
     OnEvent,
     Plan,
     ProviderContext,
+    default_owner,
     ignore_event,
 )
 from cloudtrain.providers.aws import _resources as res
@@ -65,10 +64,6 @@ NODE_USER = bootstrap.NODE_USER
 
 def _tag(resource: dict[str, Any], key: str) -> str:
     return next((t["Value"] for t in resource.get("Tags", []) if t["Key"] == key), "")
-
-
-def default_owner() -> str:
-    return os.environ.get("CLOUDTRAIN_OWNER") or f"{getpass.getuser()}@{socket.gethostname()}"
 
 
 class AwsProvider:

@@ -16,10 +16,8 @@ Everything is created inside the tagged group, so a crash at any point leaves no
 from __future__ import annotations
 
 import dataclasses
-import getpass
 import logging
 import os
-import socket
 import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -36,6 +34,7 @@ from cloudtrain.provider import (
     OnEvent,
     Plan,
     ProviderContext,
+    default_owner,
     ignore_event,
 )
 from cloudtrain.providers.azure import _instances as inst
@@ -47,10 +46,6 @@ log = logging.getLogger(__name__)
 NODE_USER = bootstrap.NODE_USER
 #: Seconds between polls of long-running operations (default: ARM's Retry-After, else 30).
 POLL_ENV = "CLOUDTRAIN_AZURE_POLL_S"
-
-
-def default_owner() -> str:
-    return os.environ.get("CLOUDTRAIN_OWNER") or f"{getpass.getuser()}@{socket.gethostname()}"
 
 
 class AzureProvider:

@@ -25,11 +25,8 @@ Supports: GPU (V100 on N1, A100 and A100-80GB on A2), spot, multi-node, compact 
 from __future__ import annotations
 
 import dataclasses
-import getpass
 import json
 import logging
-import os
-import socket
 import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -45,6 +42,7 @@ from cloudtrain.provider import (
     OnEvent,
     Plan,
     ProviderContext,
+    default_owner,
     ignore_event,
 )
 from cloudtrain.providers.gcp import _resources as res
@@ -61,10 +59,6 @@ from cloudtrain.providers.gcp._instances import (
 from cloudtrain.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
-
-
-def default_owner() -> str:
-    return os.environ.get("CLOUDTRAIN_OWNER") or f"{getpass.getuser()}@{socket.gethostname()}"
 
 
 class GcpProvider:

@@ -4,9 +4,7 @@ finds the stand-in through AWS_ENDPOINT_URL, as any AWS tool would."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -95,27 +93,11 @@ def test_quota_error_exits_3_naming_the_quota(cli: Shell, aws: StandIn) -> None:
     assert "Running On-Demand P instances" in failed.stderr
 
 
-class _MyIp(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"198.51.100.9\n")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_ssh_is_opened_to_the_callers_address_found_or_to_the_world_only_when_asked(
-    cli: Shell, aws: StandIn
+    cli: Shell, aws: StandIn, my_ip_url: str
 ) -> None:
-    server = HTTPServer(("127.0.0.1", 0), _MyIp)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    cli.env["CLOUDTRAIN_PUBLIC_IP_URL"] = f"http://127.0.0.1:{server.server_port}/"
-    try:
-        assert cli(*UP).returncode == 0
-    finally:
-        server.shutdown()
-        server.server_close()
+    cli.env["CLOUDTRAIN_PUBLIC_IP_URL"] = my_ip_url
+    assert cli(*UP).returncode == 0
     group = aws.client("ec2").describe_security_groups(GroupNames=["cloudtrain-exp1"])
     ssh = [r for r in group["SecurityGroups"][0]["IpPermissions"] if r.get("FromPort") == 22]
     assert [r["CidrIp"] for r in ssh[0]["IpRanges"]] == ["198.51.100.9/32"]

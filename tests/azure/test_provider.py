@@ -6,9 +6,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import stat
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -442,27 +440,11 @@ def test_a_crash_after_any_mutating_call_leaves_nothing_down_cannot_find(
     assert azure.leftovers() == {}
 
 
-class _MyIp(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"198.51.100.9\n")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_ssh_is_opened_to_the_callers_address_or_to_the_world_only_when_asked(
-    make: Make, azure: StandIn, monkeypatch: pytest.MonkeyPatch
+    make: Make, azure: StandIn, monkeypatch: pytest.MonkeyPatch, my_ip_url: str
 ) -> None:
-    server = HTTPServer(("127.0.0.1", 0), _MyIp)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("CLOUDTRAIN_PUBLIC_IP_URL", f"http://127.0.0.1:{server.server_port}/")
-    try:
-        plan = make().plan(dataclasses.replace(spec(nodes=1), ssh_cidr=None))
-    finally:
-        server.shutdown()
-        server.server_close()
+    monkeypatch.setenv("CLOUDTRAIN_PUBLIC_IP_URL", my_ip_url)
+    plan = make().plan(dataclasses.replace(spec(nodes=1), ssh_cidr=None))
     assert plan.spec.ssh_cidr == "198.51.100.9/32"
     events: list[Event] = []
     make().apply(
