@@ -116,6 +116,7 @@ def config(
         "CT_TORCH_VERSION": TORCH_SPEC,
         "CT_EFA": "1" if stack.efa else "0",
         "CT_NCCL_SOCKET_IFNAME": nccl_ifname or "",
+        "CT_NCCL_ENV": " ".join(f"{k}={v}" for k, v in stack.nccl.items()),
         "CT_CLOUDTRAIN_WHEEL": f"{root}/dist/cloudtrain-{__version__}-py3-none-any.whl",
         "CT_CLOUDTRAIN_VERSION": __version__,
     }

@@ -194,6 +194,7 @@ class Coordinator:
             env["OMP_NUM_THREADS"] = "1"
         if node.extra.get("ifname"):
             env["GLOO_SOCKET_IFNAME"] = str(node.extra["ifname"])
+        env.update(self._fabric(node))
         env.update(job.envs)
         env.update(
             {
@@ -211,6 +212,15 @@ class Coordinator:
         if "CLOUDTRAIN_CHECKPOINT_DIR" in job.envs:
             env["CLOUDTRAIN_CHECKPOINT_DIR"] = job.envs["CLOUDTRAIN_CHECKPOINT_DIR"]
         return env
+
+    def _fabric(self, node: NodeInfo) -> dict[str, str]:
+        """The NCCL settings the node's bootstrap wrote for its network (``<root>/nccl.env``:
+        EFA, InfiniBand, the interface); none when there is no such file."""
+        done = self._executor(node).run(["cat", f"{node.root}/nccl.env"], timeout=60)
+        if done.returncode != 0:
+            return {}
+        words = shlex.split(done.stdout, comments=True)
+        return dict(w.split("=", 1) for w in words if "=" in w)
 
     def _start(
         self,

@@ -23,19 +23,41 @@ cu128 builds dropped Volta in 2.11 and are not built at all since 2.12):
 - CPU: the ``cpu`` wheel index, no driver, no CUDA.
 
 EFA (Elastic Fabric Adapter) is a property of the AWS instance type, not of the GPU: only
-p3dn.24xlarge, p4d.24xlarge and p4de.24xlarge among the catalog's types have it.
+p3dn.24xlarge, p4d.24xlarge and p4de.24xlarge among the catalog's types have it. InfiniBand is
+the same on Azure (ND40rs_v2, ND96asr_v4, ND96amsr_A100_v4): `FABRIC_NCCL` holds the NCCL
+settings Azure documents for them, which the bootstrap's ``nccl`` phase writes to the node's
+``nccl.env`` and every job on the node gets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 TORCH_INDEX = "https://download.pytorch.org/whl"
 
 #: The instance types (all AWS) with an Elastic Fabric Adapter.
 EFA_INSTANCE_TYPES = frozenset({"p3dn.24xlarge", "p4d.24xlarge", "p4de.24xlarge"})
+
+
+_NDV4_NCCL = {
+    "NCCL_IB_DISABLE": "0",
+    "NCCL_SOCKET_IFNAME": "eth0",
+    "NCCL_IB_PCI_RELAXED_ORDERING": "1",
+    "NCCL_TOPO_FILE": "/opt/microsoft/ndv4-topo.xml",
+}
+
+#: Instance types with an InfiniBand fabric, and the NCCL settings that use it (Azure's).
+FABRIC_NCCL: Mapping[str, Mapping[str, str]] = MappingProxyType(
+    {
+        "Standard_ND40rs_v2": MappingProxyType(
+            {"NCCL_IB_DISABLE": "0", "NCCL_SOCKET_IFNAME": "eth0"}
+        ),
+        "Standard_ND96asr_v4": MappingProxyType(_NDV4_NCCL),
+        "Standard_ND96amsr_A100_v4": MappingProxyType(_NDV4_NCCL),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +72,8 @@ class GpuStack:
     cuda: str | None  # CUDA version of the torch build ("12.6"); None on CPU
     torch_index: str  # pip --index-url for torch
     efa: bool = False  # the instance type has EFA; set by `stack_for`
+    #: NCCL settings of the instance type's fabric (InfiniBand); set by `stack_for`
+    nccl: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def _gpu(accelerator: str, architecture: str, cc: str, cuda: str, min_driver: str) -> GpuStack:
@@ -85,4 +109,5 @@ def stack_for(accelerator: str | None, instance_type: str | None = None) -> GpuS
             allowed = ", ".join(TABLE)
             message = f"no GPU stack for accelerator {accelerator!r}; allowed: {allowed}"
             raise ValueError(message + " (or none for CPU)") from None
-    return replace(stack, efa=instance_type in EFA_INSTANCE_TYPES)
+    fabric = FABRIC_NCCL.get(instance_type or "", MappingProxyType({}))
+    return replace(stack, efa=instance_type in EFA_INSTANCE_TYPES, nccl=fabric)

@@ -27,6 +27,7 @@
 #   CT_TORCH_VERSION       pip requirement for torch, e.g. torch==2.13.0
 #   CT_EFA                 1 on instances with an Elastic Fabric Adapter (p3dn, p4d, p4de)  [0]
 #   CT_NCCL_SOCKET_IFNAME  network interface for NCCL and gloo traffic (optional)
+#   CT_NCCL_ENV            the fabric's NCCL settings, KEY=value words (InfiniBand sizes)
 #   CT_CLOUDTRAIN_WHEEL    path of a cloudtrain wheel on this node
 #   CT_CLOUDTRAIN_VERSION  the cloudtrain version the node agent must have (optional)
 #   CT_LOCK_TIMEOUT        seconds a second run waits for the first one  [600]
@@ -49,7 +50,8 @@
 #                  check-only: torch imports; prints its version and CUDA (a mismatch: a warning)
 #   nccl           write $CT_ROOT/nccl.env (KEY='value' lines): NCCL_ and GLOO_SOCKET_IFNAME when
 #                  given; on EFA FI_PROVIDER=efa, NCCL_PROTO=simple and, except on Volta,
-#                  FI_EFA_USE_DEVICE_RDMA=1. CPU node: a comment-only file, phase skipped.
+#                  FI_EFA_USE_DEVICE_RDMA=1; the CT_NCCL_ENV settings. Every job on the node
+#                  gets them. CPU node: a comment-only file, phase skipped.
 #                  check-only: the same
 #   cloudtrain     pip install CT_CLOUDTRAIN_WHEEL unless cloudtrain CT_CLOUDTRAIN_VERSION is
 #                  installed; no wheel yet: exit 75, waiting for the coordinator to copy it.
@@ -176,6 +178,7 @@ load_config() {
   CT_TORCH_VERSION=${CT_TORCH_VERSION:-}
   CT_EFA=${CT_EFA:-0}
   CT_NCCL_SOCKET_IFNAME=${CT_NCCL_SOCKET_IFNAME:-}
+  CT_NCCL_ENV=${CT_NCCL_ENV:-}
   CT_CLOUDTRAIN_WHEEL=${CT_CLOUDTRAIN_WHEEL:-}
   CT_CLOUDTRAIN_VERSION=${CT_CLOUDTRAIN_VERSION:-}
   CT_LOCK_TIMEOUT=${CT_LOCK_TIMEOUT:-600}
@@ -225,7 +228,10 @@ phase_inputs() {
     nvidia-driver) v=("$CT_INSTALL" "$CT_GPU_COUNT" "$CT_DRIVER_BRANCH" "$CT_MIN_DRIVER") ;;
     python) v=("$CT_INSTALL" "$CT_PYTHON" "$CT_VENV") ;;
     torch) v=("$CT_INSTALL" "$CT_PYTHON" "$CT_VENV" "$CT_TORCH_VERSION" "$CT_TORCH_INDEX") ;;
-    nccl) v=("$CT_ROOT" "$CT_GPU_COUNT" "$CT_ACCELERATOR" "$CT_EFA" "$CT_NCCL_SOCKET_IFNAME") ;;
+    nccl)
+      v=("$CT_ROOT" "$CT_GPU_COUNT" "$CT_ACCELERATOR" "$CT_EFA" "$CT_NCCL_SOCKET_IFNAME"
+        "$CT_NCCL_ENV")
+      ;;
     cloudtrain)
       v=("$CT_INSTALL" "$CT_PYTHON" "$CT_VENV" "$CT_CLOUDTRAIN_WHEEL" "$CT_CLOUDTRAIN_VERSION")
       ;;
@@ -511,6 +517,12 @@ phase_nccl() {
     [[ -d /opt/amazon/efa ]] ||
       echo "warning: no /opt/amazon/efa: NCCL needs the EFA software and aws-ofi-nccl for EFA"
   fi
+  local setting
+  for setting in $CT_NCCL_ENV; do
+    [[ $setting =~ ^[A-Z_][A-Z0-9_]*=.*$ ]] || fail 1 "CT_NCCL_ENV: '$setting' is not KEY=value"
+    shell_quote "${setting#*=}"
+    lines+=("${setting%%=*}=$REPLY")
+  done
   write_file "$out" "${lines[@]}"
   echo "wrote $out:"
   cat "$out"

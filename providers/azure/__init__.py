@@ -7,6 +7,6 @@ Prerequisites: ``pip install 'cloudtrain[azure]'``; credentials from azure-ident
 it at another ARM endpoint or a local stand-in; ``CLOUDTRAIN_AZURE_POLL_S`` sets the polling
 interval of long-running operations. Supports GPUs, Spot (``priority: Spot``, evicted VMs are
 deleted), multi-node clusters in a proximity placement group, and InfiniBand sizes (Ubuntu-HPC
-image, ``/etc/nccl.conf``). Azure's V100 NCv3 sizes were retired on 2025-09-30 and are refused
-with the alternatives.
+image; their NCCL settings come with the bootstrap). Azure's V100 NCv3 sizes were retired on
+2025-09-30 and are refused with the alternatives.
 """

@@ -7,9 +7,9 @@ carry ``deleteOption: Delete``: deleting the VM (also one whose allocation faile
 
 Images: Ubuntu 24.04 LTS (its Python 3.12 installs cloudtrain) on the plain GPU sizes; on the
 InfiniBand sizes (ND40rs_v2, ND96asr_v4, ND96amsr_A100_v4) Microsoft's Ubuntu-HPC 24.04 image,
-which ships the Mellanox OFED/IB stack, NVIDIA driver, NCCL and the NDv4 topology file, plus an
-``/etc/nccl.conf`` written by cloud-init (NCCL reads it by itself) with Azure's recommended IB
-settings.
+which ships the Mellanox OFED/IB stack, NVIDIA driver, NCCL and the NDv4 topology file; the
+bootstrap's ``nccl`` phase gives every job on them Azure's recommended IB settings
+(`cloudtrain.gpustack.FABRIC_NCCL`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
 from cloudtrain import bootstrap
 from cloudtrain.errors import ConfigError
+from cloudtrain.gpustack import FABRIC_NCCL
 from cloudtrain.provider import NodeInfo, Offer
 from cloudtrain.providers.azure import _resources as res
 from cloudtrain.spec import ClusterSpec
@@ -39,22 +38,8 @@ UBUNTU_HPC = {
     "sku": "2404",
     "version": "latest",
 }
-#: InfiniBand sizes and the NCCL settings Azure recommends for them (written to /etc/nccl.conf).
-INFINIBAND: Mapping[str, Mapping[str, str]] = {
-    "Standard_ND40rs_v2": {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "0"},
-    "Standard_ND96asr_v4": {
-        "NCCL_SOCKET_IFNAME": "eth0",
-        "NCCL_IB_DISABLE": "0",
-        "NCCL_IB_PCI_RELAXED_ORDERING": "1",
-        "NCCL_TOPO_FILE": "/opt/microsoft/ndv4-topo.xml",
-    },
-    "Standard_ND96amsr_A100_v4": {
-        "NCCL_SOCKET_IFNAME": "eth0",
-        "NCCL_IB_DISABLE": "0",
-        "NCCL_IB_PCI_RELAXED_ORDERING": "1",
-        "NCCL_TOPO_FILE": "/opt/microsoft/ndv4-topo.xml",
-    },
-}
+#: InfiniBand sizes (their NCCL settings are the bootstrap's: `cloudtrain.gpustack.FABRIC_NCCL`).
+INFINIBAND = frozenset(FABRIC_NCCL)
 NETWORK_API_VERSION = "2020-11-01"
 NODE_USER = bootstrap.NODE_USER
 #: provisioningState → NodeInfo.state ("failed": allocation failed; the VM must be deleted)
@@ -91,17 +76,6 @@ def custom_data(offer: Offer, keys: bootstrap.NodeKeys) -> str:
         "azure", offer.accelerator, offer.accelerator_count, offer.instance_type
     )
     doc = bootstrap.cloud_config(shape, keys)
-    settings = INFINIBAND.get(offer.instance_type)
-    if settings:
-        data = yaml.safe_load(doc)
-        data.setdefault("write_files", []).append(
-            {
-                "path": "/etc/nccl.conf",
-                "permissions": "0644",
-                "content": "".join(f"{k}={v}\n" for k, v in settings.items()),
-            }
-        )
-        doc = "#cloud-config\n" + yaml.safe_dump(data, sort_keys=False, width=2**16)
     return base64.b64encode(bootstrap.fit("azure", doc)).decode()
 
 
@@ -253,8 +227,7 @@ def plan_requests(spec: ClusterSpec, offer: Offer, owner: str) -> tuple[dict[str
     )
     vm["properties"]["osProfile"]["customData"] = (
         "<base64 cloud-init; `cloudtrain bootstrap render --provider azure --gpus "
-        f"{spec.resources.gpus}` shows it"
-        + (", plus /etc/nccl.conf for InfiniBand>" if offer.instance_type in INFINIBAND else ">")
+        f"{spec.resources.gpus}` shows it>"
     )
     requests: list[dict[str, Any]] = [
         {f"PUT resourceGroups/{group}": res.group_body(region, cluster, owner)},

@@ -202,7 +202,7 @@ def test_a_single_a100_80gb_gets_plain_ubuntu_no_ppg_no_spot(make: Make, azure: 
     assert "priority" not in props
     assert "proximityPlacementGroups" not in azure.leftovers()
     custom = base64.b64decode(props["osProfile"]["customData"]).decode()
-    assert "/etc/nccl.conf" not in custom
+    assert "CT_NCCL_ENV=''" in custom  # no fabric: no NCCL settings of its own
 
 
 def test_accelerated_networking_only_where_the_sku_says_so(make: Make, azure: StandIn) -> None:
@@ -223,7 +223,7 @@ def test_custom_data_holds_the_bootstrap_and_no_secret(
     assert custom.startswith("#cloud-config")
     assert (keys / "id_ed25519.pub").read_text().strip() in custom
     assert (keys / "ssh_host_ed25519_key.pub").read_text().strip() in custom
-    assert "NCCL_TOPO_FILE=/opt/microsoft/ndv4-topo.xml" in custom  # IB size: /etc/nccl.conf
+    assert "NCCL_TOPO_FILE=/opt/microsoft/ndv4-topo.xml" in custom  # IB size: the nccl phase
     secret = "".join(private.read_text().splitlines()[1:-1])[80:140]  # the key's random part
     tokens = list(azure.tokens)
     every_body = " ".join(str(c.body) for c in azure.requests() if c.kind != "token")
@@ -455,10 +455,9 @@ def test_ssh_is_opened_to_the_callers_address_or_to_the_world_only_when_asked(
     assert rules[0]["properties"]["sourceAddressPrefix"] == "0.0.0.0/0"
 
 
-def test_infiniband_custom_data_is_the_bootstrap_plus_nccl_conf_and_valid(tmp_path: Path) -> None:
+def test_infiniband_sizes_get_their_nccl_settings_through_the_bootstrap(tmp_path: Path) -> None:
+    import re
     import subprocess
-
-    import yaml
 
     from cloudtrain.bootstrap import NodeKeys
     from cloudtrain.provider import Offer
@@ -469,11 +468,15 @@ def test_infiniband_custom_data_is_the_bootstrap_plus_nccl_conf_and_valid(tmp_pa
         offer = Offer("azure", "eastus", ("1",), size, 1.0, accelerator="A100", accelerator_count=8)
         return base64.b64decode(inst.custom_data(offer, NodeKeys.placeholders()))
 
-    ib, plain = yaml.safe_load(doc("Standard_ND96asr_v4")), yaml.safe_load(doc("Standard_X"))
-    extra = ib["write_files"].pop()
-    assert ib == plain
-    assert extra["path"] == "/etc/nccl.conf"
-    assert "NCCL_IB_PCI_RELAXED_ORDERING=1\n" in extra["content"]
+    ib, plain = doc("Standard_ND96asr_v4").decode(), doc("Standard_X").decode()
+    setting = re.compile(r"CT_NCCL_ENV=('[^']*')")
+    same = [setting.sub("", d).replace(size, "SIZE") for d, size in
+            ((ib, "Standard_ND96asr_v4"), (plain, "Standard_X"))]  # fmt: skip
+    assert same[0] == same[1], "the settings are the only difference"
+    found = setting.search(ib)
+    assert found is not None
+    assert "NCCL_IB_DISABLE=0" in found.group(1)
+    assert "NCCL_IB_PCI_RELAXED_ORDERING=1" in found.group(1)
     path = tmp_path / "user-data"
     path.write_bytes(doc("Standard_ND96asr_v4"))
     checked = subprocess.run(

@@ -17,6 +17,9 @@ from cloudtrain.spec import ClusterSpec, Resources
 from cloudtrain.state import State
 from cloudtrain.torchrun import entrypoint_args
 
+#: What a p4d node's bootstrap writes to <root>/nccl.env.
+NCCL_ENV = "# cloudtrain: NCCL settings\nFI_PROVIDER='efa'\nNCCL_PROTO='simple'\n"
+
 
 class Node:
     """What the fake nodes answer: a port, and job states set per node by the test."""
@@ -46,6 +49,8 @@ class Node:
             return RunResult(argv, 0, json.dumps(status), "")
         if argv[1:4] == ("-m", "cloudtrain.node", "follow"):
             return RunResult(argv, 0, "line one\nline two\n", "")
+        if argv[0] == "cat" and argv[1].endswith("/nccl.env"):
+            return RunResult(argv, 0, NCCL_ENV, "")
         return RunResult(argv, 0, "", "")
 
 
@@ -126,6 +131,7 @@ def test_submit_starts_one_torchrun_agent_per_node_with_the_env_contract(setup: 
         assert env["CLOUDTRAIN_GPUS_PER_NODE"] == "8"
         assert env["CLOUDTRAIN_CHECKPOINT_DIR"] == f"{node.root}/checkpoints"
         assert "OMP_NUM_THREADS" not in env  # GPU nodes keep torchrun's own choice
+        assert (env["FI_PROVIDER"], env["NCCL_PROTO"]) == ("efa", "simple")  # the bootstrap's
 
 
 def test_setup_runs_once_per_node_and_workdir_is_synced(setup: Setup, tmp_path: Path) -> None:

@@ -68,6 +68,7 @@ def keys_for(stack: GpuStack, gpus: int = 0) -> dict[str, str]:
         "CT_TORCH_INDEX": stack.torch_index,
         "CT_TORCH_VERSION": "torch==2.13.0",
         "CT_EFA": "1" if stack.efa else "0",
+        "CT_NCCL_ENV": " ".join(f"{k}={v}" for k, v in stack.nccl.items()),
     }
 
 
@@ -507,6 +508,23 @@ def test_nccl_settings_on_volta_efa_have_no_device_rdma(node: Node) -> None:
     text = (node.root / "nccl.env").read_text()
     settings = dict(line.split("=", 1) for line in shlex.split(text, comments=True))
     assert settings == {"FI_PROVIDER": "efa", "NCCL_PROTO": "simple"}
+
+
+def test_nccl_settings_on_infiniband_come_from_the_fabric_table(node: Node) -> None:
+    node.configure(stack_for("A100", "Standard_ND96asr_v4"), gpus=8, CT_PHASES="nccl")
+    assert node.run().returncode == 0
+    text = (node.root / "nccl.env").read_text()
+    settings = dict(line.split("=", 1) for line in shlex.split(text, comments=True))
+    assert settings == {
+        "NCCL_IB_DISABLE": "0",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "NCCL_IB_PCI_RELAXED_ORDERING": "1",
+        "NCCL_TOPO_FILE": "/opt/microsoft/ndv4-topo.xml",
+    }
+    node.configure(stack_for("A100", "Standard_ND96asr_v4"), gpus=8, CT_PHASES="nccl",
+                   CT_NCCL_ENV="NCCL_IB_DISABLE=0 not-a-setting")  # fmt: skip
+    assert node.run().returncode == 1
+    assert "CT_NCCL_ENV: 'not-a-setting' is not KEY=value" in node.log("nccl")
 
 
 def test_status_escapes_odd_paths(node: Node) -> None:
