@@ -47,6 +47,7 @@ def cli(azure: StandIn, tmp_path: Path) -> Iterator[Shell]:
     [
         ("A100-80GB:1", "Standard_NC24ads_A100_v4", "$7.35/h"),
         ("A100:8", "Standard_ND96asr_v4", "$54.39/h"),
+        ("V100-32GB:8", "Standard_ND40rs_v2", "$44.06/h"),  # Azure's only V100 left
     ],
 )
 def test_up_status_down_leave_the_cloud_empty(
