@@ -4,12 +4,16 @@ node detached from this process, follow the logs, record the outcome, stop every
 A job lives on its nodes in ``<node root>/jobs/<job id>/`` (``node.log``, ``pid``, ``exit_code``,
 ``cancelled``) and in the state database; everything here reads the nodes through executors and
 the node agent (`cloudtrain.node`), so a new CLI process can always find a running job again.
+Each refresh records every node's part (`node_state`) in the job's ``detail["nodes"]``; a node
+that does not answer keeps the job open (silence is no verdict) unless it went away while
+followed. Every job on a node gets the NCCL settings its bootstrap wrote (``<root>/nccl.env``).
 
 Job lifecycle (the ``status`` column)::
 
     pending ──► running ──► succeeded     every node's torchrun exited 0
-                  │    └──► failed        a node exited non-zero (the others are stopped) or
-                  │                       its process vanished; `detail` names node and log tail
+                  │    └──► failed        a node exited non-zero (the others are stopped), its
+                  │                       process vanished, or its host went away while the
+                  │                       job was followed; `detail` names node and log tail
                   └───────► cancelled     `cancel`, or an interrupted start
 """
 
