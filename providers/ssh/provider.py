@@ -1,15 +1,16 @@
 """Bring-your-own machines over SSH. See the package docstring for what it needs.
 
-Options (``--hosts`` or ``--inventory``, ``--identity``, ``--known-hosts``, ``--python``; stored
-in the cluster's spec): ``hosts`` (``user@address[:port]``, comma-separated or a list; the first
-is the head), ``inventory`` (a YAML file of hosts with per-host user, port, key and GPUs: see
-`cloudtrain.providers.ssh.hosts`), ``identity`` (private key; default ``~/.ssh/id_ed25519``),
-``known_hosts`` (default ``~/.ssh/known_hosts``), ``python`` (default ``python3``),
-``bootstrap_phases`` (the check-only phases `up` runs; default ``python torch cloudtrain
-verify``). Connections are multiplexed and
-kept ``ControlPersist`` seconds, so the commands of one CLI run share one per host. On each
-host, node *i* of cluster *c* lives in ``~/.cloudtrain/c/node-i/``; its ``node.json`` is the
-"tag" `describe` reads.
+Options (``--hosts`` or ``--inventory``, ``--identity``, ``--known-hosts``, ``--python``,
+``--allow-sudo``, ``--torch-index``; stored in the cluster's spec): ``hosts``
+(``user@address[:port]``, comma-separated or a list; the first is the head), ``inventory`` (a
+YAML file of hosts with per-host user, port, key and GPUs: see `cloudtrain.providers.ssh.hosts`),
+``identity`` (private key; default ``~/.ssh/id_ed25519``), ``known_hosts`` (default
+``~/.ssh/known_hosts``), ``python`` (use it as it is, check-only; without it each node gets a
+venv), ``allow_sudo`` (also the ``base`` and ``nvidia-driver`` phases, through ``sudo -n``),
+``torch_index`` (a mirror), ``bootstrap_phases`` (overrides the phases `up` runs). Connections
+are multiplexed and kept ``ControlPersist`` seconds, so the commands of one CLI run share one
+per host. On each host, node *i* of cluster *c* lives in ``~/.cloudtrain/c/node-i/`` (its venv
+too); its ``node.json`` is the "tag" `describe` reads.
 """
 
 from __future__ import annotations
