@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from click.testing import CliRunner, Result
@@ -100,16 +101,22 @@ def run_cli(home: Path) -> Cli:
 pytest_plugins = ["tests.aws.fixtures", "tests.gcp.fixtures", "tests.azure.fixtures"]
 
 
+def unavailable(message: str) -> NoReturn:
+    """Something a test needs is missing: a skip on a developer's machine, a failure in CI
+    (CI=true), where .ci/run provides it, so a test can never silently stop testing there."""
+    import os
+
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def require_tool(path_or_name: str) -> str:
-    """The tool's path. Missing: a skip on a developer's machine, a failure in CI (CI=true),
-    where .ci/run installs it, so a test can never silently stop testing there."""
+    """The tool's path; missing: `unavailable`."""
     import os
     import shutil
 
     found = shutil.which(path_or_name) or (path_or_name if os.path.exists(path_or_name) else None)
     if found is None:
-        message = f"{path_or_name} is not installed (.ci/run installs it from Debian)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"{path_or_name} is not installed (.ci/run installs it from Debian)")
     return found
