@@ -37,16 +37,6 @@ if TYPE_CHECKING:
     from cloudtrain.spec import ClusterSpec
 
 
-def default_owner() -> str:
-    """Who owns what a provider creates (the owner tag; `down --all` and `clusters()` look
-    for it): ``$CLOUDTRAIN_OWNER``, else ``user@host``."""
-    import getpass
-    import os
-    import socket
-
-    return os.environ.get("CLOUDTRAIN_OWNER") or f"{getpass.getuser()}@{socket.gethostname()}"
-
-
 #: Tag/label keys put on every resource a provider creates (clouds adapt the separator).
 TAG_CLUSTER = "cloudtrain:cluster"
 TAG_NODE = "cloudtrain:node"
@@ -229,3 +219,60 @@ class Provider(Protocol):
     def executor(self, node: NodeInfo) -> Executor:
         """An executor that runs commands on `node`."""
         ...
+
+
+# -- helpers for implementations ----------------------------------------------------------------
+
+
+def default_owner() -> str:
+    """Who owns what a provider creates (the owner tag; `down --all` and `clusters()` look
+    for it): ``$CLOUDTRAIN_OWNER``, else ``user@host``."""
+    import getpass
+    import os
+    import socket
+
+    return os.environ.get("CLOUDTRAIN_OWNER") or f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def _running(node: NodeInfo) -> bool:
+    return node.state == "running" and bool(node.private_ip)
+
+
+def wait_for_nodes(
+    provider: str,
+    cluster: str,
+    count: int,
+    describe: Callable[[], list[NodeInfo]],
+    *,
+    home: Path,
+    timeout_s: float,
+    poll_s: float,
+    on_event: OnEvent = ignore_event,
+    ready: Callable[[NodeInfo], bool] = _running,
+    settle: Callable[[list[NodeInfo]], bool] | None = None,
+) -> list[NodeInfo]:
+    """`apply`'s last step: poll `describe` (one call per poll, each reported) until `count`
+    nodes are `ready`; let `settle` act on them (True: it changed them, poll again); then pin
+    the cluster's host key for every address they have. Raises `ProviderError` (WaitTimeout)
+    naming how many were ready and how to remove them."""
+    import time
+
+    from cloudtrain import access
+    from cloudtrain.errors import ProviderError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        nodes = describe()
+        up = [n for n in nodes if ready(n)]
+        on_event(Event("wait", f"{len(up)}/{count} nodes running"))
+        if len(up) >= count and not (settle and settle(nodes)):
+            addresses = [a for n in nodes for a in (n.public_ip, n.private_ip) if a]
+            access.known_hosts(home, cluster, addresses)
+            return nodes
+        if time.monotonic() > deadline:
+            raise ProviderError(
+                provider, "WaitTimeout",
+                f"{len(up)} of {count} nodes of {cluster!r} running after {timeout_s:.0f} s; "
+                f"`cloudtrain down {cluster}` removes them",
+            )  # fmt: skip
+        time.sleep(poll_s)

@@ -46,6 +46,7 @@ from cloudtrain.provider import (
     ProviderContext,
     default_owner,
     ignore_event,
+    wait_for_nodes,
 )
 from cloudtrain.providers.aws import _resources as res
 from cloudtrain.providers.aws._client import Clients, aws_errors, paginate
@@ -258,25 +259,18 @@ class AwsProvider:
 
     def _wait(self, cluster: str, region: str, count: int, on_event: OnEvent) -> list[NodeInfo]:
         """Block until `count` nodes run with addresses; one paginated describe per poll."""
-        deadline = time.monotonic() + self.wait_timeout_s
-        while True:
-            nodes = self._describe_region(cluster, region)
-            ready = [n for n in nodes if n.state == "running" and n.private_ip]
-            on_event(Event("wait", f"{len(ready)}/{count} nodes running"))
-            if len(ready) >= count:
-                if not nodes[0].public_ip and res.multi_card(nodes[0].instance_type):
-                    self._address_head(cluster, region, nodes[0], on_event)
-                    continue
-                addresses = [a for n in nodes for a in (n.public_ip, n.private_ip) if a]
-                access.known_hosts(self.home, cluster, addresses)  # pin the host key
-                return nodes
-            if time.monotonic() > deadline:
-                raise ProviderError(
-                    "aws", "WaitTimeout",
-                    f"{len(ready)} of {count} nodes of {cluster!r} running after "
-                    f"{self.wait_timeout_s:.0f} s; `cloudtrain down {cluster}` removes them",
-                )  # fmt: skip
-            time.sleep(self.poll_s)
+
+        def settle(nodes: list[NodeInfo]) -> bool:
+            if nodes[0].public_ip or not res.multi_card(nodes[0].instance_type):
+                return False
+            self._address_head(cluster, region, nodes[0], on_event)
+            return True
+
+        return wait_for_nodes(
+            "aws", cluster, count, lambda: self._describe_region(cluster, region),
+            home=self.home, timeout_s=self.wait_timeout_s, poll_s=self.poll_s,
+            on_event=on_event, settle=settle,
+        )  # fmt: skip
 
     def _address_head(self, cluster: str, region: str, head: NodeInfo, on_event: OnEvent) -> None:
         """Multi-card nodes get no public IPv4: give the head an Elastic IP (the others are

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -36,6 +35,7 @@ from cloudtrain.provider import (
     ProviderContext,
     default_owner,
     ignore_event,
+    wait_for_nodes,
 )
 from cloudtrain.providers.azure import _instances as inst
 from cloudtrain.providers.azure import _resources as res
@@ -275,23 +275,11 @@ class AzureProvider:
 
     def _wait(self, cluster: str, count: int, on_event: OnEvent) -> list[NodeInfo]:
         """Block until `count` VMs run with addresses; then pin the host key for them."""
-        deadline = time.monotonic() + self.wait_timeout_s
-        while True:
-            nodes = self.describe(cluster)
-            ready = [n for n in nodes if n.state == "running" and n.private_ip]
-            on_event(Event("wait", f"{len(ready)}/{count} nodes running"))
-            if len(ready) >= count:
-                addresses = [a for n in nodes for a in (n.public_ip, n.private_ip) if a]
-                access.known_hosts(self.home, cluster, addresses)
-                return nodes
-            if time.monotonic() > deadline:
-                raise ProviderError(
-                    "azure",
-                    "WaitTimeout",
-                    f"{len(ready)} of {count} nodes of {cluster!r} running after "
-                    f"{self.wait_timeout_s:.0f} s; `cloudtrain down {cluster}` removes them",
-                )
-            time.sleep(self.poll_s)
+        return wait_for_nodes(
+            "azure", cluster, count, lambda: self.describe(cluster),
+            home=self.home, timeout_s=self.wait_timeout_s, poll_s=self.poll_s,
+            on_event=on_event,
+        )  # fmt: skip
 
     # -- describe / terminate -------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from cloudtrain.provider import (
     ProviderContext,
     default_owner,
     ignore_event,
+    wait_for_nodes,
 )
 from cloudtrain.providers.gcp import _resources as res
 from cloudtrain.providers.gcp._client import Clients, import_compute, last
@@ -245,23 +246,12 @@ class GcpProvider:
 
     def _wait(self, cluster: str, count: int, on_event: OnEvent) -> list[NodeInfo]:
         """Block until `count` nodes run with both addresses; one paged list per poll."""
-        deadline = time.monotonic() + self.wait_timeout_s
-        while True:
-            nodes = self.describe(cluster)
-            ready = [n for n in nodes if n.state == "running" and n.private_ip and n.public_ip]
-            on_event(Event("wait", f"{len(ready)}/{count} nodes running"))
-            if len(ready) >= count:
-                addresses = [a for n in nodes for a in (n.public_ip, n.private_ip) if a]
-                access.known_hosts(self.home, cluster, addresses)  # pin the host key
-                return nodes
-            if time.monotonic() > deadline:
-                raise ProviderError(
-                    "gcp",
-                    "WaitTimeout",
-                    f"{len(ready)} of {count} nodes of {cluster!r} running after "
-                    f"{self.wait_timeout_s:.0f} s; `cloudtrain down {cluster}` removes them",
-                )
-            time.sleep(self.poll_s)
+        return wait_for_nodes(
+            "gcp", cluster, count, lambda: self.describe(cluster),
+            home=self.home, timeout_s=self.wait_timeout_s, poll_s=self.poll_s,
+            on_event=on_event,
+            ready=lambda n: n.state == "running" and bool(n.private_ip and n.public_ip),
+        )  # fmt: skip
 
     # -- describe / terminate -------------------------------------------------------------
 
