@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import ProviderError
@@ -111,39 +112,44 @@ def _gone(exc: ProviderError) -> bool:
     return exc.code in ("NOT_FOUND", "HTTP_404")
 
 
+def _call_and_wait(
+    clients: Clients,
+    what: str,
+    call: Callable[..., Any],
+    where: str,
+    timeout_s: float,
+    *,
+    done_already: Callable[[ProviderError], bool],
+    **request: Any,
+) -> None:
+    """One mutating call, waited on; an error `done_already` accepts (the resource is there
+    already, or gone already) is success: every `ensure`/`delete` here is idempotent."""
+    try:
+        clients.wait(clients.mutate(what, call, where, **request), where, timeout_s)
+    except ProviderError as exc:
+        if not done_already(exc):
+            raise
+
+
 def ensure_firewalls(clients: Clients, bodies: list[dict[str, Any]], timeout_s: float) -> None:
     """Create each rule unless it exists. Idempotent."""
     compute = import_compute()
     for body in bodies:
-        try:
-            op = clients.mutate(
-                "firewalls.insert",
-                clients.firewalls().insert_unary,
-                "global",
-                project=clients.project,
-                firewall_resource=compute.Firewall.from_json(json.dumps(body)),
-            )
-            clients.wait(op, f"firewall {body['name']}", timeout_s)
-        except ProviderError as exc:
-            if not _exists(exc):
-                raise
+        _call_and_wait(
+            clients, "firewalls.insert", clients.firewalls().insert_unary,
+            f"firewall {body['name']}", timeout_s, done_already=_exists,
+            project=clients.project, firewall_resource=compute.Firewall.from_json(json.dumps(body)),
+        )  # fmt: skip
 
 
 def ensure_policy(clients: Clients, region: str, body: dict[str, Any], timeout_s: float) -> None:
     compute = import_compute()
-    try:
-        op = clients.mutate(
-            "resourcePolicies.insert",
-            clients.resource_policies().insert_unary,
-            region,
-            project=clients.project,
-            region=region,
-            resource_policy_resource=compute.ResourcePolicy.from_json(json.dumps(body)),
-        )
-        clients.wait(op, region, timeout_s)
-    except ProviderError as exc:
-        if not _exists(exc):
-            raise
+    policy = compute.ResourcePolicy.from_json(json.dumps(body))
+    _call_and_wait(
+        clients, "resourcePolicies.insert", clients.resource_policies().insert_unary, region,
+        timeout_s, done_already=_exists,
+        project=clients.project, region=region, resource_policy_resource=policy,
+    )  # fmt: skip
 
 
 def live_instances(clients: Clients, key: str, value: str) -> list[compute_v1.Instance]:
@@ -188,29 +194,13 @@ def delete_all(clients: Clients, cluster: str, timeout_s: float) -> None:
     """Delete the cluster's firewall rules and placement policies (after its instances: a
     policy in use cannot go). Idempotent."""
     for name in firewall_names(cluster):
-        try:
-            op = clients.mutate(
-                "firewalls.delete",
-                clients.firewalls().delete_unary,
-                name,
-                project=clients.project,
-                firewall=name,
-            )
-            clients.wait(op, f"firewall {name}", timeout_s)
-        except ProviderError as exc:
-            if not _gone(exc):
-                raise
+        _call_and_wait(
+            clients, "firewalls.delete", clients.firewalls().delete_unary, f"firewall {name}",
+            timeout_s, done_already=_gone, project=clients.project, firewall=name,
+        )  # fmt: skip
     for region, name in policies(clients, cluster):
-        try:
-            op = clients.mutate(
-                "resourcePolicies.delete",
-                clients.resource_policies().delete_unary,
-                region,
-                project=clients.project,
-                region=region,
-                resource_policy=name,
-            )
-            clients.wait(op, region, timeout_s)
-        except ProviderError as exc:
-            if not _gone(exc):
-                raise
+        _call_and_wait(
+            clients, "resourcePolicies.delete", clients.resource_policies().delete_unary, region,
+            timeout_s, done_already=_gone,
+            project=clients.project, region=region, resource_policy=name,
+        )  # fmt: skip
