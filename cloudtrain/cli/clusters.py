@@ -111,12 +111,11 @@ def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
     hosts = flags.get("hosts")
     num_nodes = flags.get("num_nodes")
     inventory = flags.get("inventory")
-    if hosts and num_nodes is None:
-        num_nodes = len([h for h in str(hosts).split(",") if h.strip()])
-    if inventory and num_nodes is None:
-        from cloudtrain.providers.ssh.hosts import load_inventory
+    if (hosts or inventory) and num_nodes is None:
+        # one node per host, the list checked here: bad input costs nothing
+        from cloudtrain.providers.ssh.hosts import load_inventory, parse_hosts
 
-        num_nodes = len(load_inventory(Path(inventory)).hosts)
+        num_nodes = len(load_inventory(Path(inventory)).hosts if inventory else parse_hosts(hosts))
     overrides = {
         "name": flags.get("name"),
         "provider": flags.get("provider"),
