@@ -3,6 +3,10 @@
 ``AWS_ENDPOINT_URL_EC2`` / ``AWS_ENDPOINT_URL`` and ``AWS_MAX_ATTEMPTS`` are read by boto3 itself,
 so the provider never names an endpoint: a private endpoint or a test stand-in is configured
 the way any AWS tool is.
+
+Every call runs inside `aws_errors`, which maps whatever botocore raises (``_errors.py``); each
+client records, per thread, the last answer it was about to parse, so that an answer that is
+no AWS response is described by its status, content type and title.
 """
 
 from __future__ import annotations
@@ -12,13 +16,41 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from cloudtrain.errors import ConfigError, ProviderError
-from cloudtrain.providers.aws._errors import map_client_error, no_credentials
+from cloudtrain.errors import ConfigError
+from cloudtrain.providers.aws._errors import (
+    map_botocore_error,
+    map_client_error,
+    not_an_aws_response,
+)
 
 if TYPE_CHECKING:
     import boto3
 
 T = TypeVar("T")
+
+#: the answer each thread's last call got, as botocore was about to parse it (`_remember`)
+_answers = threading.local()
+#: what of a body is kept for a message
+_KEPT = 4096
+
+
+def _remember(operation_model: Any, response_dict: dict[str, Any], **_: Any) -> None:
+    """``before-parse`` handler: keep the answer's status, type and start, per thread."""
+    body = response_dict.get("body")
+    headers = response_dict.get("headers") or {}
+    _answers.last = {
+        "service": operation_model.service_model.service_id,
+        "operation": operation_model.name,
+        "status": response_dict.get("status_code"),
+        "content_type": headers.get("content-type", ""),
+        "body": body[:_KEPT] if isinstance(body, bytes) else b"",
+    }
+
+
+def last_answer() -> dict[str, Any] | None:
+    """The answer this thread's last call got (see `_remember`), if any."""
+    found: dict[str, Any] | None = getattr(_answers, "last", None)
+    return found
 
 
 def import_boto3() -> Any:
@@ -60,6 +92,7 @@ class Clients:
                 client = self.session().client(
                     service, region_name=region, config=Config(retries={"mode": "standard"})
                 )
+                client.meta.events.register("before-parse", _remember)
                 for event, handler in self.hooks:
                     client.meta.events.register(event, handler)
                 self._clients[key] = client
@@ -71,22 +104,20 @@ class Clients:
 
 @contextmanager
 def aws_errors(where: str = "") -> Iterator[None]:
-    """Turn botocore's exceptions into cloudtrain's inside the block."""
-    from botocore.exceptions import (
-        ClientError,
-        EndpointConnectionError,
-        NoCredentialsError,
-        PartialCredentialsError,
-    )
+    """Turn botocore's exceptions into cloudtrain's inside the block (`where`: a zone or
+    region, for the message): every one of them, each as one line."""
+    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.parsers import ResponseParserError
 
+    _answers.last = None
     try:
         yield
     except ClientError as exc:
-        raise map_client_error(exc, where) from exc
-    except (NoCredentialsError, PartialCredentialsError) as exc:
-        raise no_credentials(exc) from exc
-    except EndpointConnectionError as exc:
-        raise ProviderError("aws", "EndpointConnectionError", str(exc), retryable=True) from exc
+        raise map_client_error(exc, where, last_answer()) from exc
+    except ResponseParserError as exc:
+        raise not_an_aws_response(exc, where, last_answer()) from exc
+    except BotoCoreError as exc:
+        raise map_botocore_error(exc, where) from exc
 
 
 def paginate(client: Any, operation: str, key: str, **kwargs: Any) -> Iterator[Any]:

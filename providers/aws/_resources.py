@@ -2,8 +2,9 @@
 (for multi-node clusters of types that support it) a cluster placement group, and (for
 multi-card types, which get no public IPv4) an Elastic IP for the head.
 
-Each is tagged with the cluster and found again by tag, so `ensure_*` is idempotent and
-`delete_all` works with no local state. Names are ``cloudtrain-<cluster>``.
+Each is tagged with the cluster and its owner and found again by both tags (never by name
+alone: a second user of the account must not adopt or delete the first one's), so `ensure_*` is
+idempotent and `delete_all` works with no local state. Names are ``cloudtrain-<cluster>``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ def cluster_filter(cluster: str) -> dict[str, Any]:
     return {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}
 
 
+def scope(cluster: str, owner: str | None) -> list[dict[str, Any]]:
+    """Filters for the resources of `cluster` made by `owner` (None: by anyone)."""
+    owned = [{"Name": f"tag:{TAG_OWNER}", "Values": [owner]}] if owner is not None else []
+    return [cluster_filter(cluster), *owned]
+
+
 def default_vpc(ec2: Any) -> str:
     vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
     if not vpcs:
@@ -69,26 +76,42 @@ def default_subnet(ec2: Any, zone: str) -> str:
     return str(subnets[0]["SubnetId"])
 
 
-def _security_group(ec2: Any, cluster: str) -> dict[str, Any] | None:
-    groups = ec2.describe_security_groups(Filters=[cluster_filter(cluster)])["SecurityGroups"]
+def _security_group(ec2: Any, cluster: str, owner: str) -> dict[str, Any] | None:
+    groups = ec2.describe_security_groups(Filters=scope(cluster, owner))["SecurityGroups"]
     return dict(groups[0]) if groups else None
 
 
-def find_security_group(ec2: Any, cluster: str) -> str | None:
-    group = _security_group(ec2, cluster)
+def find_security_group(ec2: Any, cluster: str, owner: str) -> str | None:
+    group = _security_group(ec2, cluster, owner)
     return str(group["GroupId"]) if group else None
 
 
-def ensure_security_group(ec2: Any, cluster: str, owner: str, cidr: str) -> str:
+def ensure_security_group(ec2: Any, cluster: str, owner: str, cidr: str) -> tuple[str, list[str]]:
     """SSH (22/tcp) from `cidr` only; all traffic between members of the group. Idempotent,
-    also after a crash between creating the group and adding its rules."""
-    found = _security_group(ec2, cluster)
+    also after a crash between creating the group and adding its rules. The SSH rule follows
+    `cidr` when it changed (the caller's address moved): the new one is added before the old
+    is revoked. Returns the group id and what changed, in words."""
+    found = _security_group(ec2, cluster, owner)
     if found and found.get("IpPermissions"):
-        return str(found["GroupId"])
-    group_id = (
-        str(found["GroupId"])
-        if found
-        else str(
+        return str(found["GroupId"]), _follow(ec2, found, cidr)
+    from botocore.exceptions import ClientError
+
+    group_id = str(found["GroupId"]) if found else _create_group(ec2, cluster, owner, cidr)
+    try:
+        ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=rules(group_id, cidr))
+    except ClientError as exc:  # the other `up` of the cluster added them just now
+        if code_of(exc) != "InvalidPermission.Duplicate":
+            raise
+    return group_id, []
+
+
+def _create_group(ec2: Any, cluster: str, owner: str, cidr: str) -> str:
+    """Create the group; when another `up` of the same cluster made it a moment ago (its name
+    is unique in the VPC), use that one: both then send the same ``ClientToken``."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return str(
             ec2.create_security_group(
                 GroupName=resource_name(cluster),
                 Description=f"cloudtrain cluster {cluster}: SSH from {cidr}, all within the group",
@@ -96,9 +119,35 @@ def ensure_security_group(ec2: Any, cluster: str, owner: str, cidr: str) -> str:
                 TagSpecifications=[tag_spec("security-group", cluster, owner)],
             )["GroupId"]
         )
-    )
-    ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=rules(group_id, cidr))
-    return group_id
+    except ClientError as exc:
+        found = _security_group(ec2, cluster, owner)
+        if code_of(exc) != "InvalidGroup.Duplicate" or found is None:
+            raise
+        return str(found["GroupId"])
+
+
+def _ssh_sources(group: dict[str, Any]) -> list[str]:
+    return [
+        r.get("CidrIp") or r.get("CidrIpv6")
+        for p in group.get("IpPermissions", [])
+        if p.get("IpProtocol") == "tcp" and p.get("FromPort") == 22
+        for r in [*p.get("IpRanges", []), *p.get("Ipv6Ranges", [])]
+    ]
+
+
+def _follow(ec2: Any, group: dict[str, Any], cidr: str) -> list[str]:
+    """Point the group's SSH rule at `cidr` alone."""
+    group_id, sources = str(group["GroupId"]), _ssh_sources(group)
+    if sources == [cidr]:
+        return []
+    if cidr not in sources:
+        ec2.authorize_security_group_ingress(
+            GroupId=group_id, IpPermissions=rules(group_id, cidr)[:1]
+        )
+    for old in (s for s in sources if s != cidr):
+        ec2.revoke_security_group_ingress(GroupId=group_id, IpPermissions=rules(group_id, old)[:1])
+    was = ", ".join(s for s in sources if s != cidr) or "none"
+    return [f"SSH to security group {group_id} now from {cidr} only (was {was})"]
 
 
 def rules(group_id: str, cidr: str) -> list[dict[str, Any]]:
@@ -118,25 +167,30 @@ def rules(group_id: str, cidr: str) -> list[dict[str, Any]]:
 def ensure_key_pair(ec2: Any, cluster: str, owner: str, public_key: str) -> str:
     """Import the cluster's public key (made locally; AWS never sees the private half)."""
     name = resource_name(cluster)
-    existing = ec2.describe_key_pairs(Filters=[{"Name": "key-name", "Values": [name]}])
-    if existing["KeyPairs"]:
+    if ec2.describe_key_pairs(Filters=scope(cluster, owner))["KeyPairs"]:
         return name
-    ec2.import_key_pair(
-        KeyName=name,
-        PublicKeyMaterial=public_key.encode(),
-        TagSpecifications=[tag_spec("key-pair", cluster, owner)],
-    )
+    from botocore.exceptions import ClientError
+
+    try:
+        ec2.import_key_pair(
+            KeyName=name,
+            PublicKeyMaterial=public_key.encode(),
+            TagSpecifications=[tag_spec("key-pair", cluster, owner)],
+        )
+    except ClientError as exc:  # another `up` of the cluster imported the same key just now
+        if code_of(exc) != "InvalidKeyPair.Duplicate" or not _key_pairs(ec2, cluster, owner):
+            raise
     return name
 
 
-def find_placement_group(ec2: Any, cluster: str) -> str | None:
-    groups = ec2.describe_placement_groups(Filters=[cluster_filter(cluster)])["PlacementGroups"]
+def find_placement_group(ec2: Any, cluster: str, owner: str) -> str | None:
+    groups = ec2.describe_placement_groups(Filters=scope(cluster, owner))["PlacementGroups"]
     return str(groups[0]["GroupName"]) if groups else None
 
 
 def ensure_placement_group(ec2: Any, cluster: str, owner: str) -> str:
     """A `cluster` placement group: the nodes share a low-latency network segment."""
-    found = find_placement_group(ec2, cluster)
+    found = find_placement_group(ec2, cluster, owner)
     if found:
         return found
     name = resource_name(cluster)
@@ -151,7 +205,7 @@ def ensure_placement_group(ec2: Any, cluster: str, owner: str) -> str:
 def ensure_head_address(ec2: Any, cluster: str, owner: str, interface_id: str) -> str:
     """The cluster's Elastic IP, on the head's primary interface: how the coordinator reaches
     a cluster of multi-card nodes (the others through the head). Idempotent; returns it."""
-    found = ec2.describe_addresses(Filters=[cluster_filter(cluster)])["Addresses"]
+    found = ec2.describe_addresses(Filters=scope(cluster, owner))["Addresses"]
     address = found[0] if found else ec2.allocate_address(
         Domain="vpc", TagSpecifications=[tag_spec("elastic-ip", cluster, owner)]
     )  # fmt: skip
@@ -164,8 +218,9 @@ def ensure_head_address(ec2: Any, cluster: str, owner: str, interface_id: str) -
     return str(address["PublicIp"])
 
 
-def live_instances(ec2: Any, cluster: str) -> list[dict[str, Any]]:
-    """The cluster's instances in this region that are not terminated (one paginated call)."""
+def live_instances(ec2: Any, cluster: str, owner: str | None) -> list[dict[str, Any]]:
+    """The cluster's instances of `owner` (None: of anyone) in this region that are not
+    terminated (one paginated call)."""
     states = ["pending", "running", "stopping", "stopped", "shutting-down"]
     return [
         instance
@@ -173,38 +228,66 @@ def live_instances(ec2: Any, cluster: str) -> list[dict[str, Any]]:
             ec2,
             "describe_instances",
             "Reservations",
-            Filters=[cluster_filter(cluster), {"Name": "instance-state-name", "Values": states}],
+            Filters=[*scope(cluster, owner), {"Name": "instance-state-name", "Values": states}],
         )
         for instance in reservation["Instances"]
     ]
 
 
-def delete_all(ec2: Any, cluster: str, *, timeout_s: float = 600, poll_s: float = 2) -> list[str]:
+def owners(ec2: Any, cluster: str) -> set[str]:
+    """The owners of whatever in this region carries the cluster's tag: its instances, its
+    security group and its key pair."""
+    found = [
+        *live_instances(ec2, cluster, None),
+        *ec2.describe_security_groups(Filters=scope(cluster, None))["SecurityGroups"],
+        *ec2.describe_key_pairs(Filters=scope(cluster, None))["KeyPairs"],
+    ]
+    return {t["Value"] for r in found for t in r.get("Tags", []) if t["Key"] == TAG_OWNER}
+
+
+def leftovers(ec2: Any, cluster: str, owner: str) -> list[str]:
+    """What of the cluster, besides instances, exists in this region (for `down` of a cluster
+    whose instances are gone)."""
+    return [
+        *(f"elastic IP {a['PublicIp']}" for a in _addresses(ec2, cluster, owner)),
+        *(f"placement group {n}" for n in [find_placement_group(ec2, cluster, owner)] if n),
+        *(f"security group {g}" for g in [find_security_group(ec2, cluster, owner)] if g),
+        *(f"key pair {k}" for k in _key_pairs(ec2, cluster, owner)),
+    ]
+
+
+def _addresses(ec2: Any, cluster: str, owner: str) -> list[dict[str, Any]]:
+    return list(ec2.describe_addresses(Filters=scope(cluster, owner))["Addresses"])
+
+
+def _key_pairs(ec2: Any, cluster: str, owner: str) -> list[str]:
+    return sorted(
+        k["KeyName"] for k in ec2.describe_key_pairs(Filters=scope(cluster, owner))["KeyPairs"]
+    )
+
+
+def delete_all(
+    ec2: Any, cluster: str, owner: str, *, timeout_s: float = 600, poll_s: float = 2
+) -> list[str]:
     """Release the Elastic IP and delete the placement group, security group and key pair of
-    `cluster` in this region, once no instance of it is left (a group in use cannot be
-    deleted). Idempotent; returns what was deleted."""
+    `owner`'s `cluster` in this region, once no instance of it is left (a group in use cannot
+    be deleted). Idempotent; returns what was deleted."""
     deleted: list[str] = []
-    for address in ec2.describe_addresses(Filters=[cluster_filter(cluster)])["Addresses"]:
+    for address in _addresses(ec2, cluster, owner):
         if address.get("AssociationId"):  # EC2 drops it with the instance; be sure
             _ignore_gone(partial(ec2.disassociate_address, AssociationId=address["AssociationId"]))
         release = partial(ec2.release_address, AllocationId=address["AllocationId"])
         _retry_in_use(release, timeout_s, poll_s)
         deleted.append(f"elastic IP {address['PublicIp']}")
-    name = find_placement_group(ec2, cluster)
+    name = find_placement_group(ec2, cluster, owner)
     if name:
         _retry_in_use(lambda: ec2.delete_placement_group(GroupName=name), timeout_s, poll_s)
         deleted.append(f"placement group {name}")
-    group_id = find_security_group(ec2, cluster)
+    group_id = find_security_group(ec2, cluster, owner)
     if group_id:
         _retry_in_use(lambda: ec2.delete_security_group(GroupId=group_id), timeout_s, poll_s)
         deleted.append(f"security group {group_id}")
-    keys = ec2.describe_key_pairs(Filters=[cluster_filter(cluster)])["KeyPairs"]
-    names = {k["KeyName"] for k in keys}
-    by_name = ec2.describe_key_pairs(
-        Filters=[{"Name": "key-name", "Values": [resource_name(cluster)]}]
-    )["KeyPairs"]
-    names |= {k["KeyName"] for k in by_name}
-    for key_name in sorted(names):
+    for key_name in _key_pairs(ec2, cluster, owner):
         ec2.delete_key_pair(KeyName=key_name)
         deleted.append(f"key pair {key_name}")
     return deleted

@@ -17,21 +17,17 @@ when one is present.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import time
-import uuid
+from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar
 
 from cloudtrain import access, bootstrap, catalog, planner
-from cloudtrain.errors import (
-    AuthError,
-    CapacityError,
-    ConfigError,
-    ProviderError,
-    QuotaError,
-)
+from cloudtrain.engine import Engine
+from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.provider import (
     TAG_CLUSTER,
@@ -45,12 +41,11 @@ from cloudtrain.provider import (
     Plan,
     ProviderContext,
     default_owner,
-    ignore_event,
     wait_for_nodes,
 )
 from cloudtrain.providers.aws import _resources as res
 from cloudtrain.providers.aws._client import Clients, aws_errors, paginate
-from cloudtrain.providers.aws._instances import TAG_NODES, expand, run_request
+from cloudtrain.providers.aws._instances import TAG_NODES, compact, expand, run_request
 from cloudtrain.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -67,7 +62,16 @@ def _tag(resource: dict[str, Any], key: str) -> str:
     return next((t["Value"] for t in resource.get("Tags", []) if t["Key"] == key), "")
 
 
-class AwsProvider:
+def client_token(group_id: str, zone: str, indices: Sequence[int]) -> str:
+    """The ``ClientToken`` of one attempt (at most 64 characters). The cluster's security group
+    stands for this incarnation of the cluster (one per name and owner in a region, made
+    again after a `down`), so the same attempt always sends the same token and EC2 makes its
+    instances once, while a cluster made again after `down` gets new ones."""
+    digest = hashlib.sha256(f"{group_id}\0{zone}\0{compact(indices)}".encode())
+    return f"cloudtrain-{digest.hexdigest()[:40]}"
+
+
+class AwsProvider(Engine):
     """EC2 instance groups. Options: ``profile``, ``owner``, ``regions`` (where `describe` and
     `terminate` look; default: every catalog region of aws), ``clients`` (a `Clients`, for
     tests), ``wait_timeout_s``, ``poll_s``."""
@@ -168,94 +172,75 @@ class AwsProvider:
             raise ConfigError(f"--image {image!r} does not exist in {region}")
         return str(image), str(images[0].get("RootDeviceName") or "/dev/sda1")
 
-    # -- apply ----------------------------------------------------------------------------
+    # -- the engine's hooks (the algorithm is `Engine.apply`) -----------------------------------
 
-    def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
-        spec = plan.spec
-        if spec.ssh_cidr in access.WORLD:
-            on_event(Event("warning", f"SSH is open to the whole internet ({spec.ssh_cidr}), "
-                                      "as asked"))  # fmt: skip
-        existing = self.describe(spec.name)
-        if len(existing) > spec.num_nodes:
-            raise ConfigError(
-                f"cluster {spec.name!r} has {len(existing)} instances, more than the "
-                f"{spec.num_nodes} asked for; `cloudtrain down {spec.name}` first"
-            )
-        missing = sorted(set(range(spec.num_nodes)) - {n.index for n in existing})
-        if not missing:
-            return self._wait(spec.name, str(existing[0].extra["region"]), spec.num_nodes,
-                              on_event)  # fmt: skip
-        offers = list(plan.offers)
-        if existing:  # complete the cluster where it is: same region, same zone
-            region, zone = str(existing[0].extra["region"]), str(existing[0].zone)
-            offers = [dataclasses.replace(o, zones=(zone,)) for o in offers if o.region == region]
-            if not offers:
-                raise ConfigError(f"cluster {spec.name!r} runs in {region}, not in the plan")
-        keys = bootstrap.NodeKeys.for_cluster(self.home, spec.name)
-        attempts: list[str] = []
-        for offer in offers:
-            nodes = self._try_region(spec, offer, missing, keys, attempts, on_event)
-            if nodes is not None:
-                return nodes
-        raise CapacityError(
-            "aws", "NoCapacity",
-            f"no zone had {spec.num_nodes} × {offers[0].instance_type}: " + "; ".join(attempts),
-        )  # fmt: skip
+    def other_owners(self, cluster: str) -> set[str]:
+        found: set[str] = set()
+        for region in self.regions():
+            with aws_errors(region):
+                found |= res.owners(self.clients.ec2(region), cluster)
+        return found - {self.owner}
 
-    def _try_region(
+    def prepare(
+        self, spec: ClusterSpec, offer: Offer, keys: bootstrap.NodeKeys, on_event: OnEvent
+    ) -> Any:
+        """The security group (its SSH rule follows the caller), the key pair, and for
+        multi-node EFA types the placement group, in the offer's region."""
+        cluster, ec2 = spec.name, self.clients.ec2(offer.region)
+        with aws_errors(offer.region):
+            sg, changes = res.ensure_security_group(ec2, cluster, self.owner, str(spec.ssh_cidr))
+            res.ensure_key_pair(ec2, cluster, self.owner, keys.user_public)
+            group = None
+            if spec.num_nodes > 1 and offer.instance_type in res.EFA_INTERFACES:
+                group = res.ensure_placement_group(ec2, cluster, self.owner)
+        for change in changes:
+            on_event(Event("resource", change))
+        return sg, group
+
+    def create(
         self,
         spec: ClusterSpec,
         offer: Offer,
-        missing: list[int],
+        zone: str | None,
+        indices: Sequence[int],
         keys: bootstrap.NodeKeys,
-        attempts: list[str],
-        on_event: OnEvent,
-    ) -> list[NodeInfo] | None:
-        """Create the missing nodes in one of the offer's zones; None when every zone lacked
-        capacity (and then nothing of the cluster is left in the region)."""
-        region, cluster = offer.region, spec.name
-        ec2 = self.clients.ec2(region)
-        try:
-            with aws_errors(region):
-                sg = res.ensure_security_group(ec2, cluster, self.owner, str(spec.ssh_cidr))
-                res.ensure_key_pair(ec2, cluster, self.owner, keys.user_public)
-                group = None
-                if spec.num_nodes > 1 and offer.instance_type in res.EFA_INTERFACES:
-                    group = res.ensure_placement_group(ec2, cluster, self.owner)
-            for zone in offer.zones:
-                on_event(Event("attempt", f"{region}/{zone}: launching {len(missing)} × "
-                                          f"{offer.instance_type}"))  # fmt: skip
-                try:
-                    with aws_errors(zone):
-                        subnet = "" if offer.instance_type not in res.EFA_INTERFACES else (
-                            res.default_subnet(ec2, zone))  # fmt: skip
-                        request = run_request(
-                            spec, offer, zone, missing, owner=self.owner, sg=sg, subnet=subnet,
-                            token=f"cloudtrain-{cluster}-{uuid.uuid4().hex[:20]}",
-                            placement_group=group, keys=keys,
-                        )  # fmt: skip
-                        ec2.run_instances(**request)
-                except CapacityError as exc:
-                    attempts.append(f"{zone}: {exc.code}")
-                    on_event(Event("capacity", f"{zone}: {exc.code}; trying the next zone"))
-                    continue
-                return self._wait(cluster, region, spec.num_nodes, on_event)
-        except (QuotaError, AuthError, ConfigError, ProviderError):
-            self._clean_region(region, cluster)
-            raise
-        self._clean_region(region, cluster)
-        return None
+        prepared: Any,
+    ) -> None:
+        """One ``RunInstances`` of every missing node (``MinCount = MaxCount``). Its
+        ``ClientToken`` is derived from the cluster's security group, the zone and the indices,
+        so a retried or repeated call (two `up`s at once, even from two machines) cannot
+        create a second set."""
+        sg, group = prepared
+        zone = str(zone)
+        ec2 = self.clients.ec2(offer.region)
+        with aws_errors(zone):
+            subnet = "" if offer.instance_type not in res.EFA_INTERFACES else (
+                res.default_subnet(ec2, zone))  # fmt: skip
+            request = run_request(
+                spec, offer, zone, indices, owner=self.owner, sg=sg, subnet=subnet,
+                token=client_token(sg, zone, indices),
+                placement_group=group, keys=keys,
+            )  # fmt: skip
+            ec2.run_instances(**request)
 
-    def _clean_region(self, region: str, cluster: str) -> None:
-        """After a failed attempt: remove the per-cluster resources of `region` when no
-        instance of the cluster is there (a half-made cluster keeps them for `up`)."""
-        ec2 = self.clients.ec2(region)
-        try:
+    def clean(self, spec: ClusterSpec, offer: Offer) -> None:
+        ec2 = self.clients.ec2(offer.region)
+        with aws_errors(offer.region):
+            if not res.live_instances(ec2, spec.name, self.owner):
+                res.delete_all(ec2, spec.name, self.owner, timeout_s=60, poll_s=self.poll_s)
+
+    def wait(self, spec: ClusterSpec, region: str, on_event: OnEvent) -> list[NodeInfo]:
+        return self._wait(spec.name, region, spec.num_nodes, on_event)
+
+    def leftovers(self, cluster: str) -> list[str]:
+        found: list[str] = []
+        for region in self.regions():
             with aws_errors(region):
-                if not res.live_instances(ec2, cluster):
-                    res.delete_all(ec2, cluster, timeout_s=60, poll_s=self.poll_s)
-        except ProviderError as exc:
-            log.warning("could not clean %s of cluster %s: %s", region, cluster, exc)
+                found += [
+                    f"{region}: {r}"
+                    for r in res.leftovers(self.clients.ec2(region), cluster, self.owner)
+                ]
+        return found
 
     def _wait(self, cluster: str, region: str, count: int, on_event: OnEvent) -> list[NodeInfo]:
         """Block until `count` nodes run with addresses; one paginated describe per poll."""
@@ -287,7 +272,7 @@ class AwsProvider:
 
     def _describe_region(self, cluster: str, region: str) -> list[NodeInfo]:
         with aws_errors(region):
-            instances = res.live_instances(self.clients.ec2(region), cluster)
+            instances = res.live_instances(self.clients.ec2(region), cluster, self.owner)
         nodes = sorted((self._node(cluster, region, i) for i in instances), key=lambda n: n.index)
         head = nodes[0].public_ip if nodes and nodes[0].index == 0 else None
         if head:  # nodes without a public address are reached through the head
@@ -342,16 +327,18 @@ class AwsProvider:
         for region in self.regions():
             ec2 = self.clients.ec2(region)
             with aws_errors(region):
-                ids = [i["InstanceId"] for i in res.live_instances(ec2, cluster)]
+                ids = [i["InstanceId"] for i in res.live_instances(ec2, cluster, self.owner)]
                 for start in range(0, len(ids), 1000):
                     ec2.terminate_instances(InstanceIds=ids[start : start + 1000])
                 self._wait_gone(ec2, cluster, region)
-                res.delete_all(ec2, cluster, timeout_s=self.wait_timeout_s, poll_s=self.poll_s)
+                res.delete_all(
+                    ec2, cluster, self.owner, timeout_s=self.wait_timeout_s, poll_s=self.poll_s
+                )
         access.forget_key(self.home, cluster)
 
     def _wait_gone(self, ec2: Any, cluster: str, region: str) -> None:
         deadline = time.monotonic() + self.wait_timeout_s
-        while res.live_instances(ec2, cluster):
+        while res.live_instances(ec2, cluster, self.owner):
             if time.monotonic() > deadline:
                 raise ProviderError(
                     "aws", "WaitTimeout",

@@ -39,7 +39,7 @@ def test_up_status_down_leave_the_cloud_empty(cli: Shell, aws: StandIn) -> None:
     up = cli(*UP, *CIDR)
     assert up.returncode == 0, up.stdout + up.stderr
     assert "cluster exp1 is up: 4 node(s), $131.09/h" in up.stdout
-    assert "us-east-1/us-east-1a: launching 4 × p4d.24xlarge" in up.stderr
+    assert "us-east-1/us-east-1a: creating 4 × p4d.24xlarge" in up.stderr
     status = cli("status", "--json", "--refresh")
     cluster = json.loads(status.stdout)["clusters"][0]
     assert [n["index"] for n in cluster["nodes"]] == [0, 1, 2, 3]
@@ -76,7 +76,7 @@ def test_capacity_failover_is_printed_and_no_capacity_exits_3(cli: Shell, aws: S
     aws.app.add_fault("RunInstances", "InsufficientInstanceCapacity", zone="us-east-1a")
     up = cli(*UP, *CIDR)
     assert up.returncode == 0, up.stderr
-    assert "us-east-1a: InsufficientInstanceCapacity; trying the next zone" in up.stderr
+    assert "us-east-1/us-east-1a: InsufficientInstanceCapacity; trying the next zone" in up.stderr
     assert cli("down", "exp1").returncode == 0
 
     aws.app.add_fault("RunInstances", "InsufficientInstanceCapacity")

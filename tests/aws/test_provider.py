@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
+from cloudtrain.engine import Engine
 from cloudtrain.errors import AuthError, CapacityError, ConfigError, QuotaError
 from cloudtrain.provider import Event, ProviderContext
 from cloudtrain.providers.aws._client import Clients
 from cloudtrain.providers.aws._instances import compact, expand
-from cloudtrain.providers.aws.provider import AwsProvider
+from cloudtrain.providers.aws.provider import AwsProvider, client_token
 from cloudtrain.spec import ClusterSpec, Resources
 from tests.aws.standin import StandIn, assert_empty, leftovers, put_dlami_parameter, register_dlami
 
@@ -93,7 +94,11 @@ def test_apply_makes_a_gang_in_one_call_with_the_exact_request(make: Make, aws: 
     run = aws.app.calls("RunInstances")[0]
     p = run.params
     assert (p["MinCount"], p["MaxCount"]) == ("4", "4")
-    assert p["ClientToken"].startswith("cloudtrain-exp1-")
+    group = aws.client("ec2").describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": ["cloudtrain-exp1"]}]
+    )["SecurityGroups"][0]["GroupId"]
+    assert p["ClientToken"] == client_token(group, "us-east-1a", [0, 1, 2, 3])
+    assert len(p["ClientToken"]) <= 64
     assert p["InstanceType"] == "p4d.24xlarge"
     assert p["MetadataOptions.HttpTokens"] == "required"
     assert p["InstanceInitiatedShutdownBehavior"] == "terminate"
@@ -194,7 +199,7 @@ def test_capacity_errors_fail_over_zone_by_zone_then_region(make: Make, aws: Sta
     assert {n.zone for n in nodes} == {"us-west-2b"}
     capacity = [e.message for e in events if e.kind == "capacity"]
     assert capacity == [
-        f"{z}: InsufficientInstanceCapacity; trying the next zone"
+        f"{z[:-1]}/{z}: InsufficientInstanceCapacity; trying the next zone"
         for z in (
             "us-east-1a",
             "us-east-1b",
@@ -221,8 +226,8 @@ def test_no_capacity_anywhere_says_so_and_leaves_nothing(make: Make, aws: StandI
     aws.app.add_fault("RunInstances", "InsufficientInstanceCapacity")
     with pytest.raises(CapacityError) as err:
         make().apply(make().plan(a100(nodes=2)))
-    assert "us-east-1a: InsufficientInstanceCapacity" in str(err.value)
-    assert "eu-west-1c: InsufficientInstanceCapacity" in str(err.value)
+    assert "us-east-1/us-east-1a: InsufficientInstanceCapacity" in str(err.value)
+    assert "eu-west-1/eu-west-1c: InsufficientInstanceCapacity" in str(err.value)
     assert str(err.value).count("InsufficientInstanceCapacity") == 12
     everywhere_empty(aws, "exp1")
 
@@ -259,7 +264,7 @@ def test_resume_creates_only_what_is_missing(make: Make, aws: StandIn) -> None:
     assert second["Placement.AvailabilityZone"] == first[0].zone
     assert provider.apply(plan) == provider.describe("exp1")  # complete: no call
     assert len(aws.app.calls("RunInstances")) == 2
-    with pytest.raises(ConfigError, match="has 4 instances, more than the 2 asked for"):
+    with pytest.raises(ConfigError, match="has 4 nodes, more than the 2 asked for"):
         provider.apply(provider.plan(a100(nodes=2)))
 
 
@@ -284,19 +289,32 @@ MUTATING = ["CreateSecurityGroup", "AuthorizeSecurityGroupIngress", "ImportKeyPa
             "AssociateAddress"]  # fmt: skip
 
 
+AFTER_THE_NODES = ("RunInstances", "AllocateAddress", "AssociateAddress")
+
+
+@pytest.mark.parametrize("how", ["raised", "killed"])
 @pytest.mark.parametrize("operation", MUTATING)
 def test_a_crash_after_any_mutating_call_leaves_nothing_down_cannot_find(
-    make: Make, aws: StandIn, operation: str
+    make: Make, aws: StandIn, operation: str, how: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A crash of an unmapped kind right after each mutating call: an exception (the
+    attempt's cleanup runs in `finally`) or a kill (it does not): `terminate` from a fresh
+    provider, with no local state, leaves the stand-in empty."""
     clients = Clients()
 
     def crash(**_: Any) -> None:
         raise Crash(operation)
 
     clients.hooks.append((f"after-call.ec2.{operation}", crash))
+    if how == "killed":  # no `finally` runs in a killed process: the attempt's cleanup neither
+        monkeypatch.setattr(Engine, "_clean", lambda *_: None)
     with pytest.raises(Crash):
         make(clients).apply(make().plan(a100(nodes=2)))
-    assert any(leftovers(aws.client("ec2"), "exp1").values()), "the crash left something"
+    left = any(leftovers(aws.client("ec2"), "exp1").values())
+    if how == "killed" or operation in AFTER_THE_NODES:
+        assert left, "the crash left something for `down` to find"
+    else:
+        assert not left, "the failed attempt cleaned up after itself"
     make().terminate("exp1")
     everywhere_empty(aws, "exp1")
     made = [m for m in mutations(aws) if m in MUTATING]

@@ -1,0 +1,216 @@
+"""The provisioning engine: the one `apply` every cloud runs, over a few small hooks.
+
+Every cloud provider (aws, gcp, azure, and `fake` for tests) subclasses `Engine` and implements
+only what differs between clouds; the algorithm, and the promises that must hold on every cloud,
+live here once::
+
+    apply(plan)
+      │ warn when SSH is open wider than a /8
+      │ describe(cluster)                     this owner's nodes, from the cloud's tags
+      │ other_owners(cluster)                 a name held by another owner: refuse, nothing made
+      │ repair(nodes)                         e.g. Azure deletes VMs whose allocation failed
+      │ more nodes than asked                 refuse (a silent second bill is worse than an error)
+      │ nothing missing ───────────────────►  wait(spec, region)
+      │ offers pinned to the existing nodes' region and zone (a half-made cluster is completed
+      │ where it is)
+      └ for each offer (a region), in the plan's order:
+          prepare(spec, offer, keys)          per-region resources (security group, key ...)
+          for each zone: create(missing)      one gang attempt: all missing nodes or none
+              CapacityError → next zone; any other error stops the loop
+          finally, unless a zone succeeded: clean(spec, offer)
+                                              per-region resources go when no node of the
+                                              cluster lives there, whatever was raised
+          success ─────────────────────────►  wait(spec, region)
+      no offer had room → CapacityError naming every attempt
+
+Hooks that mutate the cloud are idempotent, so a crash after any call is finished by the next
+`apply` and cleaned by `terminate`. `clean` never raises: it logs, so the error that stopped
+the attempt is the one the user sees.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import ipaddress
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from cloudtrain import access, bootstrap
+from cloudtrain.errors import CapacityError, ConfigError
+from cloudtrain.provider import Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
+from cloudtrain.spec import ClusterSpec
+
+log = logging.getLogger(__name__)
+
+#: SSH open to more addresses than this prefix allows gets a warning.
+WIDEST_QUIET_PREFIX = 8
+
+
+def wide_cidr(cidr: str | None) -> bool:
+    """True when `cidr` admits more than a /8 (IPv4) or a /32 (IPv6)."""
+    if not cidr:
+        return False
+    net = ipaddress.ip_network(cidr, strict=False)
+    widest = WIDEST_QUIET_PREFIX if net.version == 4 else 32
+    return net.prefixlen < widest
+
+
+class Engine(abc.ABC):
+    """`apply` once for every cloud; subclasses implement the hooks below."""
+
+    name: ClassVar[str]
+    home: Path
+    owner: str
+
+    # -- hooks ------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def describe(self, cluster: str) -> list[NodeInfo]:
+        """This owner's live nodes of `cluster`, from the cloud's tags, by index."""
+
+    @abc.abstractmethod
+    def other_owners(self, cluster: str) -> set[str]:
+        """Owners other than this one whose resources carry the name `cluster`."""
+
+    @abc.abstractmethod
+    def prepare(
+        self, spec: ClusterSpec, offer: Offer, keys: bootstrap.NodeKeys, on_event: OnEvent
+    ) -> Any:
+        """Make (or find) the per-region resources of `offer`'s region; what `create` needs.
+        Idempotent; a rule that no longer matches the spec (the caller's address moved) is
+        changed, and the change reported."""
+
+    @abc.abstractmethod
+    def create(
+        self,
+        spec: ClusterSpec,
+        offer: Offer,
+        zone: str | None,
+        indices: Sequence[int],
+        keys: bootstrap.NodeKeys,
+        prepared: Any,
+    ) -> None:
+        """One gang attempt: all of `indices` in `zone`, or none of them (what an attempt left
+        half-made is deleted before this raises). Raises `CapacityError` when the zone has
+        no room: the engine tries the next."""
+
+    @abc.abstractmethod
+    def clean(self, spec: ClusterSpec, offer: Offer) -> None:
+        """After a failed attempt: delete the region's per-cluster resources when no node of
+        the cluster lives there. May raise; the engine logs it."""
+
+    @abc.abstractmethod
+    def wait(self, spec: ClusterSpec, region: str, on_event: OnEvent) -> list[NodeInfo]:
+        """Block until every node of the cluster runs with its addresses; pin its host key."""
+
+    def leftovers(self, cluster: str) -> list[str]:
+        """What of the cluster besides its nodes exists (security groups, firewall rules,
+        resource groups ...), in words: `down` removes a cluster that has only these."""
+        return []
+
+    def region_of(self, node: NodeInfo) -> str:
+        """The region a node runs in."""
+        return str(node.extra["region"])
+
+    def repair(self, spec: ClusterSpec, nodes: list[NodeInfo], on_event: OnEvent) -> list[NodeInfo]:
+        """Remove nodes that can never run (a cloud's failed allocations); the rest."""
+        return nodes
+
+    # -- the algorithm ----------------------------------------------------------------------
+
+    def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
+        """Create or complete the cluster; blocks until every node runs. Idempotent on the
+        cluster name. Raises `ConfigError` for a name another owner holds or more nodes than
+        asked (before any write), `CapacityError` when no zone of any offer had room (nothing
+        left behind), `QuotaError`/`AuthError` at once."""
+        spec = plan.spec
+        if spec.ssh_cidr in access.WORLD:
+            on_event(Event("warning", f"SSH is open to the whole internet ({spec.ssh_cidr}), "
+                                      "as asked"))  # fmt: skip
+        elif wide_cidr(spec.ssh_cidr):
+            on_event(Event("warning", f"SSH is open to {spec.ssh_cidr}, wider than a "
+                                      f"/{WIDEST_QUIET_PREFIX}, as asked"))  # fmt: skip
+        others = self.other_owners(spec.name)
+        if others:
+            raise ConfigError(
+                f"cluster name {spec.name!r} is taken on {self.name} by another owner "
+                f"({', '.join(sorted(others))}); nothing was created; choose another --name"
+            )
+        nodes = self.repair(spec, self.describe(spec.name), on_event)
+        if len(nodes) > spec.num_nodes:
+            raise ConfigError(
+                f"cluster {spec.name!r} has {len(nodes)} nodes, more than the "
+                f"{spec.num_nodes} asked for; `cloudtrain down {spec.name}` first"
+            )
+        missing = sorted(set(range(spec.num_nodes)) - {n.index for n in nodes})
+        if not missing:
+            return self.wait(spec, self.region_of(nodes[0]), on_event)
+        offers = self._pinned(spec, plan.offers, nodes)
+        keys = bootstrap.NodeKeys.for_cluster(self.home, spec.name)
+        attempts: list[str] = []
+        for offer in offers:
+            if self._attempt(spec, offer, missing, keys, attempts, on_event):
+                return self.wait(spec, offer.region, on_event)
+        kept = f"its {len(nodes)} running node(s) are kept" if nodes else (
+            "nothing of the cluster was left behind")  # fmt: skip
+        raise CapacityError(
+            self.name, "NoCapacity",
+            f"no zone had {len(missing)} × {offers[0].instance_type}: {'; '.join(attempts)}; "
+            f"{kept}",
+        )  # fmt: skip
+
+    def _pinned(
+        self, spec: ClusterSpec, offers: Sequence[Offer], nodes: list[NodeInfo]
+    ) -> list[Offer]:
+        """The offers to try: all of them, or, to complete a half-made cluster, those of its
+        region narrowed to its zone."""
+        if not nodes:
+            return list(offers)
+        region, zone = self.region_of(nodes[0]), nodes[0].zone
+        pinned = [
+            dataclasses.replace(o, zones=(zone,) if zone else ())
+            for o in offers
+            if o.region == region
+        ]
+        if not pinned:
+            raise ConfigError(f"cluster {spec.name!r} runs in {region}, not in the plan")
+        return pinned
+
+    def _attempt(
+        self,
+        spec: ClusterSpec,
+        offer: Offer,
+        missing: list[int],
+        keys: bootstrap.NodeKeys,
+        attempts: list[str],
+        on_event: OnEvent,
+    ) -> bool:
+        """Try the offer's zones in turn; True when one of them made every missing node."""
+        made = False
+        try:
+            prepared = self.prepare(spec, offer, keys, on_event)
+            for zone in offer.zones or (None,):
+                place = f"{offer.region}/{zone}" if zone else offer.region
+                on_event(Event("attempt", f"{place}: creating {len(missing)} × "
+                                          f"{offer.instance_type}"))  # fmt: skip
+                try:
+                    self.create(spec, offer, zone, missing, keys, prepared)
+                except CapacityError as exc:
+                    attempts.append(f"{place}: {exc.code}")
+                    on_event(Event("capacity", f"{place}: {exc.code}; trying the next zone"))
+                    continue
+                made = True
+                return True
+            return False
+        finally:
+            if not made:
+                self._clean(spec, offer)
+
+    def _clean(self, spec: ClusterSpec, offer: Offer) -> None:
+        try:
+            self.clean(spec, offer)
+        except Exception as exc:  # the attempt's own error is the one to report
+            log.warning("could not clean %s of cluster %s: %s", offer.region, spec.name, exc)
