@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from cloudtrain import access, bootstrap, planner
-from cloudtrain.errors import CapacityError, ConfigError, ProviderError
+from cloudtrain.engine import Engine
+from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.provider import (
     Capability,
@@ -43,7 +44,6 @@ from cloudtrain.provider import (
     Plan,
     ProviderContext,
     default_owner,
-    ignore_event,
     wait_for_nodes,
 )
 from cloudtrain.providers.gcp import _resources as res
@@ -62,7 +62,7 @@ from cloudtrain.spec import ClusterSpec
 log = logging.getLogger(__name__)
 
 
-class GcpProvider:
+class GcpProvider(Engine):
     """Compute Engine instance groups. Options: ``project``, ``owner``, ``network`` (default
     ``default``), ``max_hours``, ``clients`` (a `Clients`, for tests), ``wait_timeout_s``,
     ``poll_s``."""
@@ -126,94 +126,71 @@ class GcpProvider:
     def _max_hours(self, spec: ClusterSpec) -> object:
         return spec.extra.get("max_hours") or self.options.get("max_hours")
 
-    # -- apply ----------------------------------------------------------------------------
+    # -- the engine's hooks (the algorithm is `Engine.apply`) -----------------------------------
 
-    def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
-        spec = plan.spec
-        max_run_s = max_run_seconds(self._max_hours(spec))
-        if spec.ssh_cidr in access.WORLD:
-            on_event(
-                Event("warning", f"SSH is open to the whole internet ({spec.ssh_cidr}), as asked")
-            )
-        existing = self.describe(spec.name)
-        if len(existing) > spec.num_nodes:
-            raise ConfigError(
-                f"cluster {spec.name!r} has {len(existing)} instances, more than the "
-                f"{spec.num_nodes} asked for; `cloudtrain down {spec.name}` first"
-            )
-        missing = sorted(set(range(spec.num_nodes)) - {n.index for n in existing})
-        if not missing:
-            return self._wait(spec.name, spec.num_nodes, on_event)
-        offers = list(plan.offers)
-        if existing:  # complete the cluster where it is: same zone
-            zone = str(existing[0].zone)
-            offers = [dataclasses.replace(o, zones=(zone,)) for o in offers if zone in o.zones]
-            if not offers:
-                raise ConfigError(f"cluster {spec.name!r} runs in {zone}, not in the plan")
-        keys = bootstrap.NodeKeys.for_cluster(self.home, spec.name)
-        attempts: list[str] = []
-        for offer in offers:
-            nodes = self._try_region(spec, offer, missing, keys, max_run_s, attempts, on_event)
-            if nodes is not None:
-                return nodes
-        raise CapacityError(
-            "gcp",
-            "NoCapacity",
-            f"no zone had {len(missing)} × {offers[0].instance_type}: " + "; ".join(attempts),
-        )
+    def other_owners(self, cluster: str) -> set[str]:
+        labelled = res.live_instances(self.clients, res.LABEL_CLUSTER, cluster)
+        found = {str(i.labels.get(res.LABEL_OWNER, "")) for i in labelled}
+        found |= {owner for c, owner in res.firewall_owners(self.clients) if c == cluster}
+        return found - {res.owner_label(self.owner)}
 
-    def _try_region(
+    def prepare(
+        self, spec: ClusterSpec, offer: Offer, keys: bootstrap.NodeKeys, on_event: OnEvent
+    ) -> Any:
+        """The cluster's firewall rules (SSH from the caller's CIDR follows it) and, for
+        multi-node A2, the compact placement policy of the region; the policy's name."""
+        cluster, timeout = spec.name, self.wait_timeout_s
+        bodies = res.firewall_bodies(cluster, self.owner, str(spec.ssh_cidr), self.network)
+        for change in res.ensure_firewalls(self.clients, bodies, timeout) or []:
+            on_event(Event("resource", change))
+        if not fast_network(spec, offer):
+            return None
+        res.ensure_policy(self.clients, offer.region, res.policy_body(cluster, self.owner), timeout)
+        return res.resource_name(cluster)
+
+    def create(
         self,
         spec: ClusterSpec,
         offer: Offer,
-        missing: list[int],
+        zone: str | None,
+        indices: Sequence[int],
         keys: bootstrap.NodeKeys,
-        max_run_s: int | None,
-        attempts: list[str],
-        on_event: OnEvent,
-    ) -> list[NodeInfo] | None:
-        """Create the missing nodes in one of the offer's zones; None when every zone lacked
-        capacity (and then nothing of the cluster is left)."""
-        cluster, timeout = spec.name, self.wait_timeout_s
-        try:
-            bodies = res.firewall_bodies(cluster, self.owner, str(spec.ssh_cidr), self.network)
-            res.ensure_firewalls(self.clients, bodies, timeout)
-            policy = None
-            if fast_network(spec, offer):
-                res.ensure_policy(
-                    self.clients, offer.region, res.policy_body(cluster, self.owner), timeout
-                )
-                policy = res.resource_name(cluster)
-            for zone in offer.zones:
-                on_event(
-                    Event(
-                        "attempt",
-                        f"{offer.region}/{zone}: creating {len(missing)} × {offer.instance_type}",
-                    )
-                )
-                body = bulk_insert_body(
-                    spec,
-                    offer,
-                    missing,
-                    owner=self.owner,
-                    keys=keys,
-                    image=str(offer.extra["image"]),
-                    network=self.network,
-                    max_run_s=max_run_s,
-                    policy=policy,
-                )
-                try:
-                    self._bulk_insert(cluster, zone, body)
-                except CapacityError as exc:
-                    attempts.append(f"{zone}: {exc.code}")
-                    on_event(Event("capacity", f"{zone}: {exc.code}; trying the next zone"))
-                    continue
-                return self._wait(cluster, spec.num_nodes, on_event)
-        except (ProviderError, ConfigError):
-            self._clean(cluster)
-            raise
-        self._clean(cluster)
-        return None
+        prepared: Any,
+    ) -> None:
+        body = bulk_insert_body(
+            spec, offer, list(indices), owner=self.owner, keys=keys,
+            image=str(offer.extra["image"]), network=self.network,
+            max_run_s=max_run_seconds(self._max_hours(spec)), policy=prepared,
+        )  # fmt: skip
+        self._bulk_insert(spec.name, str(zone), body)
+
+    def clean(self, spec: ClusterSpec, offer: Offer) -> None:
+        """Remove the firewall rules and placement policy when no instance of the cluster
+        exists (a half-made cluster keeps them for `up`)."""
+        if not self._instances(spec.name):
+            res.delete_all(self.clients, spec.name, timeout_s=60)
+
+    def wait(self, spec: ClusterSpec, region: str, on_event: OnEvent) -> list[NodeInfo]:
+        """Block until every node runs with both addresses; one paged list per poll."""
+        return wait_for_nodes(
+            "gcp", spec.name, spec.num_nodes, lambda: self.describe(spec.name),
+            home=self.home, timeout_s=self.wait_timeout_s, poll_s=self.poll_s,
+            on_event=on_event,
+            ready=lambda n: n.state == "running" and bool(n.private_ip and n.public_ip),
+        )  # fmt: skip
+
+    def leftovers(self, cluster: str) -> list[str]:
+        """The cluster's firewall rules and placement policies (never another owner's)."""
+        if self.other_owners(cluster):
+            return []
+        mine = res.owner_label(self.owner)
+        rules = [
+            c for c, owner in res.firewall_owners(self.clients) if (c, owner) == (cluster, mine)
+        ]
+        return [f"firewall rules of cluster {cluster}" for _ in rules[:1]] + [
+            f"placement policy {name} in {region}"
+            for region, name in res.policies(self.clients, cluster)
+        ]
 
     def _bulk_insert(self, cluster: str, zone: str, body: dict[str, Any]) -> None:
         """One all-or-nothing bulkInsert, waited on; on any error, delete whatever of it GCE
@@ -235,28 +212,13 @@ class GcpProvider:
             self._delete([i for i in self._instances(cluster) if i.name in names])
             raise
 
-    def _clean(self, cluster: str) -> None:
-        """After a failed attempt: remove the firewall rules and placement policy when no
-        instance of the cluster exists (a half-made cluster keeps them for `up`)."""
-        try:
-            if not self._instances(cluster):
-                res.delete_all(self.clients, cluster, timeout_s=60)
-        except ProviderError as exc:
-            log.warning("could not clean up cluster %s: %s", cluster, exc)
-
-    def _wait(self, cluster: str, count: int, on_event: OnEvent) -> list[NodeInfo]:
-        """Block until `count` nodes run with both addresses; one paged list per poll."""
-        return wait_for_nodes(
-            "gcp", cluster, count, lambda: self.describe(cluster),
-            home=self.home, timeout_s=self.wait_timeout_s, poll_s=self.poll_s,
-            on_event=on_event,
-            ready=lambda n: n.state == "running" and bool(n.private_ip and n.public_ip),
-        )  # fmt: skip
-
     # -- describe / terminate -------------------------------------------------------------
 
     def _instances(self, cluster: str) -> list[Any]:
-        return res.live_instances(self.clients, res.LABEL_CLUSTER, cluster)
+        """This owner's instances of `cluster`."""
+        mine = res.owner_label(self.owner)
+        found = res.live_instances(self.clients, res.LABEL_CLUSTER, cluster)
+        return [i for i in found if i.labels.get(res.LABEL_OWNER) == mine]
 
     def describe(self, cluster: str) -> list[NodeInfo]:
         nodes = [node_info(cluster, i) for i in self._instances(cluster)]
@@ -276,7 +238,8 @@ class GcpProvider:
                     f"{self.wait_timeout_s:.0f} s; run `cloudtrain down {cluster}` again",
                 )
             time.sleep(self.poll_s)
-        res.delete_all(self.clients, cluster, timeout_s=self.wait_timeout_s)
+        if not self.other_owners(cluster):  # the rules' names are the cluster's: never another's
+            res.delete_all(self.clients, cluster, timeout_s=self.wait_timeout_s)
         access.forget_key(self.home, cluster)
 
     def _delete(self, instances: Sequence[Any]) -> None:

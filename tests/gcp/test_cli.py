@@ -107,8 +107,11 @@ def test_capacity_failover_is_printed_and_no_capacity_exits_3(cli: Shell, gcp: S
     gcp.add_fault("instances.bulkInsert", "UNSUPPORTED_OPERATION", zone="us-central1-b")
     made = cli(*up("A100:8"))
     assert made.returncode == 0, made.stderr
-    assert "us-central1-a: ZONE_RESOURCE_POOL_EXHAUSTED; trying the next zone" in made.stderr
-    assert "us-central1-b: UNSUPPORTED_OPERATION; trying the next zone" in made.stderr
+    assert (
+        "us-central1/us-central1-a: ZONE_RESOURCE_POOL_EXHAUSTED; trying the next zone"
+        in made.stderr
+    )
+    assert "us-central1/us-central1-b: UNSUPPORTED_OPERATION; trying the next zone" in made.stderr
     assert "us-central1/us-central1-c: creating 2 × a2-highgpu-8g" in made.stderr
     assert cli("down", "exp1").returncode == 0
 
