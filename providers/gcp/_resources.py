@@ -1,9 +1,38 @@
 """The per-cluster resources besides instances: names, labels, firewall rules, placement policy.
 
 GCE firewall rules and resource policies carry no labels, so they are found by **name**
-(``cloudtrain-<cluster>-ssh``, ``cloudtrain-<cluster>-internal``, ``cloudtrain-<cluster>``) and
-their description records the cluster and owner (for `clusters()`). Label values allow only
+(``cloudtrain-<cluster>-ssh``, ``-internal`` and ``-deny``; the policy ``cloudtrain-<cluster>``)
+and their description records the cluster and owner (for `clusters()`). Label values allow only
 ``[a-z0-9_-]``: the owner (``user@host``) is written in that alphabet (`owner_label`).
+
+**Firewall rules.** GCE takes the network's ingress rules that apply to an instance (its network
+tag is a target, or the rule has none) and whose sources match, lowest priority number first; at
+equal priority a deny wins; nothing matched is denied (the implied rule at 65535). Every other
+rule of the network applies to the cluster's instances too: the ``default`` network's
+``default-allow-ssh`` (tcp:22 from 0.0.0.0/0) and ``default-allow-internal`` (all from
+10.128.0.0/9) at 65534, and any rule made without ``--priority`` (1000). An allow rule of ours
+cannot narrow them, so each cluster has three rules, all targeting its tag:
+
+===================  ========  ===================================================
+rule                 priority  effect
+===================  ========  ===================================================
+``…-ssh``            900       allows tcp:22 from the caller's CIDR only
+``…-internal``       900       allows everything from the cluster's own instances
+``…-deny``           999       denies everything else (all protocols, 0.0.0.0/0)
+===================  ========  ===================================================
+
+Why 900 and 999: the deny must come before 1000, GCE's default priority, or every rule made
+with the default would still reach the nodes; our allows must come before the deny (at equal
+priority it would win). Rules at 999 and after (the default network's included) never reach
+the nodes; an exception an administrator means (IAP's 35.235.240.0/20, a monitoring range)
+still works when given a priority below 999. The nodes have no IPv6 address, so the deny
+covers IPv4 only.
+
+`ensure_firewalls` makes the rules what `firewall_bodies` says on every `up`: it creates a
+missing rule and patches one whose priority, sources, targets, protocols or enabled state
+differ (the SSH rule follows the caller's address; an older cloudtrain's rules at 1000 move to
+900 and get their deny). `delete_all` deletes the deny rule last, so a half-deleted set never
+leaves the nodes more open than before.
 """
 
 from __future__ import annotations
@@ -23,6 +52,21 @@ LABEL_CLUSTER = "cloudtrain-cluster"
 LABEL_OWNER = "cloudtrain-owner"
 PREFIX = "cloudtrain-"
 _DESCRIPTION = re.compile(r"^cloudtrain cluster=([a-z0-9-]+) owner=([a-z0-9_-]*)$")
+ALLOW_PRIORITY = 900
+DENY_PRIORITY = 999
+ANYWHERE = "0.0.0.0/0"
+#: The fields of a rule `ensure_firewalls` keeps as asked, with GCE's defaults (what a rule
+#: read back has for a field its body left out).
+_KEPT: dict[str, Any] = {
+    "priority": 1000,
+    "sourceRanges": [],
+    "sourceTags": [],
+    "targetTags": [],
+    "allowed": [],
+    "denied": [],
+    "disabled": False,
+}
+_ROLES = {"ssh": "SSH rule", "internal": "internal rule", "deny": "deny rule"}
 
 
 def resource_name(cluster: str) -> str:
@@ -30,8 +74,9 @@ def resource_name(cluster: str) -> str:
     return f"{PREFIX}{cluster}"
 
 
-def firewall_names(cluster: str) -> tuple[str, str]:
-    return f"{PREFIX}{cluster}-ssh", f"{PREFIX}{cluster}-internal"
+def firewall_names(cluster: str) -> tuple[str, str, str]:
+    """The cluster's SSH, internal and deny rules, in the order they are made."""
+    return f"{PREFIX}{cluster}-ssh", f"{PREFIX}{cluster}-internal", f"{PREFIX}{cluster}-deny"
 
 
 def instance_name(cluster: str, index: int) -> str:
@@ -69,28 +114,38 @@ def label_filter(key: str, value: str) -> str:
 
 
 def firewall_bodies(cluster: str, owner: str, cidr: str, network: str) -> list[dict[str, Any]]:
-    """Two rules: SSH from `cidr` only, and everything between the cluster's instances (by
-    network tag). One rule cannot say both: its ``allowed`` applies to all of its sources."""
-    ssh, internal = firewall_names(cluster)
+    """Three rules (see the module docstring), in the order they are to be made: SSH from
+    `cidr` only; everything between the cluster's instances (by network tag); then a deny of
+    everything else (last: an older cluster's allows at 1000 reach 900 before it exists). The
+    allows are two rules because one rule's ``allowed`` applies to all of its sources."""
+    ssh, internal, deny = firewall_names(cluster)
     common = {
         "description": description(cluster, owner),
         "network": f"global/networks/{network}",
         "direction": "INGRESS",
-        "priority": 1000,
         "targetTags": [resource_name(cluster)],
     }
     return [
         {
             "name": ssh,
             **common,
+            "priority": ALLOW_PRIORITY,
             "sourceRanges": [cidr],
             "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
         },
         {
             "name": internal,
             **common,
+            "priority": ALLOW_PRIORITY,
             "sourceTags": [resource_name(cluster)],
             "allowed": [{"IPProtocol": "all"}],
+        },
+        {
+            "name": deny,
+            **common,
+            "priority": DENY_PRIORITY,
+            "sourceRanges": [ANYWHERE],
+            "denied": [{"IPProtocol": "all"}],
         },
     ]
 
@@ -121,35 +176,162 @@ def _call_and_wait(
     *,
     done_already: Callable[[ProviderError], bool],
     **request: Any,
-) -> None:
+) -> bool:
     """One mutating call, waited on; an error `done_already` accepts (the resource is there
-    already, or gone already) is success: every `ensure`/`delete` here is idempotent."""
+    already, or gone already) is success: every `ensure`/`delete` here is idempotent. True
+    when it was done already."""
     try:
         clients.wait(clients.mutate(what, call, where, **request), where, timeout_s)
     except ProviderError as exc:
         if not done_already(exc):
             raise
+        return True
+    return False
 
 
-def ensure_firewalls(clients: Clients, bodies: list[dict[str, Any]], timeout_s: float) -> None:
-    """Create each rule unless it exists. Idempotent."""
+def ensure_firewalls(clients: Clients, bodies: list[dict[str, Any]], timeout_s: float) -> list[str]:
+    """Make each rule what its body says: create it when missing, patch it when a field of
+    `_KEPT` differs. Returns one line per rule created or changed (``[]``: all were as asked).
+    Idempotent; blocks until each change is done; raises `ProviderError` (``FirewallDrift``
+    for a field someone added that a patch cannot remove)."""
     compute = import_compute()
+    changes: list[str] = []
     for body in bodies:
-        _call_and_wait(
-            clients, "firewalls.insert", clients.firewalls().insert_unary,
-            f"firewall {body['name']}", timeout_s, done_already=_exists,
-            project=clients.project, firewall_resource=compute.Firewall.from_json(json.dumps(body)),
-        )  # fmt: skip
+        name, where = body["name"], f"firewall {body['name']}"
+        current = _read_firewall(clients, name)
+        if current is None:
+            made_meanwhile = _call_and_wait(
+                clients,
+                "firewalls.insert",
+                clients.firewalls().insert_unary,
+                where,
+                timeout_s,
+                done_already=_exists,
+                project=clients.project,
+                firewall_resource=compute.Firewall.from_json(json.dumps(body)),
+            )
+            if not made_meanwhile:
+                changes.append(f"{_role(name)} {name} created: {_summary(_kept(body))}")
+                continue
+            current = _read_firewall(clients, name) or {}
+        was, wanted = _kept(current), _kept(body)
+        patch = _patch(name, was, wanted)
+        if patch:
+            resource = compute.Firewall.from_json(json.dumps(patch))
+            call = clients.firewalls().patch_unary
+            request = {"project": clients.project, "firewall": name, "firewall_resource": resource}
+            clients.wait(
+                clients.mutate("firewalls.patch", call, where, **request), where, timeout_s
+            )
+            changes.append(_changed(name, was, wanted, list(patch)))
+    return changes
+
+
+def _read_firewall(clients: Clients, name: str) -> dict[str, Any] | None:
+    """The rule as GCE's JSON, or None when there is none."""
+    compute = import_compute()
+    try:
+        with gcp_errors(f"firewall {name}"):
+            rule = clients.firewalls().get(
+                request={"project": clients.project, "firewall": name},
+                timeout=clients.call_timeout_s,
+            )
+    except ProviderError as exc:
+        if _gone(exc):
+            return None
+        raise
+    found: dict[str, Any] = json.loads(compute.Firewall.to_json(rule))
+    return found
+
+
+def _kept(rule: dict[str, Any]) -> dict[str, Any]:
+    """The fields of `_KEPT`, defaults filled in, protocols as ``{IPProtocol, ports}``."""
+    kept = {key: rule.get(key, default) for key, default in _KEPT.items()}
+    for key in ("allowed", "denied"):
+        kept[key] = [
+            {"IPProtocol": str(p["IPProtocol"]), "ports": [str(n) for n in p.get("ports") or []]}
+            for p in kept[key]
+        ]
+    return kept
+
+
+def _patch(name: str, was: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
+    """The fields to send for `was` to become `wanted` (``{}``: nothing to do). A patch merges:
+    a list left out, or empty (the SDK leaves empty lists out), stays as it was."""
+    patch = {key: value for key, value in wanted.items() if was[key] != value}
+    extra = [key for key, value in patch.items() if value == [] and was[key]]
+    if extra:
+        raise ProviderError(
+            "gcp",
+            "FirewallDrift",
+            f"firewall rule {name} has {extra[0]} {_show(extra[0], was[extra[0]])} that "
+            f"cloudtrain did not set and a patch cannot remove: delete the rule (gcloud compute "
+            f"firewall-rules delete {name}) and run `cloudtrain up` again",
+        )
+    return patch
+
+
+def _role(name: str) -> str:
+    return _ROLES.get(name.rsplit("-", 1)[-1], "firewall rule")
+
+
+def _show(key: str, value: Any) -> str:
+    if key in ("allowed", "denied"):
+        shown = [
+            f"{p['IPProtocol']}:{','.join(p['ports'])}" if p["ports"] else p["IPProtocol"]
+            for p in value
+        ]
+        return ", ".join(shown) or "nothing"
+    if key == "sourceTags":
+        return "instances tagged " + ", ".join(value) if value else "no tags"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value) or "none"
+    return str(value)
+
+
+def _summary(rule: dict[str, Any]) -> str:
+    """``allows tcp:22 from 203.0.113.7/32 (priority 900)``."""
+    action = "denies" if rule["denied"] else "allows"
+    protocols = _show("denied" if rule["denied"] else "allowed", rule["denied"] or rule["allowed"])
+    sources = [*rule["sourceRanges"]]
+    if rule["sourceTags"]:
+        sources.append(_show("sourceTags", rule["sourceTags"]))
+    return f"{action} {protocols} from {' and '.join(sources)} (priority {rule['priority']})"
+
+
+def _changed(name: str, was: dict[str, Any], now: dict[str, Any], keys: list[str]) -> str:
+    """``SSH rule cloudtrain-x-ssh now admits 198.51.100.9/32 (was 203.0.113.7/32)``."""
+    words = {
+        "priority": "now at priority",
+        "sourceRanges": "now denies everything from" if now["denied"] else "now admits",
+        "sourceTags": "now admits",
+        "targetTags": "now applies to tags",
+        "allowed": "now allows",
+        "denied": "now denies",
+    }
+    parts = [
+        ("enabled again" if not now[key] else "disabled")
+        if key == "disabled"
+        else f"{words[key]} {_show(key, now[key])} (was {_show(key, was[key])})"
+        for key in keys
+    ]
+    return f"{_role(name)} {name} " + ", ".join(parts)
 
 
 def ensure_policy(clients: Clients, region: str, body: dict[str, Any], timeout_s: float) -> None:
     compute = import_compute()
     policy = compute.ResourcePolicy.from_json(json.dumps(body))
     _call_and_wait(
-        clients, "resourcePolicies.insert", clients.resource_policies().insert_unary, region,
-        timeout_s, done_already=_exists,
-        project=clients.project, region=region, resource_policy_resource=policy,
-    )  # fmt: skip
+        clients,
+        "resourcePolicies.insert",
+        clients.resource_policies().insert_unary,
+        region,
+        timeout_s,
+        done_already=_exists,
+        project=clients.project,
+        region=region,
+        resource_policy_resource=policy,
+    )
 
 
 def live_instances(clients: Clients, key: str, value: str) -> list[compute_v1.Instance]:
@@ -195,12 +377,24 @@ def delete_all(clients: Clients, cluster: str, timeout_s: float) -> None:
     policy in use cannot go). Idempotent."""
     for name in firewall_names(cluster):
         _call_and_wait(
-            clients, "firewalls.delete", clients.firewalls().delete_unary, f"firewall {name}",
-            timeout_s, done_already=_gone, project=clients.project, firewall=name,
-        )  # fmt: skip
+            clients,
+            "firewalls.delete",
+            clients.firewalls().delete_unary,
+            f"firewall {name}",
+            timeout_s,
+            done_already=_gone,
+            project=clients.project,
+            firewall=name,
+        )
     for region, name in policies(clients, cluster):
         _call_and_wait(
-            clients, "resourcePolicies.delete", clients.resource_policies().delete_unary, region,
-            timeout_s, done_already=_gone,
-            project=clients.project, region=region, resource_policy=name,
-        )  # fmt: skip
+            clients,
+            "resourcePolicies.delete",
+            clients.resource_policies().delete_unary,
+            region,
+            timeout_s,
+            done_already=_gone,
+            project=clients.project,
+            region=region,
+            resource_policy=name,
+        )

@@ -8,14 +8,19 @@ external address) on successive reads. Rules a real GCE enforces and the stand-i
 names unique per zone, a zone must offer the accelerator type a machine needs, resource
 policies must exist in the region and cannot be deleted while an instance uses them, a boot
 disk outlives its instance unless ``autoDelete`` is set, the ``filter`` syntax is parsed (an
-unknown one is a 400, never silently ignored).
+unknown one is a 400, never silently ignored), a firewall rule has exactly one of ``allowed``
+and ``denied`` and keeps its name, network and direction when patched.
+
+The project's ``default`` network comes with its standard rules (``DEFAULT_RULES``, at 65534),
+and `verdict` / `admits` evaluate ingress as GCE does, so a test can ask what reaches a node.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +36,21 @@ BUILT_IN_GPUS = {
     "a2-megagpu-": "nvidia-tesla-a100",
     "a2-ultragpu-": "nvidia-a100-80gb",
 }
+DEFAULT_RULES = {  # name → (what it allows, from where): the default network's own, at 65534
+    "default-allow-icmp": ([{"IPProtocol": "icmp"}], "0.0.0.0/0"),
+    "default-allow-internal": (
+        [
+            {"IPProtocol": "tcp", "ports": ["0-65535"]},
+            {"IPProtocol": "udp", "ports": ["0-65535"]},
+            {"IPProtocol": "icmp"},
+        ],
+        "10.128.0.0/9",
+    ),
+    "default-allow-rdp": ([{"IPProtocol": "tcp", "ports": ["3389"]}], "0.0.0.0/0"),
+    "default-allow-ssh": ([{"IPProtocol": "tcp", "ports": ["22"]}], "0.0.0.0/0"),
+}
+IMPLIED_DENY = "implied-deny-ingress"  # GCE's rule at 65535: nothing else matched
+PROTOCOLS = {"tcp": "6", "udp": "17", "icmp": "1", "esp": "50", "ah": "51", "sctp": "132"}
 _TERM = re.compile(r'\(?\s*(labels\.[a-z0-9_-]+|name|status)\s*(=|!=)\s*"?([^"\s)]*)"?\s*\)?')
 
 
@@ -72,7 +92,7 @@ def matches(resource: dict[str, Any], expression: str | None) -> bool:
 @dataclass
 class Operation:
     body: dict[str, Any]
-    effect: Callable[[], None] | None = None
+    effect: Callable[[], object] | None = None
     error: dict[str, Any] | None = None
 
 
@@ -90,8 +110,23 @@ class Gce:
     zones: dict[str, dict[str, int]] = field(
         default_factory=lambda: {z: dict(t) for z, t in ZONES.items()}
     )
+    default_network: bool = True
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
     _pending: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.default_network:
+            for name, (allowed, source) in DEFAULT_RULES.items():
+                self.add_firewall(
+                    {
+                        "name": name,
+                        "description": "one of the default network's own rules",
+                        "network": "global/networks/default",
+                        "priority": 65534,
+                        "sourceRanges": [source],
+                        "allowed": allowed,
+                    }
+                )
 
     def link(self, *parts: str) -> str:
         return "/".join([f"{self.url}/compute/v1/projects/{self.project}", *parts])
@@ -115,7 +150,7 @@ class Gce:
         kind: str,
         target: str,
         scope: tuple[str, str] | None,
-        effect: Callable[[], None] | None = None,
+        effect: Callable[[], object] | None = None,
         error: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """A new RUNNING operation in `scope` (("zones", z), ("regions", r) or None: global)."""
@@ -141,6 +176,57 @@ class Gce:
         if name not in self.operations:
             raise ApiError(404, "notFound", f"The resource 'operations/{name}' was not found")
         return self.operations[name].body
+
+    # -- firewall rules -------------------------------------------------------------------
+
+    def add_firewall(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A new rule as GCE stores it: checked, defaults filled in, the network a full link."""
+        name = body["name"]
+        if name in self.firewalls:
+            raise ApiError(
+                409, "alreadyExists", f"The resource 'global/firewalls/{name}' already exists"
+            )
+        rule = {
+            "kind": "compute#firewall",
+            "id": str(next(self._ids)),
+            "direction": "INGRESS",
+            "priority": 1000,
+            "disabled": False,
+            "logConfig": {"enable": False},
+            **body,
+            "network": self.link("global", "networks", _last(body.get("network", "default"))),
+            "selfLink": self.link("global", "firewalls", name),
+        }
+        check_firewall(rule)
+        self.firewalls[name] = rule
+        return rule
+
+    def patch_firewall(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of rule `name` (a field left out stays; ``null`` removes it),
+        applied when its operation is done."""
+        rule = self.firewalls.get(name)
+        if rule is None:
+            raise ApiError(404, "notFound", f"The resource 'global/firewalls/{name}' was not found")
+        for key in ("name", "network", "direction"):
+            if key in body and _last(str(body[key])) != _last(str(rule[key])):
+                raise ApiError(
+                    400,
+                    "invalid",
+                    f"Invalid value for field 'resource.{key}': '{body[key]}'. "
+                    f"The {key} of a firewall rule cannot be changed.",
+                )
+
+        def merged() -> dict[str, Any]:
+            fields = {**self.firewalls[name], **body, "network": rule["network"]}
+            return {key: value for key, value in fields.items() if value is not None}
+
+        check_firewall(merged())
+
+        def patched() -> None:
+            if name in self.firewalls:
+                self.firewalls[name] = merged()
+
+        return self.operation("patch", rule["selfLink"], None, patched)
 
     # -- instances ------------------------------------------------------------------------
 
@@ -273,3 +359,109 @@ class Gce:
             ("regions", region),
             lambda: self.policies.pop((region, name), None) and None,
         )
+
+
+def _last(link: str) -> str:
+    return link.rstrip("/").rsplit("/", 1)[-1]
+
+
+def check_firewall(rule: dict[str, Any]) -> None:
+    """GCE's checks of a rule's shape: a 400 naming the field."""
+    if bool(rule.get("allowed")) == bool(rule.get("denied")):
+        raise ApiError(
+            400,
+            "invalid",
+            "Invalid value for field 'resource': exactly one of 'allowed' and 'denied' must be set",
+        )
+    if not 0 <= int(rule.get("priority", 1000)) <= 65535:
+        raise ApiError(
+            400, "invalid", f"Invalid value for field 'resource.priority': '{rule['priority']}'"
+        )
+    if rule.get("direction", "INGRESS") not in ("INGRESS", "EGRESS"):
+        raise ApiError(
+            400, "invalid", f"Invalid value for field 'resource.direction': '{rule['direction']}'"
+        )
+    for cidr in rule.get("sourceRanges", []):
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise ApiError(
+                400, "invalid", f"Invalid value for field 'resource.sourceRanges': '{cidr}'"
+            ) from None
+
+
+def verdict(
+    gce: Gce,
+    network: str,
+    target_tags: Collection[str],
+    source_ip: str,
+    protocol: str,
+    port: int | None = None,
+    source_tags: Collection[str] = (),
+) -> tuple[bool, str]:
+    """Whether GCE admits a packet to an instance on `network` with `target_tags`, and the
+    name of the rule that decided (`IMPLIED_DENY` when none matched).
+
+    GCE's evaluation: the network's enabled ingress rules whose ``targetTags`` include one of
+    the instance's tags (or that have none), whose sources match (``sourceRanges`` contain
+    `source_ip`, or ``sourceTags`` include one of `source_tags`, the tags of the sending
+    instance on the same network; a rule with neither matches any source) and whose protocols
+    match; the lowest priority number decides, at equal priority a deny before an allow.
+    Service-account targets and sources are not modelled (such a rule never applies)."""
+    matching = [
+        rule
+        for rule in gce.firewalls.values()
+        if _applies(rule, network, set(target_tags), set(source_tags))
+        and _from(rule, source_ip, set(source_tags))
+        and _carries(rule.get("allowed") or rule.get("denied") or [], protocol, port)
+    ]
+    if not matching:
+        return False, IMPLIED_DENY
+    first = min(matching, key=lambda r: (int(r.get("priority", 1000)), not r.get("denied")))
+    return not first.get("denied"), str(first["name"])
+
+
+def admits(
+    gce: Gce,
+    network: str,
+    target_tags: Collection[str],
+    source_ip: str,
+    protocol: str,
+    port: int | None = None,
+    source_tags: Collection[str] = (),
+) -> bool:
+    """`verdict`'s answer alone."""
+    return verdict(gce, network, target_tags, source_ip, protocol, port, source_tags)[0]
+
+
+def _applies(rule: dict[str, Any], network: str, tags: set[str], sources: set[str]) -> bool:
+    targets = set(rule.get("targetTags", []))
+    return (
+        not rule.get("disabled")
+        and rule.get("direction", "INGRESS") == "INGRESS"
+        and _last(str(rule.get("network", ""))) == network
+        and not rule.get("targetServiceAccounts")
+        and (not targets or bool(targets & tags))
+    )
+
+
+def _from(rule: dict[str, Any], source_ip: str, source_tags: set[str]) -> bool:
+    ranges, tags = rule.get("sourceRanges", []), set(rule.get("sourceTags", []))
+    if not ranges and not tags:
+        return not rule.get("sourceServiceAccounts")
+    address = ipaddress.ip_address(source_ip)
+    in_range = any(address in ipaddress.ip_network(r, strict=False) for r in ranges)
+    return in_range or bool(tags & source_tags)
+
+
+def _carries(entries: list[dict[str, Any]], protocol: str, port: int | None) -> bool:
+    for entry in entries:
+        name = str(entry["IPProtocol"]).lower()
+        if name != "all" and name not in (protocol, PROTOCOLS.get(protocol)):
+            continue
+        ports = [str(p).partition("-") for p in entry.get("ports", [])]
+        if not ports or (
+            port is not None and any(int(lo) <= port <= int(hi or lo) for lo, _, hi in ports)
+        ):
+            return True
+    return False

@@ -71,6 +71,12 @@ ROUTES: list[tuple[str, str, str, Handler]] = [
     ("POST", "global/firewalls", "firewalls.insert", lambda g, c, a, s: _firewall_insert(g, c)),
     ("GET", f"global/firewalls/{N}", "firewalls.get", lambda g, c, a, s: _firewall(g, a["name"])),
     (
+        "PATCH",
+        f"global/firewalls/{N}",
+        "firewalls.patch",
+        lambda g, c, a, s: g.patch_firewall(a["name"], c.body or {}),
+    ),
+    (
         "DELETE",
         f"global/firewalls/{N}",
         "firewalls.delete",
@@ -231,14 +237,7 @@ def _firewall(gce: Gce, name: str) -> dict[str, Any]:
 
 
 def _firewall_insert(gce: Gce, call: Call) -> dict[str, Any]:
-    name = call.body["name"]
-    if name in gce.firewalls:
-        raise ApiError(
-            409, "alreadyExists", f"The resource 'global/firewalls/{name}' already exists"
-        )
-    link = gce.link("global", "firewalls", name)
-    gce.firewalls[name] = {**call.body, "kind": "compute#firewall", "selfLink": link}
-    return gce.operation("insert", link, None)
+    return gce.operation("insert", gce.add_firewall(call.body)["selfLink"], None)
 
 
 def _firewall_delete(gce: Gce, name: str) -> dict[str, Any]:
