@@ -23,7 +23,8 @@ from typing import Any, ClassVar
 
 from cloudtrain import access, bootstrap, planner
 from cloudtrain.catalog import Catalog
-from cloudtrain.errors import AuthError, CapacityError, ConfigError, ProviderError, QuotaError
+from cloudtrain.engine import Engine
+from cloudtrain.errors import CapacityError, ConfigError, ProviderError
 from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.provider import (
     Capability,
@@ -34,7 +35,6 @@ from cloudtrain.provider import (
     Plan,
     ProviderContext,
     default_owner,
-    ignore_event,
     wait_for_nodes,
 )
 from cloudtrain.providers.azure import _instances as inst
@@ -48,7 +48,7 @@ NODE_USER = bootstrap.NODE_USER
 POLL_ENV = "CLOUDTRAIN_AZURE_POLL_S"
 
 
-class AzureProvider:
+class AzureProvider(Engine):
     """Resource groups of VMs. Options: ``subscription`` (else ``AZURE_SUBSCRIPTION_ID``),
     ``owner``, ``clients`` (a `Clients`, for tests), ``catalog`` (a `Catalog`, for tests),
     ``wait_timeout_s``, ``poll_s`` (also the LRO polling interval; default
@@ -113,111 +113,94 @@ class AzureProvider:
             requests=inst.plan_requests(spec, refined[0], self.owner),
         )
 
-    # -- apply ----------------------------------------------------------------------------
+    # -- the engine's hooks (the algorithm is `Engine.apply`) -----------------------------------
 
-    def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
-        """Create or complete the cluster (Failed VMs are deleted and made again); blocks until
-        every node runs. Raises `CapacityError` when no zone of any offer had room (nothing is
-        left behind), `QuotaError`/`AuthError` at once, `ConfigError` for more VMs than asked."""
-        spec = plan.spec
-        if spec.ssh_cidr in access.WORLD:
-            on_event(
-                Event("warning", f"SSH is open to the whole internet ({spec.ssh_cidr}), as asked")
-            )
-        nodes = self.describe(spec.name)
+    def other_owners(self, cluster: str) -> set[str]:
+        """Owners of the cluster's resource group (its name is the cluster's: one per
+        subscription) and of VMs tagged with the cluster."""
+        with azure_errors():
+            groups = res.cluster_groups(self.clients, res.CLUSTER, cluster)
+        found = {str((g.get("tags") or {}).get(res.OWNER, "")) for g in groups}
+        found |= {str((vm.get("tags") or {}).get(res.OWNER, "")) for vm in self._vms(cluster)}
+        return found - {self.owner}
+
+    def repair(self, spec: ClusterSpec, nodes: list[NodeInfo], on_event: OnEvent) -> list[NodeInfo]:
+        """A Failed VM (allocation failed before a crash) is deleted, to be made again."""
         broken = [n for n in nodes if n.state == "failed"]
-        if broken:  # a Failed VM (allocation failed before a crash) is deleted, then remade
+        if broken:
             on_event(Event("resource", f"deleting {len(broken)} failed VM(s)"))
             self._delete_vms([(str(n.extra["resource_group"]), n.node_id) for n in broken])
-            nodes = [n for n in nodes if n.state != "failed"]
-        if len(nodes) > spec.num_nodes:
-            raise ConfigError(
-                f"cluster {spec.name!r} has {len(nodes)} VMs, more than the "
-                f"{spec.num_nodes} asked for; `cloudtrain down {spec.name}` first"
-            )
-        missing = sorted(set(range(spec.num_nodes)) - {n.index for n in nodes})
-        if not missing:
-            return self._wait(spec.name, spec.num_nodes, on_event)
-        offers = list(plan.offers)
-        if nodes:  # complete the cluster where it is: same region, same zone
-            region, zone = str(nodes[0].extra["region"]), nodes[0].zone
-            offers = [
-                dataclasses.replace(o, zones=(zone,) if zone else ())
-                for o in offers
-                if o.region == region
-            ]
-            if not offers:
-                raise ConfigError(f"cluster {spec.name!r} runs in {region}, not in the plan")
-        keys = bootstrap.NodeKeys.for_cluster(self.home, spec.name)
-        attempts: list[str] = []
-        for offer in offers:
-            made = self._try_region(spec, offer, missing, keys, attempts, on_event)
-            if made is not None:
-                return made
-        raise CapacityError(
-            "azure",
-            "NoCapacity",
-            f"no zone had {len(missing)} × {offers[0].instance_type}: {'; '.join(attempts)}; "
-            "nothing of the cluster was left behind",
-        )
+        return [n for n in nodes if n.state != "failed"]
 
-    def _try_region(
+    def prepare(
+        self, spec: ClusterSpec, offer: Offer, keys: bootstrap.NodeKeys, on_event: OnEvent
+    ) -> Any:
+        """The resource group in the offer's region (one left elsewhere by an earlier failed
+        `up` is deleted first) with its NSG (PUT again: the SSH rule follows the caller), VNet
+        and placement group; the ids the VMs refer to, and their custom data."""
+        region, cluster = offer.region, spec.name
+        with azure_errors(region):
+            where = res.group_location(self.clients, cluster)
+            if where is not None and where != region:
+                self._clean_group(cluster)
+            on_event(Event("resource", f"{region}: resource group {res.group_name(cluster)}"))
+            ids = res.ensure_network(
+                self.clients, cluster, self.owner, region, str(spec.ssh_cidr),
+                ppg=spec.num_nodes > 1,
+            )  # fmt: skip
+        return ids, inst.custom_data(offer, keys)
+
+    def create(
         self,
         spec: ClusterSpec,
         offer: Offer,
-        missing: list[int],
+        zone: str | None,
+        indices: Sequence[int],
         keys: bootstrap.NodeKeys,
-        attempts: list[str],
-        on_event: OnEvent,
-    ) -> list[NodeInfo] | None:
-        """Create the missing nodes in one of the offer's zones; None when every zone lacked
-        capacity (and then the region's resource group is gone, unless it holds live nodes)."""
-        region, cluster = offer.region, spec.name
-        try:
-            with azure_errors(region):
-                where = res.group_location(self.clients, cluster)
-                if where is not None and where != region:  # left by an earlier failed `up`
-                    self._clean_group(cluster)
-                on_event(Event("resource", f"{region}: resource group {res.group_name(cluster)}"))
-                ids = res.ensure_network(
-                    self.clients,
-                    cluster,
-                    self.owner,
-                    region,
-                    str(spec.ssh_cidr),
-                    ppg=spec.num_nodes > 1,
-                )
-            custom = inst.custom_data(offer, keys)
-            for zone in offer.zones or (None,):
-                place = f"{region}/{zone}" if zone else region
-                on_event(
-                    Event("attempt", f"{place}: creating {len(missing)} × {offer.instance_type}")
-                )
-                bodies = {
-                    inst.vm_name(cluster, i): inst.vm_body(
-                        spec,
-                        offer,
-                        zone,
-                        i,
-                        owner=self.owner,
-                        ids=ids,
-                        custom=custom,
-                        public_key=keys.user_public,
-                    )
-                    for i in missing
-                }
-                try:
-                    self._create(res.group_name(cluster), bodies, place)
-                except CapacityError as exc:
-                    attempts.append(f"{place}: {exc.code}")
-                    on_event(Event("capacity", f"{place}: {exc.code}; trying the next zone"))
-                    continue
-                return self._wait(cluster, spec.num_nodes, on_event)
-        except (QuotaError, AuthError, ConfigError, ProviderError):
-            self._clean_region(cluster)
-            raise
-        self._clean_region(cluster)
-        return None
+        prepared: Any,
+    ) -> None:
+        """Azure has no gang API: every VM is started, then all are awaited; any failure
+        deletes them all."""
+        ids, custom = prepared
+        bodies = {
+            inst.vm_name(spec.name, i): inst.vm_body(
+                spec,
+                offer,
+                zone,
+                i,
+                owner=self.owner,
+                ids=ids,
+                custom=custom,
+                public_key=keys.user_public,
+            )
+            for i in indices
+        }
+        self._create(
+            res.group_name(spec.name), bodies, f"{offer.region}/{zone}" if zone else offer.region
+        )
+
+    def clean(self, spec: ClusterSpec, offer: Offer) -> None:
+        """Delete the cluster's group unless it holds live VMs (a half-made cluster keeps
+        them for the next `up`)."""
+        if not [n for n in self.describe(spec.name) if n.state != "failed"]:
+            self._clean_group(spec.name)
+
+    def wait(self, spec: ClusterSpec, region: str, on_event: OnEvent) -> list[NodeInfo]:
+        """Block until every VM runs with addresses; then pin the host key for them."""
+        return wait_for_nodes(
+            "azure", spec.name, spec.num_nodes, lambda: self.describe(spec.name),
+            home=self.home, timeout_s=self.wait_timeout_s, poll_s=self.poll_s,
+            on_event=on_event,
+        )  # fmt: skip
+
+    def leftovers(self, cluster: str) -> list[str]:
+        return [f"resource group {g['name']}" for g in self._groups(cluster)]
+
+    def _groups(self, cluster: str) -> list[dict[str, Any]]:
+        """This owner's resource groups tagged with the cluster."""
+        with azure_errors():
+            groups = res.cluster_groups(self.clients, res.CLUSTER, cluster)
+        return [g for g in groups if (g.get("tags") or {}).get(res.OWNER) == self.owner]
 
     def _create(self, group: str, bodies: dict[str, dict[str, Any]], place: str) -> None:
         """Start every VM, then await every one; on any error delete them all (gang) and
@@ -260,36 +243,24 @@ class AzureProvider:
             for (_, name), poller in zip(vms, pollers, strict=True):
                 self._finish(poller, f"deleting VM {name}")
 
-    def _clean_region(self, cluster: str) -> None:
-        """After a failed attempt: delete the cluster's group unless it holds live VMs (a
-        half-made cluster keeps them for the next `up`)."""
-        try:
-            if not [n for n in self.describe(cluster) if n.state != "failed"]:
-                self._clean_group(cluster)
-        except ProviderError as exc:
-            log.warning("could not clean up cluster %s: %s", cluster, exc)
-
     def _clean_group(self, cluster: str) -> None:
         with azure_errors():
             res.delete_group(self.clients, res.group_name(cluster), self.wait_timeout_s)
 
-    def _wait(self, cluster: str, count: int, on_event: OnEvent) -> list[NodeInfo]:
-        """Block until `count` VMs run with addresses; then pin the host key for them."""
-        return wait_for_nodes(
-            "azure", cluster, count, lambda: self.describe(cluster),
-            home=self.home, timeout_s=self.wait_timeout_s, poll_s=self.poll_s,
-            on_event=on_event,
-        )  # fmt: skip
-
     # -- describe / terminate -------------------------------------------------------------
+
+    def _vms(self, cluster: str) -> list[dict[str, Any]]:
+        """Every VM of the subscription tagged with the cluster, whoever made it."""
+        with azure_errors():
+            vms = [vm.as_dict() for vm in self.clients.compute().virtual_machines.list_all()]
+        return [vm for vm in vms if (vm.get("tags") or {}).get(res.CLUSTER) == cluster]
 
     def describe(self, cluster: str) -> list[NodeInfo]:
         """The cluster's VMs, by tag, across every resource group of the subscription; their
         addresses from one NIC and one public-IP listing per group."""
+        vms = [v for v in self._vms(cluster) if (v.get("tags") or {}).get(res.OWNER) == self.owner]
         with azure_errors():
-            compute, network = self.clients.compute(), self.clients.network()
-            vms = [vm.as_dict() for vm in compute.virtual_machines.list_all()]
-            vms = [vm for vm in vms if (vm.get("tags") or {}).get(res.CLUSTER) == cluster]
+            network = self.clients.network()
             groups = sorted({res.group_of(vm["id"]) for vm in vms})
             nics = {
                 n.id.lower(): n.as_dict()
@@ -310,8 +281,8 @@ class AzureProvider:
         """Delete every resource group tagged with the cluster, and with it everything it
         holds; then any VM tagged with the cluster elsewhere (never a group cloudtrain did not
         tag). Blocks until ARM reports them gone. Idempotent."""
+        names = {g["name"] for g in self._groups(cluster)}
         with azure_errors():
-            names = {g["name"] for g in res.cluster_groups(self.clients, res.CLUSTER, cluster)}
             for name in sorted(names):
                 res.delete_group(self.clients, name, self.wait_timeout_s)
         stray = [(str(n.extra["resource_group"]), n.node_id) for n in self.describe(cluster)]
