@@ -10,9 +10,9 @@ live here once::
       │ other_owners(cluster)                 a name held by another owner: refuse, nothing made
       │ repair(nodes)                         e.g. Azure deletes VMs whose allocation failed
       │ more nodes than asked                 refuse (a silent second bill is worse than an error)
-      │ nothing missing ───────────────────►  wait(spec, region)
       │ offers pinned to the existing nodes' region and zone (a half-made cluster is completed
       │ where it is)
+      │ nothing missing ───────────────────►  prepare (rules follow the spec), wait(spec, region)
       └ for each offer (a region), in the plan's order:
           prepare(spec, offer, keys)          per-region resources (security group, key ...)
           for each zone: create(missing)      one gang attempt: all missing nodes or none
@@ -146,10 +146,11 @@ class Engine(abc.ABC):
                 f"{spec.num_nodes} asked for; `cloudtrain down {spec.name}` first"
             )
         missing = sorted(set(range(spec.num_nodes)) - {n.index for n in nodes})
-        if not missing:
-            return self.wait(spec, self.region_of(nodes[0]), on_event)
         offers = self._pinned(spec, plan.offers, nodes)
         keys = bootstrap.NodeKeys.for_cluster(self.home, spec.name)
+        if not missing:  # complete: its rules still follow the spec (the caller's address)
+            self.prepare(spec, offers[0], keys, on_event)
+            return self.wait(spec, offers[0].region, on_event)
         attempts: list[str] = []
         for offer in offers:
             if self._attempt(spec, offer, missing, keys, attempts, on_event):

@@ -209,11 +209,6 @@ def test_an_up_from_a_new_address_moves_the_ssh_rule(make: Make, gcp: StandIn) -
     assert [c.body for c in gcp.calls("firewalls.patch")] == [{"sourceRanges": [MOVED]}]
 
 
-@pytest.mark.xfail(
-    reason="an `up` of a complete cluster only waits: `Engine.apply` calls no `prepare` "
-    "(ensure_firewalls) when no node is missing (cloudtrain/engine.py)",
-    strict=True,
-)
 def test_an_up_of_a_complete_cluster_from_a_new_address_moves_the_ssh_rule(
     make: Make, gcp: StandIn
 ) -> None:

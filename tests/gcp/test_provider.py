@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from cloudtrain.engine import Engine
 from cloudtrain.errors import AuthError, CapacityError, ConfigError, QuotaError
 from cloudtrain.provider import Event, ProviderContext
 from cloudtrain.providers.gcp._client import Clients
@@ -141,6 +142,7 @@ def test_multi_node_a100_gang_in_one_call_with_the_exact_request(make: Make, gcp
     assert mutations(gcp) == [
         "firewalls.insert",
         "firewalls.insert",
+        "firewalls.insert",
         "resourcePolicies.insert",
         "instances.bulkInsert",
     ]
@@ -174,7 +176,7 @@ def test_multi_node_a100_gang_in_one_call_with_the_exact_request(make: Make, gcp
     policy = gcp.calls("resourcePolicies.insert")[0]
     assert policy.path.endswith("/regions/us-central1/resourcePolicies")
     assert policy.body["groupPlacementPolicy"] == {"collocation": "COLLOCATED"}
-    ssh, internal = (c.body for c in gcp.calls("firewalls.insert"))
+    ssh, internal, _deny = (c.body for c in gcp.calls("firewalls.insert"))
     assert ssh["sourceRanges"] == [CIDR]
     assert ssh["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
     assert ssh["targetTags"] == ["cloudtrain-exp1"]
@@ -265,9 +267,9 @@ def test_capacity_errors_move_to_the_next_zone(
     assert {n.zone for n in nodes} == {"us-central1-c"}
     assert [e.message for e in events if e.kind in ("attempt", "capacity")] == [
         "us-central1/us-central1-a: creating 2 × a2-highgpu-8g",
-        f"us-central1-a: {code}; trying the next zone",
+        f"us-central1/us-central1-a: {code}; trying the next zone",
         "us-central1/us-central1-b: creating 2 × a2-highgpu-8g",
-        f"us-central1-b: {code}; trying the next zone",
+        f"us-central1/us-central1-b: {code}; trying the next zone",
         "us-central1/us-central1-c: creating 2 × a2-highgpu-8g",
     ]
     assert gcp.leftovers("exp1")["instances"] == ["cloudtrain-exp1-0", "cloudtrain-exp1-1"]
@@ -293,7 +295,8 @@ def test_no_capacity_anywhere_says_so_and_leaves_nothing(make: Make, gcp: StandI
         make().apply(make().plan(a100()))
     assert str(err.value) == (
         "gcp: NoCapacity: no zone had 2 × a2-highgpu-8g: "
-        + "; ".join(f"{z}: ZONE_RESOURCE_POOL_EXHAUSTED" for z in ZONES)
+        + "; ".join(f"us-central1/{z}: ZONE_RESOURCE_POOL_EXHAUSTED" for z in ZONES)
+        + "; nothing of the cluster was left behind"
     )
     assert gcp.is_empty()
 
@@ -384,7 +387,7 @@ def test_resume_creates_only_what_is_missing(make: Make, gcp: StandIn) -> None:
     assert gcp.calls("instances.bulkInsert")[1].zone == "us-central1-a"
     assert provider.apply(plan) == provider.describe("exp1")  # complete: no call
     assert len(gcp.calls("instances.bulkInsert")) == 2
-    with pytest.raises(ConfigError, match="has 4 instances, more than the 2 asked for"):
+    with pytest.raises(ConfigError, match="has 4 nodes, more than the 2 asked for"):
         provider.apply(provider.plan(a100(nodes=2)))
 
 
@@ -408,20 +411,34 @@ class Crash(Exception):
 CRASH_POINTS = [
     ("apply", "firewalls.insert", 1),
     ("apply", "firewalls.insert", 2),
+    ("apply", "firewalls.insert", 3),
     ("apply", "resourcePolicies.insert", 1),
     ("apply", "instances.bulkInsert", 1),
     ("terminate", "instances.delete", 1),
     ("terminate", "instances.delete", 2),
     ("terminate", "firewalls.delete", 1),
     ("terminate", "firewalls.delete", 2),
+    ("terminate", "firewalls.delete", 3),
     ("terminate", "resourcePolicies.delete", 1),
 ]
 
 
+@pytest.mark.parametrize("how", ["raised", "killed"])
 @pytest.mark.parametrize(("verb", "call", "nth"), CRASH_POINTS)
 def test_a_crash_after_any_mutating_call_leaves_nothing_down_cannot_find(
-    make: Make, gcp: StandIn, verb: str, call: str, nth: int
+    make: Make,
+    gcp: StandIn,
+    verb: str,
+    call: str,
+    nth: int,
+    how: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A crash of an unmapped kind right after each mutating call, as an exception (the
+    attempt's cleanup runs in `finally`) or a kill (it does not); then `terminate` from a
+    fresh provider with no local state leaves the stand-in empty."""
+    if how == "killed":
+        monkeypatch.setattr(Engine, "_clean", lambda *_: None)
     clients = Clients()
     seen: list[str] = []
 
@@ -438,8 +455,11 @@ def test_a_crash_after_any_mutating_call_leaves_nothing_down_cannot_find(
         make().apply(make().plan(a100()))
         with pytest.raises(Crash):
             make(clients).terminate("exp1")
-    assert not gcp.is_empty(), "the crash left something"
-    assert mutations(gcp)[-1] == call, "the crash came right after the call under test"
+    if how == "raised" and verb == "apply" and call != "instances.bulkInsert":
+        assert gcp.is_empty(), "the failed attempt cleaned up after itself"
+    else:
+        assert not gcp.is_empty(), "the crash left something"
+        assert mutations(gcp)[-1] == call, "the crash came right after the call under test"
     make().terminate("exp1")
     assert gcp.is_empty()
 
@@ -455,6 +475,6 @@ def test_ssh_is_opened_to_the_callers_address_or_to_the_world_only_when_asked(
 
     events: list[Event] = []
     make().apply(make().plan(dataclasses.replace(v100(), ssh_cidr="0.0.0.0/0")), events.append)
-    assert gcp.calls("firewalls.insert")[2].body["sourceRanges"] == ["0.0.0.0/0"]
+    assert gcp.calls("firewalls.insert")[3].body["sourceRanges"] == ["0.0.0.0/0"]
     warnings = [e.message for e in events if e.kind == "warning"]
     assert warnings == ["SSH is open to the whole internet (0.0.0.0/0), as asked"]
