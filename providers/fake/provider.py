@@ -15,29 +15,32 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from cloudtrain import bootstrap
+from cloudtrain.engine import Engine
 from cloudtrain.errors import CapacityError, ConfigError, QuotaError
 from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call, FakeExecutor, Handler, succeed
 from cloudtrain.provider import (
     TAG_CLUSTER,
     TAG_NODE,
+    TAG_OWNER,
     Capability,
-    Event,
     NodeInfo,
     Offer,
     OnEvent,
     Plan,
     ProviderContext,
-    ignore_event,
+    default_owner,
 )
 from cloudtrain.spec import ClusterSpec
 
+REGION = "fake-1"
 ZONES = ("fake-1a", "fake-1b", "fake-1c")
 
 
@@ -71,7 +74,9 @@ class FakeCloud:
             if i.state != "terminated" and (cluster is None or i.tags[TAG_CLUSTER] == cluster)
         ]
 
-    def create(self, cluster: str, indices: list[int], zone: str, itype: str) -> None:
+    def create(
+        self, cluster: str, indices: list[int], zone: str, itype: str, owner: str | None = None
+    ) -> None:
         """All of `indices` or none (gang semantics), like one RunInstances call."""
         with self.lock:
             self.requests.append(
@@ -88,15 +93,20 @@ class FakeCloud:
                     iid,
                     zone,
                     itype,
-                    {TAG_CLUSTER: cluster, TAG_NODE: str(index)},
+                    {
+                        TAG_CLUSTER: cluster,
+                        TAG_NODE: str(index),
+                        TAG_OWNER: owner or default_owner(),
+                    },
                     f"10.0.0.{n % 250 + 2}",
                 )
 
-    def terminate(self, cluster: str) -> None:
+    def terminate(self, cluster: str, owner: str | None = None) -> None:
         with self.lock:
             self.requests.append({"action": "terminate", "cluster": cluster})
             for inst in self.live(cluster):
-                inst.state = "terminated"
+                if inst.tags[TAG_OWNER] == (owner or default_owner()):
+                    inst.state = "terminated"
 
 
 _CLOUDS: dict[Path, FakeCloud] = {}
@@ -113,8 +123,9 @@ def ready_node(call: Call) -> RunResult:
     return succeed(call)
 
 
-class FakeProvider:
-    """A provider over a `FakeCloud`."""
+class FakeProvider(Engine):
+    """A provider over a `FakeCloud`, on the same provisioning engine as the clouds: the
+    contract suite tests the real `apply` loop through it."""
 
     name: ClassVar[str] = "fake"
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
@@ -130,6 +141,8 @@ class FakeProvider:
             context.options.get("handler") or _HANDLERS.get(context.home) or ready_node
         )
         self.executors: dict[str, FakeExecutor] = {}
+        self.home = context.home
+        self.owner = str(context.options.get("owner") or default_owner())
 
     def plan(self, spec: ClusterSpec) -> Plan:
         res = spec.resources
@@ -140,36 +153,39 @@ class FakeProvider:
         zones = (res.zone,) if res.zone else ZONES
         itype = f"fake-{res.accelerator.lower()}x{res.count}" if res.accelerator else "fake-cpu"
         price = 1.0 * max(res.count, 1) * (0.3 if res.spot else 1.0)
-        offer = Offer("fake", "fake-1", zones, itype, price, res.spot, res.accelerator, res.count)
+        offer = Offer("fake", REGION, zones, itype, price, res.spot, res.accelerator, res.count)
         request = {"action": "create", "cluster": spec.name, "count": spec.num_nodes}
         return Plan(spec=spec, offers=(offer,), requests=(request,))
 
-    def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
-        spec = plan.spec
-        existing = self.describe(spec.name)
-        if len(existing) > spec.num_nodes:
-            raise ConfigError(
-                f"cluster {spec.name!r} has {len(existing)} nodes, more than the "
-                f"{spec.num_nodes} asked for"
-            )
-        missing = sorted(set(range(spec.num_nodes)) - {n.index for n in existing})
-        if not missing:
-            return existing
-        attempts = []
-        for offer in plan.offers:
-            zones = offer.zones
-            if existing:  # complete the cluster where it is
-                zones = tuple(z for z in zones if z == existing[0].zone)
-            for zone in zones:
-                on_event(Event("attempt", f"creating {len(missing)} node(s) in {zone}"))
-                try:
-                    self.cloud.create(spec.name, missing, zone, offer.instance_type)
-                except CapacityError as exc:
-                    attempts.append(f"{zone}: {exc.code}")
-                    on_event(Event("capacity", f"{zone}: {exc.code}, trying the next zone"))
-                    continue
-                return self.describe(spec.name)
-        raise CapacityError("fake", "NoCapacity", "every zone failed: " + "; ".join(attempts))
+    # -- the engine's hooks: the fake cloud has no per-region resources ---------------------
+
+    def other_owners(self, cluster: str) -> set[str]:
+        return {i.tags[TAG_OWNER] for i in self.cloud.live(cluster)} - {self.owner}
+
+    def prepare(
+        self, spec: ClusterSpec, offer: Offer, keys: bootstrap.NodeKeys, on_event: OnEvent
+    ) -> None:
+        return None
+
+    def create(
+        self,
+        spec: ClusterSpec,
+        offer: Offer,
+        zone: str | None,
+        indices: Sequence[int],
+        keys: bootstrap.NodeKeys,
+        prepared: Any,
+    ) -> None:
+        self.cloud.create(spec.name, list(indices), str(zone), offer.instance_type, self.owner)
+
+    def clean(self, spec: ClusterSpec, offer: Offer) -> None:
+        return None
+
+    def wait(self, spec: ClusterSpec, region: str, on_event: OnEvent) -> list[NodeInfo]:
+        return self.describe(spec.name)
+
+    def region_of(self, node: NodeInfo) -> str:
+        return REGION
 
     def describe(self, cluster: str) -> list[NodeInfo]:
         nodes = [
@@ -185,14 +201,17 @@ class FakeProvider:
                 extra=MappingProxyType({"root": f"/fake/{inst.instance_id}", "python": "python3"}),
             )
             for inst in self.cloud.live(cluster)
+            if inst.tags[TAG_OWNER] == self.owner
         ]
         return sorted(nodes, key=lambda n: n.index)
 
     def terminate(self, cluster: str) -> None:
-        self.cloud.terminate(cluster)
+        self.cloud.terminate(cluster, self.owner)
 
     def clusters(self) -> list[str]:
-        return sorted({i.tags[TAG_CLUSTER] for i in self.cloud.live()})
+        return sorted(
+            {i.tags[TAG_CLUSTER] for i in self.cloud.live() if i.tags[TAG_OWNER] == self.owner}
+        )
 
     def executor(self, node: NodeInfo) -> FakeExecutor:
         return self.executors.setdefault(node.node_id, FakeExecutor(self.handler))

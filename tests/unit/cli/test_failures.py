@@ -13,7 +13,7 @@ def test_capacity_errors_move_to_the_next_zone(run_cli: Cli, home: Path) -> None
     cloud = _CLOUDS[home] = FakeCloud(exhausted_zones={"fake-1a"})
     result = run_cli("up", "--provider", "fake", "--name", "c1", "--nodes", "2")
     assert result.exit_code == 0, result.output
-    assert "fake-1a: InsufficientCapacity, trying the next zone" in result.output
+    assert "fake-1/fake-1a: InsufficientCapacity; trying the next zone" in result.output
     assert {i.zone for i in cloud.live("c1")} == {"fake-1b"}
     assert run_cli("down", "c1").exit_code == 0
     assert cloud.live() == []
@@ -23,7 +23,9 @@ def test_no_capacity_anywhere_exits_3_and_leaves_nothing(run_cli: Cli, home: Pat
     cloud = _CLOUDS[home] = FakeCloud(exhausted_zones=set(ZONES))
     result = run_cli("up", "--provider", "fake", "--name", "c1", "--nodes", "2")
     assert result.exit_code == 3
-    assert "every zone failed: fake-1a: InsufficientCapacity; fake-1b" in result.output
+    assert "no zone had 2 × fake-cpu: fake-1/fake-1a: InsufficientCapacity; fake-1/fake-1b" in (
+        result.output
+    )
     assert cloud.live() == []
     with State.open(home) as state:
         assert state.cluster("c1") is None
