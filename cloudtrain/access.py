@@ -8,12 +8,15 @@ internet unless the user says so.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import shlex
+import tempfile
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from cloudtrain.errors import ConfigError
 
@@ -37,7 +40,7 @@ def known_hosts(home: Path, cluster: str, addresses: list[str]) -> Path:
     _, public = host_key(home, cluster)
     key_type, key_b64 = public.split()[:2]
     path = home / "keys" / cluster / "known_hosts"
-    path.write_text("".join(f"{a} {key_type} {key_b64}\n" for a in addresses))
+    atomic_write(path, "".join(f"{a} {key_type} {key_b64}\n" for a in addresses), 0o600)
     return path
 
 
@@ -73,34 +76,68 @@ def client_options(identity: Path, known_hosts: Path) -> list[str]:
 
 
 def _key_pair(folder: Path, name: str, comment: str) -> tuple[Path, str]:
+    """The key pair ``folder/name`` (+ ``.pub``), made on first use. Safe when several
+    processes make it at once: the private key is published with one atomic ``link(2)``
+    (the first one wins, the others use it), and the public line is always derived from the
+    private key that won, so every process hands out the same key."""
     private = folder / name
     public = folder / f"{name}.pub"
     if private.exists() and public.exists():
         return private, public.read_text().strip()
+    serialization = _crypto()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder.chmod(0o700)
+    if not private.exists():
+        _publish_private(folder, private, serialization)
+    key = serialization.load_ssh_private_key(private.read_bytes(), password=None)
+    line = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    public_line = f"{line.decode()} {comment}"
+    atomic_write(public, public_line + "\n", 0o644)
+    return private, public_line
+
+
+def _crypto() -> Any:
     try:
         from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     except ImportError:
         raise ConfigError(
             "making SSH keys needs the cryptography package: pip install 'cloudtrain[aws]'"
         ) from None
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    folder.chmod(0o700)
-    key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(
+    return serialization
+
+
+def _publish_private(folder: Path, private: Path, serialization: Any) -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    pem = Ed25519PrivateKey.generate().private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.OpenSSH,
         serialization.NoEncryption(),
     )
-    line = key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    )
-    fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    public_line = f"{line.decode()} {comment}"
-    public.write_text(public_line + "\n")
-    return private, public_line
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{private.name}.")  # 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+        with contextlib.suppress(FileExistsError):  # another process's key won: use it
+            os.link(tmp, private)
+    finally:
+        os.unlink(tmp)
+
+
+def atomic_write(path: Path, text: str, mode: int) -> None:
+    """Write `path` whole or not at all (a temp file renamed over it)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def forget_key(home: Path, cluster: str) -> None:

@@ -7,7 +7,7 @@ callback, never to the terminal. Jobs are the `Coordinator`'s business.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,24 @@ def up(
     node's bootstrap (unless `bootstrap_timeout_s` is None: stop after provisioning). Blocks.
     Idempotent. Raises `ConfigError` before any cloud call for bad input, `BootstrapError`
     when a node's bootstrap fails (the cluster is kept for inspection)."""
+    from cloudtrain import locks
+
+    wait = _waiting(on_event)
+    with locks.cluster_lock(home, spec.name, "up", on_wait=wait):
+        return _up(state, home, spec, on_event, bootstrap_timeout_s)
+
+
+def _waiting(on_event: OnEvent) -> Callable[[str], None]:
+    return lambda message: on_event(Event("wait", message))
+
+
+def _up(
+    state: State,
+    home: Path,
+    spec: ClusterSpec,
+    on_event: OnEvent,
+    bootstrap_timeout_s: float | None,
+) -> list[NodeInfo]:
     check_existing(state, spec)
     the_plan = plan(spec, home)  # validates against the catalog first, whatever the provider
     prov = provider_for(spec, home)
@@ -162,6 +180,20 @@ def down(
     the provider finds by tag, forget the cluster. Blocks until gone. Idempotent: returns
     False when there was nothing to do. Without a state record, `provider_name` (default
     local) is asked for nodes tagged with `name`."""
+    from cloudtrain import locks
+
+    with locks.cluster_lock(home, name, "down", on_wait=_waiting(on_event)):
+        return _down(state, home, name, provider_name, options, on_event)
+
+
+def _down(
+    state: State,
+    home: Path,
+    name: str,
+    provider_name: str | None,
+    options: Mapping[str, Any] | None,
+    on_event: OnEvent,
+) -> bool:
     from cloudtrain.coordinator import Coordinator
 
     record = state.cluster(name)
@@ -172,7 +204,8 @@ def down(
         )
     prov = provider(pname, home, record.spec.extra if record else options)
     found = prov.describe(name)
-    if record is None and not found:
+    left = [] if found else prov.leftovers(name)  # every instance gone, its resources not
+    if record is None and not found and not left:
         return False
     if record is not None and state.nodes(name):
         coord = Coordinator(state, prov, home=home)
@@ -188,7 +221,11 @@ def down(
             coord.archive_logs(name)
         finally:
             coord.close()
-    on_event(Event("terminate", f"terminating {len(found)} node(s) of {name!r} on {pname}"))
+    if found:
+        on_event(Event("terminate", f"terminating {len(found)} node(s) of {name!r} on {pname}"))
+    elif left:
+        on_event(Event("terminate", f"no node of {name!r} is left on {pname}; deleting what "
+                                    f"remains: {', '.join(left)}"))  # fmt: skip
     earlier = state.open_intents(name)
     with state.intent(name, "terminate", {"provider": pname}):
         prov.terminate(name)

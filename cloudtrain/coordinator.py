@@ -102,9 +102,17 @@ class Coordinator:
     def submit(self, cluster: str, job: JobSpec, on_line: OnLine | None = None) -> JobRecord:
         """Start `job` on every node of `cluster` and return once all of them run it.
 
-        Blocks for the sync, setup and start; not for the training. Raises `CommandError` when
-        setup fails on a node, `NotFoundError` for an unknown cluster. On any failure (or
-        Ctrl-C) the ranks already started are stopped and the job is recorded as such."""
+        Blocks for the sync, setup and start; not for the training. Holds the cluster's lock
+        while it starts the job (`cloudtrain.locks`: an `up` or `down` of the cluster waits).
+        Raises `CommandError` when setup fails on a node, `NotFoundError` for an unknown
+        cluster. On any failure (or Ctrl-C) the ranks already started are stopped and the job
+        is recorded as such."""
+        from cloudtrain import locks
+
+        with locks.cluster_lock(self.home, cluster, "train", on_wait=log.warning):
+            return self._submit(cluster, job, on_line)
+
+    def _submit(self, cluster: str, job: JobSpec, on_line: OnLine | None) -> JobRecord:
         record = self.state.cluster(cluster)
         if record is None:
             raise NotFoundError(f"no cluster named {cluster!r}; `cloudtrain status` lists them")

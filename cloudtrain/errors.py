@@ -10,6 +10,7 @@ CloudtrainError
 ├── CommandError             a command on a node exited non-zero (returncode, argv, stderr_tail)
 ├── JobError                 a training job failed or was cancelled
 ├── NotFoundError            a cluster or job that does not exist
+├── ClusterBusyError         another command holds the cluster's lock, past the wait
 └── StateError               the local state file is unusable
 """
 
@@ -37,6 +38,15 @@ class CheckpointError(CloudtrainError):
 
 class NotFoundError(CloudtrainError):
     """A cluster or job that cloudtrain does not know."""
+
+
+class ClusterBusyError(CloudtrainError):
+    """Another cloudtrain command holds the cluster's lock (`cloudtrain.locks`), and it was
+    not released in time."""
+
+    def __init__(self, cluster: str, message: str) -> None:
+        super().__init__(message)
+        self.cluster = cluster
 
 
 class StateError(CloudtrainError):

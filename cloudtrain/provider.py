@@ -16,6 +16,7 @@ verb           side effect  blocks       guarantees
 ``terminate``  deletes      until gone   idempotent; removes the nodes and every
                                          per-cluster resource it made
 ``clusters``   none         no           names of this owner's clusters, from tags
+``leftovers``  none         no           what of a cluster besides its nodes exists
 ``executor``   none         no           how to run commands on one node
 =============  ==========  ===========  ================================================
 
@@ -213,7 +214,14 @@ class Provider(Protocol):
 
     def clusters(self) -> list[str]:
         """Names of the clusters this owner has on the provider, from its tags (for
-        ``down --all`` and reconciliation); sorted."""
+        ``down --all`` and reconciliation); sorted. A cluster whose nodes are gone but whose
+        other resources remain is one of them."""
+        ...
+
+    def leftovers(self, cluster: str) -> list[str]:
+        """What of this owner's `cluster` besides its nodes exists (a security group,
+        firewall rules, a resource group ...), in words; [] when nothing. `terminate` removes
+        them; `down` uses this to act on a cluster whose nodes are all gone."""
         ...
 
     def executor(self, node: NodeInfo) -> Executor:

@@ -273,18 +273,18 @@ def down(
     options = account(flags) or None
     if every == bool(name):
         raise ConfigError("give a cluster NAME, or --all (not both)")
-    targets = [(name, provider)] if name else _every_cluster(app, provider, options)
+    targets = [(name, provider, options)] if name else _every_cluster(app, provider, options)
     if every:
         if not targets:
             app.out.print("nothing to do: no clusters", markup=False)
             return
-        listing = ", ".join(f"{n} ({p})" for n, p in targets)
+        listing = ", ".join(f"{n} ({p})" for n, p, _ in targets)
         if not yes and not _confirm(f"tear down {listing}?"):
             raise ConfigError("nothing was torn down (pass --yes to skip the question)")
-    for target, where in targets:
+    for target, where, acct in targets:
         with app.err.status(f"tearing down {target}"):
             done = api.down(app.state, app.home, str(target), provider_name=where,
-                            options=options, on_event=app.event)  # fmt: skip
+                            options=acct, on_event=app.event)  # fmt: skip
         if done:
             app.out.print(f"cluster {target} is down; nothing of it is left running", markup=False)
         else:
@@ -301,17 +301,25 @@ def _confirm(question: str) -> bool:
 
 def _every_cluster(
     app: App, provider: str | None, options: dict[str, str] | None
-) -> list[tuple[str, str | None]]:
+) -> list[tuple[str, str | None, dict[str, Any] | None]]:
     """Recorded clusters, and clusters of this owner found by tag on `provider` (or on local
-    and every provider that has a record)."""
+    and every provider that has a record), each with the account to reach it in."""
     from cloudtrain import api
 
-    found = {c.name: c.provider for c in app.state.clusters()}
-    wanted = {provider} if provider else {"local", *found.values()}
+    records = app.state.clusters()
+    found: dict[str, tuple[str, dict[str, Any] | None]] = {
+        c.name: (c.provider, None) for c in records
+    }
+    wanted = {provider} if provider else {"local", *(c.provider for c in records)}
     for pname in sorted(wanted):
-        for cluster in api.provider(pname, app.home, options).clusters():
-            found.setdefault(cluster, pname)
-    return [(n, p) for n, p in sorted(found.items()) if not provider or p == provider]
+        # the accounts to look in: the flags', else those the records were made in
+        recorded = {json.dumps(account(dict(c.spec.extra)), sort_keys=True)
+                    for c in records if c.provider == pname}  # fmt: skip
+        accounts = [options] if options else [json.loads(a) or None for a in sorted(recorded)]
+        for acct in accounts or [None]:
+            for cluster in api.provider(pname, app.home, acct).clusters():
+                found.setdefault(cluster, (pname, acct))
+    return [(n, p, acct) for n, (p, acct) in sorted(found.items()) if not provider or p == provider]
 
 
 @click.command()
@@ -384,7 +392,8 @@ def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
 
     state = app.state
     for c in clusters:
-        found = api.provider_for(c.spec, app.home).describe(c.name)
+        prov = api.provider_for(c.spec, app.home)  # the account the cluster was made in
+        found = prov.describe(c.name)
         known = {n.node_id: n for n in state.nodes(c.name)}
         found = [  # a node that does not answer keeps what was known of it
             dataclasses.replace(n, extra={**known[n.node_id].extra, **n.extra})
@@ -399,10 +408,21 @@ def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
         state.set_nodes(c.name, found)
         live = sum(n.state == "running" for n in found)
         status = "up" if live >= c.spec.num_nodes else "partial" if found else "gone"
+        left = [] if found else prov.leftovers(c.name)
+        if left:
+            status = "leftovers"
+            app.note(f"{c.name}: no node is left, but {', '.join(left)} remain; "
+                     f"`cloudtrain down {c.name}` removes them")  # fmt: skip
         state.set_cluster_status(c.name, status)
     recorded = {c.name for c in state.clusters()}
-    for pname in sorted({"local", *(c.provider for c in clusters)}):
-        for name in api.provider(pname, app.home).clusters():
+    accounts = {(c.provider, json.dumps(account(dict(c.spec.extra)), sort_keys=True)): c
+                for c in clusters}  # fmt: skip
+    providers = [api.provider("local", app.home)] + [
+        api.provider_for(c.spec, app.home) for (p, _), c in sorted(accounts.items()) if p != "local"
+    ]
+    for prov in providers:
+        pname = prov.name
+        for name in prov.clusters():
             if name not in recorded:
                 app.note(f"warning: cluster {name!r} exists on {pname} (found by its tags) but "
                          f"is not recorded here; `cloudtrain down {name} --provider {pname}` "

@@ -161,5 +161,12 @@ class LocalProvider:
     def clusters(self) -> list[str]:
         return sorted({p.parent.parent.name for p in self._root.glob("*/node-*/node.json")})
 
+    def leftovers(self, cluster: str) -> list[str]:
+        """The cluster's folder when it holds no node any more (a crash mid-`terminate`)."""
+        folder = self._cluster_dir(cluster)
+        if folder.is_dir() and not any(folder.glob("node-*/node.json")):
+            return [f"folder {folder}"]
+        return []
+
     def executor(self, node: NodeInfo) -> LocalExecutor:
         return LocalExecutor()

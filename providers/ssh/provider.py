@@ -240,6 +240,11 @@ class SshProvider:
         if failed:
             raise ProviderError("ssh", "NotCleaned", "could not clean " + ", ".join(failed))
 
+    def leftovers(self, cluster: str) -> list[str]:
+        """Nothing: a node's folder is all the ssh provider makes on a host, and `describe`
+        finds it."""
+        return []
+
     def clusters(self) -> list[str]:
         def names(host: Host) -> list[str]:
             ex = self._executor(host)

@@ -107,3 +107,67 @@ def test_ssh_is_opened_to_the_callers_address_found_or_to_the_world_only_when_as
     assert world.returncode == 0
     assert "SSH is open to the whole internet (0.0.0.0/0), as asked" in world.stderr
     assert cli("down", "exp1").returncode == 0
+
+
+SMALL = ["up", "--provider", "aws", "--gpus", "V100:1", "--nodes", "2", "--no-setup", *CIDR]
+
+
+def test_two_ups_of_one_name_at_once_make_one_cluster_with_one_host_key(
+    cli: Shell, aws: StandIn
+) -> None:
+    """Started together: one waits for the other's lock (and says for whom), then finds the
+    cluster made; exactly N instances, one host key, and the nodes present that key."""
+    first, second = cli.popen(*SMALL, "--name", "exp1"), cli.popen(*SMALL, "--name", "exp1")
+    outputs = [p.communicate(timeout=240)[0] for p in (first, second)]
+    assert [first.returncode, second.returncode] == [0, 0], outputs
+    assert sum("is busy: pid" in out for out in outputs) <= 1
+    ec2 = aws.client("ec2")
+    assert len(leftovers(ec2, "exp1")["instances"]) == 2
+    assert len(aws.app.calls("RunInstances")) == 1
+    folder = cli.home / "keys" / "exp1"
+    host_key = (folder / "ssh_host_ed25519_key.pub").read_text().split()[1]
+    pinned = {line.split()[2] for line in (folder / "known_hosts").read_text().splitlines()}
+    assert pinned == {host_key}
+    assert cli("down", "exp1").returncode == 0
+
+
+def test_a_second_owner_of_the_same_name_is_refused_and_cannot_touch_the_first(
+    cli: Shell, aws: StandIn, tmp_path: Path
+) -> None:
+    cli.env["CLOUDTRAIN_OWNER"] = "alice"
+    assert cli(*SMALL, "--name", "exp1").returncode == 0
+    mine = leftovers(aws.client("ec2"), "exp1")
+    bob = Shell(tmp_path / "bob")
+    bob.env["CLOUDTRAIN_OWNER"] = "bob"
+    before = len(aws.app.calls())
+    refused = bob(*SMALL, "--name", "exp1")
+    assert refused.returncode == 2
+    assert "cluster name 'exp1' is taken on aws by another owner (alice)" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    made = [c.action for c in aws.app.calls()[before:]]
+    assert not [a for a in made if a.startswith(("Create", "Run", "Import", "Authorize"))]
+    assert bob.status()["clusters"] == [], "a refused up keeps no record"
+    assert bob("down", "exp1", "--provider", "aws").stdout.startswith("nothing to do")
+    assert bob("down", "--all", "--provider", "aws", "--yes").stdout.startswith("nothing to do")
+    assert leftovers(aws.client("ec2"), "exp1") == mine, "alice's cluster is untouched"
+    assert cli("down", "exp1").returncode == 0
+
+
+def test_down_removes_a_cluster_whose_instances_are_all_gone(cli: Shell, aws: StandIn) -> None:
+    """Every instance preempted or deleted by hand, the state lost: `down NAME --provider
+    aws` (and `down --all`) still find the security group and key pair by tag."""
+    ec2 = aws.client("ec2")
+    for name in ("exp1", "exp2"):
+        assert cli(*SMALL, "--name", name).returncode == 0
+        ec2.terminate_instances(InstanceIds=leftovers(ec2, name)["instances"])
+    for name in ("state.db", "state.db-wal", "state.db-shm"):
+        (cli.home / name).unlink(missing_ok=True)
+    down = cli("down", "exp1", "--provider", "aws")
+    assert down.returncode == 0, down.stderr
+    assert "no node of 'exp1' is left on aws; deleting what remains:" in down.stderr
+    assert "cluster exp1 is down" in down.stdout
+    assert_empty(ec2, "exp1")
+    everything = cli("down", "--all", "--provider", "aws", "--yes")
+    assert everything.returncode == 0, everything.stderr
+    assert "cluster exp2 is down" in everything.stdout
+    assert_empty(ec2, "exp2")
