@@ -3,7 +3,17 @@
     0    ok                         3    a provider/cloud error (capacity, quota, auth) or a
     1    the job failed/cancelled        node command failed
     2    bad input (nothing made)   4    the local state file is unusable
+                                    5    a bug: an unexpected exception (a crash report is
+                                         written, see below)
                                     130  interrupted (Ctrl-C)
+
+A failure is one ``error: …`` line on stderr: cloudtrain's own errors say what to do (a failed
+node command adds the tail of its stderr). Any other exception (a bug in cloudtrain, or an SDK
+error not mapped at the provider boundary) prints ``error: unexpected <type>: <its first line>
+(details: <file>)`` and writes the traceback, the command line (secrets redacted), cloudtrain's
+and Python's versions to ``<CLOUDTRAIN_HOME>/crashes/<UTC time>-<pid>.txt`` (folder 0700, file
+0600) for a bug report. click's own exits (usage errors, ``--help``, aborts) and Ctrl-C are not
+crashes. The cloud SDKs' own log records below ERROR are shown with ``-v`` only.
 
 Importing this module is cheap: commands import the library (and never torch or a cloud SDK)
 when they run.
@@ -11,9 +21,15 @@ when they run.
 
 from __future__ import annotations
 
+import datetime
 import logging
+import os
+import platform
+import re
 import sys
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import click
@@ -32,6 +48,19 @@ from cloudtrain.errors import (
 )
 
 EXIT_OK, EXIT_JOB, EXIT_INPUT, EXIT_PROVIDER, EXIT_STATE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_CRASH = 5
+
+#: the cloud SDKs' loggers: what they warn of (a retry, a body they could not read, with its
+#: traceback) comes before the one line cloudtrain maps the failure to; shown with -v
+SDK_LOGGERS = ("azure", "botocore", "boto3", "google", "urllib3")
+#: a flag whose value is not written to a crash report
+_SECRET_FLAG = re.compile(r"^--?[\w-]*(secret|token|password)[\w-]*$", re.IGNORECASE)
+#: what looks like an AWS secret access key (40 characters of base64) or access key id
+_SECRET_VALUE = re.compile(
+    r"(?<![A-Za-z0-9/+])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])|\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"
+)
+REDACTED = "***"
+_ARGV = "cloudtrain.argv"  # the Context.meta key of the command line as given
 
 
 def exit_code(error: CloudtrainError) -> int:
@@ -46,18 +75,108 @@ def exit_code(error: CloudtrainError) -> int:
     return EXIT_JOB
 
 
+def redact(argv: Sequence[str]) -> list[str]:
+    """`argv` fit for a crash report: the value after (or ``=``-joined to) a flag named
+    *secret*, *token* or *password*, and anything that looks like an AWS key, as ``***``."""
+    shown: list[str] = []
+    hide_next = False
+    for arg in argv:
+        flag, eq, _ = arg.partition("=")
+        if hide_next:
+            shown.append(REDACTED)
+        elif eq and _SECRET_FLAG.match(flag):
+            shown.append(f"{flag}={REDACTED}")
+        else:
+            shown.append(_SECRET_VALUE.sub(REDACTED, arg))
+        hide_next = not hide_next and not eq and bool(_SECRET_FLAG.match(arg))
+    return shown
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = _SECRET_VALUE.sub(REDACTED, lines[0]) if lines else ""
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _type_name(exc: BaseException) -> str:
+    kind = type(exc)
+    return (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+
+
+def crash_report(exc: BaseException, argv: Sequence[str], home: Path) -> Path:
+    """Write `exc`'s report to ``home/crashes/<UTC time>-<pid>.txt`` (folder 0700, file 0600,
+    never overwritten); its path. Raises `OSError` when it cannot be written."""
+    now = datetime.datetime.now(datetime.UTC)
+    folder = home / "crashes"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)  # mkdir's mode is masked by the umask, and the folder may be older
+    path = folder / f"{now:%Y%m%dT%H%M%SZ}-{os.getpid()}.txt"
+    trace = "".join(traceback.format_exception(exc))
+    text = (
+        f"cloudtrain crash report, {now:%Y-%m-%d %H:%M:%S} UTC\n"
+        f"cloudtrain {__version__}, Python {platform.python_version()} "
+        f"({sys.executable}), {platform.platform()}\n"
+        f"command: {' '.join(redact(argv))}\n\n"
+        f"{_SECRET_VALUE.sub(REDACTED, trace)}"
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        os.fchmod(out.fileno(), 0o600)
+        out.write(text)
+    return path
+
+
+def report_crash(exc: BaseException, argv: Sequence[str], home: Path | None = None) -> str:
+    """The one line to print for an unexpected `exc`, after writing its crash report (under
+    `home`, default ``$CLOUDTRAIN_HOME``); never raises."""
+    head = f"error: unexpected {_type_name(exc)}"
+    first = _first_line(exc)
+    head = f"{head}: {first}" if first else head
+    try:
+        from cloudtrain.state import home as default_home
+
+        path = crash_report(exc, argv, home or default_home())
+    except Exception as failed:  # the report is a courtesy; the line is what must come out
+        return f"{head} (no crash report: {type(failed).__name__}: {_first_line(failed)})"
+    return f"{head} (details: {path})"
+
+
 class Group(click.Group):
-    """Maps cloudtrain's errors to a one-line message and an exit code."""
+    """Maps cloudtrain's errors to a one-line message and an exit code; anything unexpected
+    to one line, a crash report and `EXIT_CRASH`."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        argv = ["cloudtrain", *args]
+        ctx = super().make_context(info_name, args, parent, **extra)
+        ctx.meta[_ARGV] = argv
+        return ctx
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise  # click's own: --help, usage errors, aborts, ctx.exit
         except CloudtrainError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(exit_code(exc))
         except KeyboardInterrupt:
             click.echo("\ninterrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
+        except Exception as exc:
+            app = ctx.find_object(App)
+            argv = ctx.meta.get(_ARGV) or ["cloudtrain"]
+            click.echo(report_crash(exc, argv, app.home if app else None), err=True)
+            ctx.exit(EXIT_CRASH)
         finally:
             app = ctx.find_object(App)
             if app is not None:
@@ -79,6 +198,8 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
     level = (
         logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
     )
+    for name in SDK_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.ERROR)
     if verbose or quiet:
         from rich.logging import RichHandler
 
@@ -100,7 +221,11 @@ _register()
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The console script."""
+    args = list(argv) if argv is not None else sys.argv[1:]
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name="cloudtrain")
+        cli.main(args=args, prog_name="cloudtrain")
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:  # raised outside a command (Group.invoke reports those)
+        click.echo(report_crash(exc, ["cloudtrain", *args]), err=True)
+        sys.exit(EXIT_CRASH)

@@ -84,14 +84,17 @@ class Clients:
         return self._session
 
     def get(self, service: str, region: str) -> Any:
+        """The client of `service` in `region`, built on first use (a bad AWS config file, an
+        unknown region: mapped as by `aws_errors`)."""
         with self._lock:
             key = (service, region)
             if key not in self._clients:
                 from botocore.config import Config
 
-                client = self.session().client(
-                    service, region_name=region, config=Config(retries={"mode": "standard"})
-                )
+                with aws_errors(region):
+                    client = self.session().client(
+                        service, region_name=region, config=Config(retries={"mode": "standard"})
+                    )
                 client.meta.events.register("before-parse", _remember)
                 for event, handler in self.hooks:
                     client.meta.events.register(event, handler)

@@ -8,8 +8,10 @@ What botocore raises, and what it becomes (every message one line):
     ClientError                 by its code: CapacityError, QuotaError, AuthError, ProviderError
                                 (retryable when HTTP 5xx); an answer that was no AWS error
                                 document (a proxy's HTML page) is ``HTTP<status>``
-    ResponseParserError         ProviderError ``ResponseParserError``, retryable: a body that is
-                                not an AWS response (an HTML 502/500 page, a body cut short)
+    ResponseParserError         ProviderError ``ResponseParserError``, retryable unless 4xx: a
+                                body that is not an AWS response (an HTML 502/500 page that is
+                                not well-formed XML, moto's page for what it lacks, a body cut
+                                short: botocore does not check the length)
     NoCredentialsError …        AuthError (credentials missing, or their provider failed)
     ConnectionError,            ProviderError named by the class, retryable (connection refused,
     HTTPClientError …           closed, timed out); SSLError is not retryable
@@ -164,9 +166,10 @@ def not_an_aws_response(
     exc: Exception, where: str = "", last: Mapping[str, Any] | None = None
 ) -> ProviderError:
     """botocore's ``ResponseParserError``: an answer it could not parse (an HTML 502/500 page
-    of a proxy, moto's page for an action it lacks, a body cut short). Retryable: the next
-    answer may be a real one."""
+    of a proxy, moto's page for an action it lacks, a body cut short). Retryable unless its
+    status was a 4xx: the next answer may be a real one."""
     place = f" in {where}" if where else ""
+    status = int((last or {}).get("status") or 0)
     reason = _PARSE_REASON.search(str(exc))
     why = f"; the parser: {one_line(reason.group(1), 120)}" if reason else ""
     if last:
@@ -179,7 +182,7 @@ def not_an_aws_response(
         "ResponseParserError",
         f"{call}{place} with something that is not an AWS response{seen}; retry later, or "
         "check the endpoint (AWS_ENDPOINT_URL) and any proxy (HTTPS_PROXY) in the way",
-        retryable=True,
+        retryable=not 400 <= status < 500,
     )
 
 

@@ -7,6 +7,8 @@ local stand-in serves TLS with its own certificate, trusted through ``REQUESTS_C
 Credentials: `DefaultAzureCredential` (environment, workload/managed identity, Azure CLI …).
 With a custom endpoint or ``AZURE_AUTHORITY_HOST``, MSAL's instance discovery (a call to
 Microsoft that an air-gapped or test authority cannot answer) is turned off.
+
+Every call runs inside `azure_errors`, which maps whatever azure-core raises (``_errors.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +19,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain.errors import ConfigError, ProviderError
-from cloudtrain.providers.azure._errors import map_http_error, no_credentials
+from cloudtrain.errors import ConfigError
+from cloudtrain.providers.azure._errors import (
+    map_azure_error,
+    map_decode_error,
+    map_http_error,
+    no_credentials,
+)
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
@@ -62,7 +69,8 @@ def endpoint() -> str:
 class Clients:
     """The compute, network and resource clients of one subscription; thread-safe.
 
-    `poll_s` is the LRO polling interval (None: the SDK's, honouring ``Retry-After``).
+    `poll_s` is the LRO polling interval (None: the SDK's, honouring ``Retry-After``);
+    `retries` how often azure-core retries a failed request (None: its default).
     `response_hooks` run on every HTTP response of every client (tests stop the process there).
     """
 
@@ -72,10 +80,12 @@ class Clients:
         *,
         credential: TokenCredential | None = None,
         poll_s: float | None = None,
+        retries: int | None = None,
     ) -> None:
         self._subscription = subscription
         self._credential = credential
         self.poll_s = poll_s
+        self.retries = retries
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.response_hooks: list[Callable[[PipelineResponse[Any, Any]], None]] = []
@@ -113,8 +123,11 @@ class Clients:
                 }
                 if self.poll_s is not None:
                     kwargs["polling_interval"] = self.poll_s
-                subscription = self.subscription
-                self._clients[name] = factory(self.credential(), subscription, **kwargs)
+                if self.retries is not None:
+                    kwargs["retry_total"] = self.retries
+                subscription, credential = self.subscription, self.credential()
+                with azure_errors():
+                    self._clients[name] = factory(credential, subscription, **kwargs)
             return self._clients[name]
 
     def _on_response(self, response: PipelineResponse[Any, Any]) -> None:
@@ -149,12 +162,15 @@ class Clients:
 
 @contextmanager
 def azure_errors(where: str = "") -> Iterator[None]:
-    """Turn azure-core's exceptions into cloudtrain's inside the block."""
+    """Turn azure-core's exceptions into cloudtrain's inside the block (`where`: a zone or
+    region, for the message): every one of them, each as one line."""
     from azure.core.exceptions import (
+        AzureError,
         ClientAuthenticationError,
+        DecodeError,
+        DeserializationError,
         HttpResponseError,
-        ServiceRequestError,
-        ServiceResponseError,
+        SerializationError,
     )
 
     try:
@@ -163,9 +179,10 @@ def azure_errors(where: str = "") -> Iterator[None]:
         if exc.response is None:  # the credential got no token: nothing reached ARM
             raise no_credentials(exc) from exc
         raise map_http_error(exc, where) from exc
+    except DecodeError as exc:  # an HttpResponseError too, of a body that could not be read
+        raise map_decode_error(exc, where) from exc
     except HttpResponseError as exc:
         raise map_http_error(exc, where) from exc
-    except (ServiceRequestError, ServiceResponseError) as exc:
-        raise ProviderError(
-            "azure", "ConnectionError", f"{exc} (endpoint {endpoint()})", retryable=True
-        ) from exc
+    except (AzureError, DeserializationError, SerializationError) as exc:
+        shown = (os.environ.get(ENDPOINT_ENV) or PUBLIC_CLOUD).rstrip("/")  # unchecked here
+        raise map_azure_error(exc, where, shown) from exc

@@ -4,17 +4,32 @@ The exception class misleads (``SkuNotAvailable`` and the cores-quota ``Operatio
 409s raised as ``ResourceExistsError``; ``AllocationFailed`` arrives in the finished operation as
 an ``HttpResponseError`` with status 200), so the mapping branches on ``error.code`` only, and on
 the HTTP status for 401/403.
+
+What azure-core raises, and what it becomes (every message one line):
+
+    HttpResponseError           by ``error.code`` (above); an answer that was no ARM error (a
+                                proxy's HTML page) is ``HTTP<status>``, retryable when 5xx
+    ClientAuthenticationError   AuthError (``NoCredentials`` when no token could be had)
+    DecodeError,                ProviderError named by the class, retryable: a body that is not
+    IncompleteReadError         JSON, or was cut short
+    DeserializationError        ProviderError, not retryable: JSON of the wrong shape
+    ServiceRequestError,        ProviderError ``ConnectionError`` (``Timeout`` for the timeout
+    ServiceResponseError        subclasses), retryable
+    any other AzureError        ProviderError named by the class, not retryable
+
+Retries of 5xx, 429 and connection errors are azure-core's (its RetryPolicy): what reaches here
+is what is left after them.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError
 
 if TYPE_CHECKING:
-    from azure.core.exceptions import HttpResponseError
+    from azure.core.exceptions import DecodeError, HttpResponseError
 
 #: "Not here, not now": the next zone or region may have it.
 CAPACITY_CODES = frozenset(
@@ -38,10 +53,48 @@ AUTH_CODES = frozenset(
         "SubscriptionNotFound",
     }
 )
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+ENDPOINT_HINT = (
+    "a proxy or load balancer in the way, or an endpoint that is not ARM "
+    "(CLOUDTRAIN_AZURE_ENDPOINT)"
+)
 QUOTA_PORTAL = (
     "Request more in the Azure portal (Subscriptions > Usage + quotas, provider Compute, "
     "the region) or check with `az vm list-usage --location REGION`, or ask for fewer/smaller nodes"
 )
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """`text` on one line (each run of whitespace, newlines included, as one space), cut to
+    `limit` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def body_summary(text: str) -> str:
+    """What a body that is no ARM answer looks like: an HTML page's title, or its start."""
+    title = _TITLE.search(text)
+    if title:
+        return f"a page titled {one_line(title.group(1), 80)!r}"
+    return f"starting {one_line(text, 60)!r}" if text.strip() else "an empty body"
+
+
+def answered(exc: HttpResponseError) -> str:
+    """``GET https://…/skus was answered HTTP 502, text/html, a page titled '…'``."""
+    response: Any = exc.response  # a transport's response: requests', aiohttp's …
+    if response is None:
+        return f"the answer was HTTP {exc.status_code}"
+    request = getattr(response, "request", None)
+    asked = "the call"
+    if request is not None:
+        asked = f"{request.method} {str(request.url).split('?')[0]}"
+    try:
+        body = response.text()
+    except Exception:  # the body could not be read: nothing more to say about it
+        body = ""
+    headers = getattr(response, "headers", None) or {}
+    kind = str(headers.get("content-type") or "no content type").split(";")[0]
+    return f"{asked} was answered HTTP {response.status_code}, {kind}, {body_summary(body)}"
 
 
 def code_of(exc: HttpResponseError) -> str:
@@ -53,7 +106,7 @@ def code_of(exc: HttpResponseError) -> str:
 def message_of(exc: HttpResponseError) -> str:
     error = getattr(exc, "error", None)
     message = getattr(error, "message", None)
-    return str(message or exc.message or exc).strip()
+    return one_line(str(message or exc.message or exc))
 
 
 def quota_name(message: str) -> str:
@@ -71,6 +124,15 @@ def map_http_error(exc: HttpResponseError, where: str = "") -> ProviderError:
     """The cloudtrain error for an azure-core `HttpResponseError` (`where`: a zone or region)."""
     code, message = code_of(exc), message_of(exc)
     place = f" in {where}" if where else ""
+    if getattr(exc, "error", None) is None and exc.response is not None:
+        # no ARM error document: a proxy's or load balancer's page, or an empty body
+        status = exc.status_code or 0
+        return ProviderError(
+            "azure",
+            f"HTTP{status}",
+            f"{answered(exc)}{f' ({where})' if where else ''}: not an ARM error; {ENDPOINT_HINT}",
+            retryable=status >= 500,
+        )
     if code in CAPACITY_CODES:
         return CapacityError("azure", code, f"{message}{place}")
     if is_quota(code, message):
@@ -88,6 +150,48 @@ CREDENTIALS_HINT = (
     "and that they may manage compute and network resources in the subscription "
     "(--subscription or AZURE_SUBSCRIPTION_ID)"
 )
+
+
+def map_decode_error(exc: DecodeError, where: str = "") -> ProviderError:
+    """A body azure-core could not decode: not JSON (garbled), or cut short (the connection
+    closed early: ``IncompleteReadError``). Retryable: the next answer may be whole."""
+    place = f" in {where}" if where else ""
+    detail = one_line(str(exc.message or exc), 160).rstrip(".")
+    what = "was cut short" if type(exc).__name__ == "IncompleteReadError" else "is not JSON"
+    return ProviderError(
+        "azure",
+        type(exc).__name__,
+        f"the answer{place} {what} ({detail}); retry later, or check for {ENDPOINT_HINT}",
+        retryable=True,
+    )
+
+
+def map_azure_error(exc: Exception, where: str = "", endpoint: str = "") -> ProviderError:
+    """Anything else of azure-core: connections, timeouts, bodies of the wrong shape, and a
+    catch-all named by the exception's class (`endpoint`: the ARM URL, for the message)."""
+    from azure.core import exceptions as zx
+
+    place = f" in {where}" if where else ""
+    at = f" (endpoint {endpoint})" if endpoint else ""
+    cause = exc.__cause__
+    text = one_line(str(exc) or (f"{type(cause).__name__}: {cause}" if cause else "")).rstrip(".")
+    if isinstance(exc, zx.ServiceRequestTimeoutError | zx.ServiceResponseTimeoutError):
+        return ProviderError(
+            "azure",
+            "Timeout",
+            f"{text}{place}{at}; the endpoint did not answer in time",
+            retryable=True,
+        )
+    if isinstance(exc, zx.ServiceRequestError | zx.ServiceResponseError):
+        return ProviderError("azure", "ConnectionError", f"{text}{place}{at}", retryable=True)
+    if isinstance(exc, zx.DeserializationError | zx.SerializationError):
+        return ProviderError(
+            "azure",
+            type(exc).__name__,
+            f"the answer{place} is JSON of a shape this SDK does not read ({text}); an API "
+            f"version this SDK does not know, or {ENDPOINT_HINT}",
+        )
+    return ProviderError("azure", type(exc).__name__, f"{text}{place}")
 
 
 def no_credentials(exc: Exception) -> AuthError:

@@ -6,10 +6,14 @@ replaces the API's address for **every** client, the operation pollers included:
 ``ExtendedOperation.result()`` polls through a client built without our ``client_options``
 (i.e. the real Google endpoint), so this module never calls it; mutating calls use the
 ``*_unary`` methods and operations are waited on with our own ``*OperationsClient``.
+
+Every call runs inside `gcp_errors` (`mutate`, `wait`, and the listings of ``_resources.py``),
+which maps whatever the SDK stack raises (``_errors.py``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -18,7 +22,12 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import ConfigError, ProviderError
-from cloudtrain.providers.gcp._errors import map_call_error, map_operation_error, no_credentials
+from cloudtrain.providers.gcp._errors import (
+    map_operation_error,
+    map_sdk_error,
+    no_credentials,
+    protobuf_json_format,
+)
 
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials
@@ -70,11 +79,11 @@ class Clients:
         with self._lock:
             if self._credentials is None:
                 import google.auth
-                from google.auth.exceptions import DefaultCredentialsError
+                from google.auth.exceptions import GoogleAuthError
 
                 try:
                     found, project = google.auth.default(scopes=SCOPES)
-                except DefaultCredentialsError as exc:
+                except GoogleAuthError as exc:
                     raise no_credentials(exc) from None
                 self._credentials, self._default_project = found, project
             return self._credentials
@@ -101,9 +110,11 @@ class Clients:
             if name not in self._clients:
                 compute = import_compute()
                 options = {"api_endpoint": self.endpoint} if self.endpoint else None
-                self._clients[name] = getattr(compute, name)(
-                    credentials=self.credentials(), transport="rest", client_options=options
-                )
+                credentials = self.credentials()
+                with gcp_errors(name):
+                    self._clients[name] = getattr(compute, name)(
+                        credentials=credentials, transport="rest", client_options=options
+                    )
             return self._clients[name]
 
     def instances(self) -> compute_v1.InstancesClient:
@@ -162,16 +173,22 @@ class Clients:
 
 @contextmanager
 def gcp_errors(where: str = "") -> Iterator[None]:
-    """Turn google-api-core's and google-auth's exceptions into cloudtrain's inside the block."""
-    from google.api_core.exceptions import GoogleAPICallError
-    from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
-    from requests.exceptions import ConnectionError as RequestsConnectionError
+    """Turn what google-api-core, google-auth, requests and protobuf raise into cloudtrain's
+    errors inside the block (`where`: a zone, region or resource, for the message): every one
+    of them, each as one line. Anything else (cloudtrain's own errors included) passes."""
+    from google.api_core.exceptions import GoogleAPIError
+    from google.auth.exceptions import GoogleAuthError
+
+    json_format = protobuf_json_format()
+    from requests.exceptions import RequestException
 
     try:
         yield
-    except GoogleAPICallError as exc:
-        raise map_call_error(exc, where) from exc
-    except (RefreshError, DefaultCredentialsError) as exc:
-        raise no_credentials(exc) from exc
-    except (TransportError, RequestsConnectionError) as exc:
-        raise ProviderError("gcp", "EndpointConnectionError", str(exc), retryable=True) from exc
+    except (
+        GoogleAPIError,
+        GoogleAuthError,
+        RequestException,
+        json_format.Error,
+        json.JSONDecodeError,
+    ) as exc:
+        raise map_sdk_error(exc, where) from exc

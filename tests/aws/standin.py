@@ -7,7 +7,8 @@ to it over HTTP. ``StandInApp``, the middleware, fills moto's gaps and watches t
 
 - **records** every signed request as a ``Call`` (service, action, flat params, region);
 - **injects faults** from ``add_fault`` rules, answering the error document botocore parses into
-  ``ClientError`` with that code;
+  ``ClientError`` with that code, and from ``add_raw_fault`` rules, answering what no AWS service
+  sends — a proxy's HTML page, a body cut short, a connection closed unanswered (`Raw`);
 - **serves placement groups** (``placement_groups.py``), refusing a ``RunInstances`` into an
   unknown group and a ``DeletePlacementGroup`` while a launched instance is not terminated, and
   writing the group back into moto's instances (moto drops it);
@@ -36,6 +37,7 @@ import io
 import json
 import os
 import re
+import socket
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -85,6 +87,7 @@ __all__ = [
     "Ec2Error",
     "Fault",
     "PlacementGroup",
+    "Raw",
     "StandIn",
     "StandInApp",
     "assert_empty",
@@ -153,6 +156,7 @@ class Fault:
     when: Callable[[Call], bool] | None = None
     service: str = "ec2"
     hits: int = 0
+    raw: Raw | None = None
 
     def matches(self, call: Call) -> bool:
         if (self.service, self.action) != (call.service, call.action):
@@ -162,6 +166,21 @@ class Fault:
         if self.zone is not None and self.zone not in _zones(call):
             return False
         return self.when is None or self.when(call)
+
+
+@dataclass(frozen=True)
+class Raw:
+    """What a `Fault` made by ``add_raw_fault`` answers instead of an AWS error document.
+
+    ``body`` with ``status`` as sent; ``length``, when set, is the ``Content-Length`` claimed
+    (more than ``body`` to cut it short: the connection closes after ``body``); ``drop`` closes
+    the connection without answering at all."""
+
+    status: int = 502
+    body: bytes = b""
+    content_type: str = "text/html"
+    length: int | None = None
+    drop: bool = False
 
 
 def _zones(call: Call) -> set[str]:
@@ -258,6 +277,23 @@ class StandInApp:
             self._faults.append(fault)
         return fault
 
+    def add_raw_fault(
+        self,
+        action: str,
+        raw: Raw,
+        *,
+        zone: str | None = None,
+        region: str | None = None,
+        times: int | None = None,
+        when: Callable[[Call], bool] | None = None,
+        service: str = "ec2",
+    ) -> Fault:
+        """Adds a ``Fault`` rule that answers `raw` (see `Raw`) to matching requests."""
+        fault = Fault(action, "", "", raw.status, zone, region, times, when, service, raw=raw)
+        with self._lock:
+            self._faults.append(fault)
+        return fault
+
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
@@ -281,6 +317,8 @@ class StandInApp:
             return self.inner(environ, start_response)
         with self._lock:
             self._calls.append(call)
+        if self._drop(call, environ):
+            raise ConnectionResetError("the AWS stand-in closed the connection unanswered")
         try:
             answer = self._answer(call, environ)
         except Ec2Error as e:
@@ -313,6 +351,8 @@ class StandInApp:
     def _answer(self, call: Call, environ: WSGIEnvironment) -> _Answer | None:
         """The stand-in's own answer to ``call``, or None to let moto answer it."""
         fault = self._fault_for(call)
+        if fault is not None and fault.raw is not None:
+            return _raw_answer(fault.raw)
         if fault is not None:
             return _error(call, fault.code, fault.message, fault.status)
         if call.service != "ec2":
@@ -325,6 +365,17 @@ class StandInApp:
         if call.action == "RunInstances":
             return self._run_instances(call, environ)
         return None
+
+    def _drop(self, call: Call, environ: WSGIEnvironment) -> bool:
+        """Whether the first matching rule is a `Raw` ``drop``; if so, the request's socket is
+        shut down (werkzeug then treats the connection as dropped by the client)."""
+        with self._lock:
+            first = next((f for f in self._faults if _live(f) and f.matches(call)), None)
+        if first is None or first.raw is None or not first.raw.drop:
+            return False
+        self._fault_for(call)  # counts the hit and uses up one of its `times`
+        environ["werkzeug.socket"].shutdown(socket.SHUT_RDWR)
+        return True
 
     def _fault_for(self, call: Call) -> Fault | None:
         with self._lock:
@@ -384,6 +435,19 @@ class StandInApp:
 
     def _is_live(self, region: str, instance_id: str) -> bool:
         return moto_gaps.instance_state(region, instance_id) not in (None, "terminated")
+
+
+def _live(fault: Fault) -> bool:
+    return fault.times is None or fault.times > 0
+
+
+def _raw_answer(raw: Raw) -> _Answer:
+    """`raw` as an answer: its body, and the length it claims (`Raw.length`)."""
+    answer = _answer(raw.status, raw.body, raw.content_type)
+    if raw.length is None:
+        return answer
+    headers = [(k, str(raw.length) if k == "Content-Length" else v) for k, v in answer.headers]
+    return _Answer(answer.status, headers, raw.body)
 
 
 class _QuietHandler(MotoRequestHandler):

@@ -11,10 +11,13 @@ Routes: resource groups (PUT, GET, HEAD, DELETE as a ``Location`` LRO, list with
 subscription), ``Microsoft.Compute/skus`` (``$filter=location eq '…'``) and the operation
 status of every ``Azure-AsyncOperation`` (``Retry-After: 0``; ``InProgress`` on the first poll).
 The state and its rules live in `arm.Store`. Every request is recorded as a `Call`.
+``add_raw_fault`` rules (`RawFault`) answer what ARM never sends: a proxy's HTML page, a body cut
+short, a connection closed unanswered.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import ipaddress
 import json
@@ -77,6 +80,33 @@ class Call:
         if len(parts) in (3, 4) and parts[2].lower() == "resourcegroups":
             return "resourceGroups"
         return parts[6] if len(parts) >= 7 else parts[-1]
+
+
+@dataclass
+class RawFault:
+    """Answer matching requests (`method` and `kind` as `Call` has them; None: any) with
+    `body` as sent — not an ARM error.
+
+    ``length``, when set, is the ``Content-Length`` claimed (more than ``body`` to cut it
+    short: the connection closes after ``body``); ``drop`` closes the connection without
+    answering. ``times`` uses (None: always); ``hits`` counts the answers given."""
+
+    method: str | None = "GET"
+    kind: str | None = "virtualMachines"
+    status: int = 502
+    body: bytes = b""
+    content_type: str = "text/html"
+    length: int | None = None
+    drop: bool = False
+    times: int | None = None
+    hits: int = 0
+
+    def applies(self, call: Call) -> bool:
+        return (
+            self.times != 0
+            and self.method in (None, call.method)
+            and (self.kind is None or self.kind.lower() == call.kind.lower())
+        )
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:
@@ -169,6 +199,7 @@ class StandIn(Routes):
             self.store = Store(SUBSCRIPTION)
             self.store.skus = {loc: {s: ["1", "2", "3"] for s in SIZES} for loc in LOCATIONS}
             self.calls.clear()
+            self.raw_faults: list[RawFault] = []
             self.tokens.clear()
             self.token_error = None
             self.page_size = 50
@@ -200,6 +231,30 @@ class StandIn(Routes):
                     code, text, status, method, kind.lower() if kind else None, region, zone, times
                 )
             )
+
+    def add_raw_fault(self, **kwargs: Any) -> RawFault:
+        """Adds a `RawFault` rule; it answers before anything else (the token check too)."""
+        fault = RawFault(**kwargs)
+        with self.lock:
+            self.raw_faults.append(fault)
+        return fault
+
+    def raw_fault(self, method: str, url: str, headers: dict[str, str]) -> RawFault | None:
+        """The `RawFault` that answers this request (recorded as a `Call`), or None."""
+        parts = urlsplit(url)
+        call = Call(
+            method, parts.path, dict(parse_qsl(parts.query)), None, 0, headers.get("host", "")
+        )
+        with self.lock:
+            for fault in self.raw_faults:
+                if fault.applies(call):
+                    fault.hits += 1
+                    if fault.times is not None:
+                        fault.times -= 1
+                    status = 0 if fault.drop else fault.status
+                    self.calls.append(dataclasses.replace(call, status=status))
+                    return fault
+        return None
 
     def restrict(self, size: str, location: str, zones: list[str] | None = None) -> None:
         """The subscription may not use `size` in `zones` of `location` (a ``Zone``
@@ -277,6 +332,10 @@ class _Handler(BaseHTTPRequestHandler):
         except json.JSONDecodeError:
             body = raw
         headers = {k.lower(): v for k, v in self.headers.items()}
+        fault = self.standin.raw_fault(self.command, self.path, headers)
+        if fault is not None:
+            self._send_raw(fault)
+            return
         status, extra, out = self.standin.handle(self.command, self.path, body, headers)
         data = b"" if out is None else json.dumps(out).encode()
         self.send_response(status)
@@ -289,6 +348,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+
+    def _send_raw(self, fault: RawFault) -> None:
+        self.close_connection = True
+        if fault.drop:
+            return
+        self.send_response(fault.status)
+        self.send_header("Content-Type", fault.content_type)
+        self.send_header(
+            "Content-Length", str(len(fault.body) if fault.length is None else fault.length)
+        )
+        self.end_headers()
+        self.wfile.write(fault.body)
 
     do_GET = do_PUT = do_DELETE = do_POST = do_PATCH = do_HEAD = _serve
 

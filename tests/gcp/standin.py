@@ -12,7 +12,8 @@ file: it always asks oauth2.googleapis.com.) It
   requests and operation polls included, with the ``Host`` it was sent to;
 - **injects faults** from ``add_fault`` rules: an HTTP error answer to the call, or
   (``in_operation=True``) a call that succeeds and an operation that finishes with the error —
-  where GCE reports capacity;
+  where GCE reports capacity; and from ``add_raw_fault`` rules (`RawFault`), what no Google
+  API sends: a proxy's HTML page, a body cut short, a connection closed unanswered;
 - lists what is left of a cluster (``leftovers``): instances, disks, firewall rules, policies.
 """
 
@@ -88,6 +89,24 @@ class Fault:
         return self.status or status, template.format(zone=where, quota=self.quota)
 
 
+@dataclass
+class RawFault:
+    """Answer `call` (an API method name, or ``*``) with `body` as sent — not a GCE error.
+
+    ``length``, when set, is the ``Content-Length`` claimed (more than ``body`` to cut it
+    short: the connection closes after ``body``); ``drop`` closes the connection without
+    answering. ``times`` uses (None: always); ``hits`` counts the answers given."""
+
+    call: str
+    status: int = 502
+    body: bytes = b""
+    content_type: str = "text/html"
+    length: int | None = None
+    drop: bool = False
+    times: int | None = None
+    hits: int = 0
+
+
 class StandIn:
     """The server; a context manager. ``env()`` is what points google-auth and cloudtrain
     at it; ``reset()`` empties it between tests."""
@@ -133,6 +152,7 @@ class StandIn:
         with self.lock:
             self.gce = Gce(PROJECT, self.url)
             self.faults: list[Fault] = []
+            self.raw_faults: list[RawFault] = []
             self.log: list[Call] = []
             self.token_error: str | None = None
             self.tokens = 0
@@ -149,6 +169,31 @@ class StandIn:
         with self.lock:
             self.faults.append(fault)
         return fault
+
+    def add_raw_fault(self, call: str, **kwargs: Any) -> RawFault:
+        """Adds a `RawFault` rule; it answers before any `Fault` (and before the 401 check)."""
+        fault = RawFault(call, **kwargs)
+        with self.lock:
+            self.raw_faults.append(fault)
+        return fault
+
+    def raw_fault(self, method: str, target: str, host: str) -> RawFault | None:
+        """The `RawFault` that answers this request (recorded as a `Call`), or None."""
+        parts = urlsplit(target)
+        with self.lock:
+            if parts.path == "/token":
+                name, zone = "oauth.token", None
+            else:
+                name, zone, _, _ = routes.route(method, parts.path, self.gce)
+            for fault in self.raw_faults:
+                if fault.call in (name, "*") and fault.times != 0:
+                    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+                    self.log.append(Call(name, method, parts.path, query, None, host, zone))
+                    fault.hits += 1
+                    if fault.times is not None:
+                        fault.times -= 1
+                    return fault
+        return None
 
     def calls(self, name: str | None = None) -> list[Call]:
         with self.lock:
@@ -276,6 +321,10 @@ class _Handler(BaseHTTPRequestHandler):
         size = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(size) if size else b""
         standin: StandIn = self.server.standin  # type: ignore[attr-defined]
+        fault = standin.raw_fault(self.command, self.path, self.headers.get("Host", ""))
+        if fault is not None:
+            self._send_raw(fault)
+            return
         status, body = standin.handle(
             self.command,
             self.path,
@@ -289,6 +338,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _send_raw(self, fault: RawFault) -> None:
+        self.close_connection = True
+        if fault.drop:
+            return
+        self.send_response(fault.status)
+        self.send_header("Content-Type", fault.content_type)
+        self.send_header(
+            "Content-Length", str(len(fault.body) if fault.length is None else fault.length)
+        )
+        self.end_headers()
+        self.wfile.write(fault.body)
 
     do_GET = do_POST = do_DELETE = do_PATCH = _serve
 
