@@ -1,10 +1,13 @@
 """How does `cloudtrain up` on AWS scale with the cluster size, against the bare SDK?
 
-    python bench/aws_scale.py [--sizes 16 256 1000]
+    python bench/aws_scale.py [--sizes 16 256 1000] [--quick]
 
 For each N, against a local AWS stand-in (moto's server behind the shims in tests/aws/):
-  (a) `cloudtrain up --provider aws --gpus V100:1 --nodes N` as a user runs it (a new process),
-      counting the EC2 API calls it makes by operation, then `cloudtrain down`;
+  (a) `cloudtrain up --provider aws --gpus V100:1 --nodes N --no-setup` as a user runs it (a
+      new process), counting the EC2 API calls it makes by operation, then `cloudtrain down`
+      (`--no-setup`: the stand-in's instances are records, with no sshd to bootstrap; the
+      stand-in's environment also sets CLOUDTRAIN_SSH_LOOPBACK_ONLY, so no SSH packet can
+      leave the machine for the addresses moto invents);
   (b) the bare boto3 equivalent in a new process: one `run_instances(MinCount=MaxCount=N)` and
       the `instance_running` waiter (2 s delay, cloudtrain's poll interval).
 It prints wall times and their ratio, and cloudtrain's calls: creation must be O(1) calls in N
@@ -49,7 +52,10 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 256, 1000])
+    parser.add_argument("--quick", action="store_true", help="one small size (what CI runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.sizes = [4]
     rows = []
     with StandIn() as aws, tempfile.TemporaryDirectory(prefix="cloudtrain-bench-") as tmp:
         env = aws.subprocess_env({**os.environ, "CLOUDTRAIN_HOME": str(Path(tmp) / "home")})
@@ -60,7 +66,7 @@ def main() -> None:
             put_dlami_parameter(aws.client("ssm"), image)
             before = len(aws.app.calls())
             ours = timed([*cli, "up", "--provider", "aws", "--gpus", "V100:1", "--nodes", str(n),
-                          "--name", f"bench{n}", "--region", "us-east-1",
+                          "--name", f"bench{n}", "--region", "us-east-1", "--no-setup",
                           "--ssh-cidr", "203.0.113.7/32"], env)  # fmt: skip
             calls: dict[str, int] = {}
             for call in aws.app.calls()[before:]:

@@ -126,7 +126,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="one round of one epoch (CI)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.epochs = 1, 1
 
     with tempfile.TemporaryDirectory(prefix="cloudtrain-bench-") as tmp:
         env = {**os.environ, "CLOUDTRAIN_HOME": str(Path(tmp) / "home")}

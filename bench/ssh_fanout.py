@@ -244,7 +244,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--files", type=int, default=500)
     parser.add_argument("--file-kb", type=int, default=100)
+    parser.add_argument("--quick", action="store_true", help="2 hosts, 1 round, 1 MB (CI)")
     args = parser.parse_args()
+    if args.quick:
+        args.hosts, args.rounds, args.files, args.file_kb = [1, 2], 1, 10, 100
     if not all(1 <= n <= 253 for n in args.hosts) or args.rounds < 1 or args.files < 1:
         parser.error("--hosts must be 1 … 253 (127.0.0.2 … 127.0.0.254); --rounds, --files ≥ 1")
     preflight()

@@ -13,12 +13,13 @@ import ipaddress
 import os
 import shlex
 import tempfile
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.errors import ConfigError
+from cloudtrain.errors import AccountError, ConfigError
 
 PUBLIC_IP_URL = "https://checkip.amazonaws.com"
 WORLD = ("0.0.0.0/0", "::/0")
@@ -150,6 +151,22 @@ def forget_key(home: Path, cluster: str) -> None:
         folder.rmdir()
 
 
+def is_loopback(host: str) -> bool:
+    """True for an address (or ``localhost``) on this machine's loopback."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def local_endpoint(endpoint: str | None) -> bool:
+    """True when a cloud API `endpoint` is on this machine (a test stand-in): the node
+    addresses it hands out are invented (moto's 54.x belong to strangers), so the provider
+    makes SSH to them refuse to connect (`SshExecutor.loopback_only`)."""
+    host = urllib.parse.urlsplit(endpoint or "").hostname
+    return bool(host) and is_loopback(str(host))
+
+
 def validate_cidr(value: str, field: str = "--ssh-cidr") -> str:
     """A network in CIDR form (a bare address becomes a /32 or /128)."""
     try:
@@ -182,7 +199,7 @@ def ssh_cidr(requested: str | None) -> tuple[str, bool]:
         return cidr, cidr in WORLD
     found = caller_cidr()
     if found is None:
-        raise ConfigError(
+        raise AccountError(
             "cannot find this machine's public address to allow SSH from; pass --ssh-cidr "
             "(e.g. --ssh-cidr 203.0.113.7/32, or your VPN's range)"
         )

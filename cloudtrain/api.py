@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain import registry
-from cloudtrain.errors import BootstrapError, CloudtrainError, ConfigError, NotFoundError
+from cloudtrain.engine import Engine
+from cloudtrain.errors import (
+    AccountError,
+    BootstrapError,
+    CloudtrainError,
+    ConfigError,
+    NotFoundError,
+    ProviderError,
+)
 from cloudtrain.provider import (
     Event,
     NodeInfo,
@@ -38,15 +46,26 @@ def provider_for(spec: ClusterSpec, home: Path) -> Provider:
     return provider(spec.provider, home, spec.extra)
 
 
-def plan(spec: ClusterSpec, home: Path) -> Plan:
-    """What `up` would create, at what price. Pure: no cloud call, nothing written.
+def plan(
+    spec: ClusterSpec, home: Path, *, dry_run: bool = False, prov: Provider | None = None
+) -> Plan:
+    """What `up` would create, at what price. Pure: nothing written; read-only cloud calls.
 
-    Clouds this version cannot create yet are planned from the catalog alone."""
-    if spec.provider in registry.available():
-        return provider_for(spec, home).plan(spec)
-    from cloudtrain import planner
+    A `dry_run` that cannot ask the cloud (no credentials, no network, no project) plans from
+    the catalog alone: named placeholders for what only the cloud resolves, listed in
+    `Plan.unresolved`. Clouds this version cannot create yet are planned from the catalog."""
+    if spec.provider not in registry.available():
+        from cloudtrain import planner
 
-    return Plan(spec=spec, offers=planner.offers(spec))
+        return Plan(spec=spec, offers=planner.offers(spec))
+    prov = prov or provider_for(spec, home)
+    if not dry_run or not isinstance(prov, Engine):
+        return prov.plan(spec)
+    try:
+        return prov.plan(spec)
+    except (ProviderError, AccountError) as exc:
+        log.info("planning %s offline: %s", spec.name, exc)
+        return prov.plan_offline(spec, str(exc))
 
 
 def check_existing(state: State, spec: ClusterSpec) -> None:
@@ -93,8 +112,8 @@ def _up(
     bootstrap_timeout_s: float | None,
 ) -> list[NodeInfo]:
     check_existing(state, spec)
-    the_plan = plan(spec, home)  # validates against the catalog first, whatever the provider
-    prov = provider_for(spec, home)
+    prov = provider_for(spec, home)  # built once for the command
+    the_plan = plan(spec, home, prov=prov)  # validates against the catalog first
     state.put_cluster(
         spec,
         status="provisioning",

@@ -34,17 +34,19 @@ import abc
 import dataclasses
 import ipaddress
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cloudtrain import access, bootstrap
+from cloudtrain import access, bootstrap, planner
 from cloudtrain.errors import CapacityError, ConfigError
 from cloudtrain.provider import Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
 from cloudtrain.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
 
+#: What an offline dry run shows for the caller's address it could not find.
+CALLER_PLACEHOLDER = "<your public address>/32"
 #: SSH open to more addresses than this prefix allows gets a warning.
 WIDEST_QUIET_PREFIX = 8
 
@@ -110,6 +112,41 @@ class Engine(abc.ABC):
         """What of the cluster besides its nodes exists (security groups, firewall rules,
         resource groups ...), in words: `down` removes a cluster that has only these."""
         return []
+
+    def requests(self, spec: ClusterSpec, offer: Offer) -> Sequence[Mapping[str, Any]]:
+        """The exact requests the first attempt at `offer` sends, with named placeholders for
+        what only the cloud resolves (for ``--dry-run``)."""
+        return ()
+
+    def placeholder_extra(self, spec: ClusterSpec, offer: Offer) -> dict[str, Any]:
+        """`offer.extra` as far as it can be known without asking the cloud."""
+        return {}
+
+    def catalog_offers(self, spec: ClusterSpec) -> list[Offer]:
+        """The catalog's offers for `spec`, cheapest first (no cloud call)."""
+        return planner.offers(spec)
+
+    def plan_offline(self, spec: ClusterSpec, why: str) -> Plan:
+        """The plan from the catalog alone, for a dry run that cannot ask the cloud (no
+        credentials, no network): the price, the offers in order, and the requests with named
+        placeholders; `Plan.unresolved` says what was not asked and why. Never for `apply`."""
+        offers = self.catalog_offers(spec)
+        unresolved = [f"{self.name}: the zones that offer the type and the image ({why})"]
+        if spec.ssh_cidr is None:
+            cidr = access.caller_cidr()
+            if cidr is None:
+                cidr = CALLER_PLACEHOLDER
+                unresolved.append(
+                    "your public address, which SSH is opened to (--ssh-cidr sets it)"
+                )
+            spec = dataclasses.replace(spec, ssh_cidr=cidr)
+        placed = [dataclasses.replace(o, extra=self.placeholder_extra(spec, o)) for o in offers]
+        return Plan(
+            spec=spec,
+            offers=tuple(placed),
+            requests=self.requests(spec, placed[0]),
+            unresolved=tuple(unresolved),
+        )
 
     def region_of(self, node: NodeInfo) -> str:
         """The region a node runs in."""

@@ -2,6 +2,8 @@
 
 CloudtrainError
 ├── ConfigError              bad input: a spec, a flag, a YAML file (nothing was created)
+│   └── AccountError         what names the account or the caller is missing (no project,
+│                            no subscription, no public address): a dry run goes on without
 ├── ProviderError            a cloud said no (provider, code, retryable)
 │   ├── AuthError            credentials missing or not allowed
 │   ├── QuotaError           an account limit; raising it is the user's move
@@ -26,6 +28,12 @@ class CloudtrainError(Exception):
 
 class ConfigError(CloudtrainError):
     """Invalid input. The message names the field, the value and what is allowed."""
+
+
+class AccountError(ConfigError):
+    """What identifies the cloud account or the caller cannot be found (no project, no
+    subscription, this machine's public address). `apply` stops; a dry run plans from the
+    catalog without it."""
 
 
 class CheckpointError(CloudtrainError):

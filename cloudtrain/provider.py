@@ -95,6 +95,9 @@ class Plan:
     spec: ClusterSpec
     offers: tuple[Offer, ...]
     requests: Sequence[Mapping[str, Any]] = ()
+    #: what this plan could not ask the cloud (a dry run without credentials or network):
+    #: the requests then hold named placeholders for it; empty for a plan `apply` may use
+    unresolved: tuple[str, ...] = ()
 
     @property
     def offer(self) -> Offer:

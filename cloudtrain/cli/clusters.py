@@ -173,7 +173,7 @@ def bring_up(
 
     spec = task.cluster
     if dry_run:
-        plan = api.plan(spec, app.home)
+        plan = api.plan(spec, app.home, dry_run=True)
         app.out.print(render.plan_table(plan))
         if plan.requests:
             import json
@@ -185,6 +185,9 @@ def bring_up(
             f"{spec.provider} for ${plan.price_per_hour:.2f}/h; nothing was created",
             markup=False,
         )
+        if plan.unresolved:
+            app.out.print("not asked of the cloud (placeholders above): " + "; ".join(
+                plan.unresolved), markup=False)  # fmt: skip
         if spec.provider not in registry.available():
             app.note(f"note: the {spec.provider} provider cannot create clusters in this version")
         return

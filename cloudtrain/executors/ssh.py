@@ -77,8 +77,12 @@ class SshExecutor:
         port: int = 22,
         connect_timeout_s: float = 300,
         retry_s: float = 2.0,
+        loopback_only: bool = False,
     ) -> None:
         self.host, self.user, self.port = host, user, port
+        #: refuse to connect unless `host` is on this machine's loopback (a provider pointed
+        #: at a local stand-in sets it; so does ``CLOUDTRAIN_SSH_LOOPBACK_ONLY=1``)
+        self.loopback_only = loopback_only
         # One master per (target, options): a connection made under another key or another
         # known_hosts must never be reused (ssh's own %C hashes only host, port and user).
         digest = hashlib.sha256("\0".join([*options, user, host, str(port)]).encode())
@@ -106,12 +110,16 @@ class SshExecutor:
         """Open the master connection, retrying (bounded) while the host is not up yet."""
         if self._connected:
             return
-        if os.environ.get("CLOUDTRAIN_SSH_LOOPBACK_ONLY") == "1" and not _loopback(self.host):
-            raise ProviderError(
-                "ssh", "Blocked",
-                f"{self.host} is not a loopback address and CLOUDTRAIN_SSH_LOOPBACK_ONLY=1 "
-                "(set by test suites so that no packet leaves the machine)",
+        by_env = os.environ.get("CLOUDTRAIN_SSH_LOOPBACK_ONLY") == "1"
+        if (by_env or self.loopback_only) and not _loopback(self.host):
+            why = (
+                "CLOUDTRAIN_SSH_LOOPBACK_ONLY=1 (set by test suites so that no packet leaves "
+                "the machine)" if by_env else "its provider's endpoint is a local stand-in, "
+                "whose node addresses are invented"
             )  # fmt: skip
+            raise ProviderError(
+                "ssh", "Blocked", f"{self.host} is not a loopback address and {why}"
+            )
         check = self._local.run(["ssh", *self._options, "-O", "check", self.target], timeout=30)
         if check.returncode == 0:  # a master from an earlier command is still up: reuse it
             self._connected = True

@@ -106,7 +106,7 @@ class AwsProvider(Engine):
         """Offers from the catalog, refined by EC2: the zones that offer the type, the image of
         each region. Read-only calls; bad input is refused before any of them."""
         offers = planner.offers(spec)
-        cidr, _ = access.ssh_cidr(spec.ssh_cidr)
+        cidr, _ = access.ssh_cidr(spec.ssh_cidr)  # no address: refused before any call
         spec = dataclasses.replace(spec, ssh_cidr=cidr)
         refined: list[Offer] = []
         for offer in offers:
@@ -127,9 +127,13 @@ class AwsProvider(Engine):
                 f"aws offers {offers[0].instance_type} in no zone of {where} right now "
                 "(describe_instance_type_offerings); try another --region or GPU"
             )
-        first = refined[0]
+        return Plan(spec=spec, offers=tuple(refined), requests=self.requests(spec, refined[0]))
+
+    def requests(self, spec: ClusterSpec, offer: Offer) -> list[dict[str, Any]]:
+        """The RunInstances request of the first attempt, what the cloud resolves as named
+        placeholders, the user-data elided."""
         request = run_request(
-            spec, first, first.zones[0], list(range(spec.num_nodes)), owner=self.owner,
+            spec, offer, offer.zones[0], list(range(spec.num_nodes)), owner=self.owner,
             sg=f"<security group cloudtrain-{spec.name}>", subnet="<default subnet>",
             token="<client token>", placement_group="<placement group>",
             keys=bootstrap.NodeKeys.placeholders(),
@@ -139,7 +143,13 @@ class AwsProvider(Engine):
             f"<{size} bytes of cloud-init; `cloudtrain bootstrap render --provider aws --gpus "
             f"{spec.resources.gpus}` shows it>"
         )
-        return Plan(spec=spec, offers=tuple(refined), requests=({"RunInstances": request},))
+        return [{"RunInstances": request}]
+
+    def placeholder_extra(self, spec: ClusterSpec, offer: Offer) -> dict[str, Any]:
+        image = spec.resources.image or (
+            f"<the Deep Learning Base AMI of {offer.region} (SSM {DLAMI_PARAMETER})>"
+        )
+        return {"image": image, "root_device": "<the image's root device>"}
 
     def _zones(self, ec2: Any, instance_type: str) -> list[str]:
         found = ec2.describe_instance_type_offerings(
@@ -377,4 +387,6 @@ class AwsProvider(Engine):
         address = address or node.private_ip
         if not address:
             raise ProviderError("aws", "NoAddress", f"node {node.index} has no address yet")
-        return SshExecutor(address, user=NODE_USER, options=options)
+        region = str(node.extra.get("region") or self.regions()[0])
+        local = access.local_endpoint(self.clients.ec2(region).meta.endpoint_url)
+        return SshExecutor(address, user=NODE_USER, options=options, loopback_only=local)

@@ -39,7 +39,7 @@ from cloudtrain.provider import (
 )
 from cloudtrain.providers.azure import _instances as inst
 from cloudtrain.providers.azure import _resources as res
-from cloudtrain.providers.azure._client import Clients, azure_errors
+from cloudtrain.providers.azure._client import Clients, azure_errors, endpoint
 from cloudtrain.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class AzureProvider(Engine):
         may create the size. Read-only; bad input (a retired size, no subscription) is refused
         before any call."""
         offers = planner.offers(spec, self.catalog)
-        cidr, _ = access.ssh_cidr(spec.ssh_cidr)
+        cidr, _ = access.ssh_cidr(spec.ssh_cidr)  # no address: refused before any call
         spec = dataclasses.replace(spec, ssh_cidr=cidr)
         _ = self.clients.subscription  # ConfigError before any call
         refined: list[Offer] = []
@@ -97,8 +97,7 @@ class AzureProvider(Engine):
                 reasons.append(why)
                 continue
             extra = {
-                "image": inst.image(offer.instance_type, spec.resources.image),
-                "resource_group": res.group_name(spec.name),
+                **self.placeholder_extra(spec, offer),
                 "accelerated_networking": inst.accelerated_networking(skus, offer.instance_type),
             }
             refined.append(dataclasses.replace(offer, zones=tuple(zones), extra=extra))
@@ -107,11 +106,22 @@ class AzureProvider(Engine):
                 f"azure cannot give {offers[0].instance_type} to this subscription now: "
                 f"{'; '.join(reasons)} (resource_skus); try another --region or GPU"
             )
-        return Plan(
-            spec=spec,
-            offers=tuple(refined),
-            requests=inst.plan_requests(spec, refined[0], self.owner),
-        )
+        return Plan(spec=spec, offers=tuple(refined), requests=self.requests(spec, refined[0]))
+
+    def requests(self, spec: ClusterSpec, offer: Offer) -> tuple[dict[str, Any], ...]:
+        return inst.plan_requests(spec, offer, self.owner)
+
+    def placeholder_extra(self, spec: ClusterSpec, offer: Offer) -> dict[str, Any]:
+        """The image and group come from the spec; whether the size has accelerated
+        networking is resource_skus' to say (off until it does)."""
+        return {
+            "image": inst.image(offer.instance_type, spec.resources.image),
+            "resource_group": res.group_name(spec.name),
+            "accelerated_networking": False,
+        }
+
+    def catalog_offers(self, spec: ClusterSpec) -> list[Offer]:
+        return planner.offers(spec, self.catalog)
 
     # -- the engine's hooks (the algorithm is `Engine.apply`) -----------------------------------
 
@@ -303,5 +313,6 @@ class AzureProvider(Engine):
         if not address:
             raise ProviderError("azure", "NoAddress", f"node {node.index} has no address yet")
         return SshExecutor(
-            address, user=NODE_USER, options=access.ssh_options(self.home, node.cluster)
-        )
+            address, user=NODE_USER, options=access.ssh_options(self.home, node.cluster),
+            loopback_only=access.local_endpoint(endpoint()),
+        )  # fmt: skip

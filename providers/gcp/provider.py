@@ -88,10 +88,9 @@ class GcpProvider(Engine):
         """Offers from the catalog, narrowed to the zones whose accelerator types offer the GPU
         (one read-only call per GPU type); bad input is refused before any call."""
         offers = planner.offers(spec)
-        max_run_s = max_run_seconds(self._max_hours(spec))
-        cidr, _ = access.ssh_cidr(spec.ssh_cidr)
+        cidr, _ = access.ssh_cidr(spec.ssh_cidr)  # no address: refused before any call
         spec = dataclasses.replace(spec, ssh_cidr=cidr)
-        image = spec.resources.image or DEFAULT_IMAGE
+        max_run_seconds(self._max_hours(spec))  # a bad --max-hours is refused before any call
         offered: dict[str, dict[str, int]] = {}
         refined: list[Offer] = []
         for offer in offers:
@@ -105,11 +104,7 @@ class GcpProvider(Engine):
             if not zones:
                 log.info("%s: no zone offers %s", offer.region, shape.accelerator_type)
                 continue
-            extra = {
-                "image": image,
-                "machine_type": shape.machine_type,
-                "accelerator_type": shape.accelerator_type,
-            }
+            extra = self.placeholder_extra(spec, offer)
             refined.append(dataclasses.replace(offer, zones=zones, extra=extra))
         if not refined:
             where = "; ".join(f"{o.region}: {', '.join(o.zones)}" for o in offers)
@@ -118,10 +113,21 @@ class GcpProvider(Engine):
                 f"{offers[0].accelerator_count} in no catalog zone ({where}) right now "
                 "(acceleratorTypes.aggregatedList); try another --zone, --region or GPU"
             )
-        requests = dry_run(
-            spec, refined[0], owner=self.owner, network=self.network, max_run_s=max_run_s
-        )
-        return Plan(spec=spec, offers=tuple(refined), requests=requests)
+        return Plan(spec=spec, offers=tuple(refined), requests=self.requests(spec, refined[0]))
+
+    def requests(self, spec: ClusterSpec, offer: Offer) -> list[dict[str, Any]]:
+        max_run_s = max_run_seconds(self._max_hours(spec))
+        return dry_run(spec, offer, owner=self.owner, network=self.network, max_run_s=max_run_s)
+
+    def placeholder_extra(self, spec: ClusterSpec, offer: Offer) -> dict[str, Any]:
+        """Everything of a GCP offer comes from the catalog and the spec: only the zones are
+        the cloud's to narrow."""
+        shape = Shape.of(offer)
+        return {
+            "image": spec.resources.image or DEFAULT_IMAGE,
+            "machine_type": shape.machine_type,
+            "accelerator_type": shape.accelerator_type,
+        }
 
     def _max_hours(self, spec: ClusterSpec) -> object:
         return spec.extra.get("max_hours") or self.options.get("max_hours")
@@ -285,5 +291,6 @@ class GcpProvider(Engine):
         if not address:
             raise ProviderError("gcp", "NoAddress", f"node {node.index} has no address yet")
         return SshExecutor(
-            address, user=bootstrap.NODE_USER, options=access.ssh_options(self.home, node.cluster)
-        )
+            address, user=bootstrap.NODE_USER, options=access.ssh_options(self.home, node.cluster),
+            loopback_only=access.local_endpoint(self.clients.endpoint),
+        )  # fmt: skip

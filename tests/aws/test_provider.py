@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cloudtrain.engine import Engine
-from cloudtrain.errors import AuthError, CapacityError, ConfigError, QuotaError
+from cloudtrain.errors import AuthError, CapacityError, ConfigError, ProviderError, QuotaError
 from cloudtrain.provider import Event, ProviderContext
 from cloudtrain.providers.aws._client import Clients
 from cloudtrain.providers.aws._instances import compact, expand
@@ -319,3 +319,18 @@ def test_a_crash_after_any_mutating_call_leaves_nothing_down_cannot_find(
     everywhere_empty(aws, "exp1")
     made = [m for m in mutations(aws) if m in MUTATING]
     assert made[-1] == operation, "the crash came right after the call under test"
+
+
+def test_nodes_of_a_stand_in_are_never_sent_ssh(
+    make: Make, aws: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the test tier's CLOUDTRAIN_SSH_LOOPBACK_ONLY, a provider pointed at an endpoint
+    on this machine still refuses SSH to the addresses the stand-in invents (moto's 54.x)."""
+    monkeypatch.delenv("CLOUDTRAIN_SSH_LOOPBACK_ONLY")
+    provider = make()
+    (node,) = provider.apply(provider.plan(v100()))
+    assert node.public_ip
+    assert not node.public_ip.startswith("127.")
+    with pytest.raises(ProviderError, match="endpoint is a local stand-in"):
+        provider.executor(node).run(["true"])
+    provider.terminate("small")
