@@ -122,7 +122,7 @@ class Engine(abc.ABC):
         """`offer.extra` as far as it can be known without asking the cloud."""
         return {}
 
-    def catalog_offers(self, spec: ClusterSpec) -> list[Offer]:
+    def catalog_offers(self, spec: ClusterSpec) -> Sequence[Offer]:
         """The catalog's offers for `spec`, cheapest first (no cloud call)."""
         return planner.offers(spec)
 

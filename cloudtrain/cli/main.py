@@ -1,7 +1,8 @@
 """``cloudtrain``: the command line. Exit codes are decided here and only here:
 
-    0    ok                         3    a provider/cloud error (capacity, quota, auth) or a
-    1    the job failed/cancelled        node command failed
+    0    ok                         3    a provider/cloud error (capacity, quota, auth), a
+    1    the job failed/cancelled        node command failed, or the cluster stayed busy
+                                         (another command held its lock past the wait)
     2    bad input (nothing made)   4    the local state file is unusable
                                     5    a bug: an unexpected exception (a crash report is
                                          written, see below)
@@ -39,6 +40,7 @@ from cloudtrain.cli.app import App
 from cloudtrain.errors import (
     BootstrapError,
     CloudtrainError,
+    ClusterBusyError,
     CommandError,
     ConfigError,
     JobError,
@@ -66,7 +68,7 @@ _ARGV = "cloudtrain.argv"  # the Context.meta key of the command line as given
 def exit_code(error: CloudtrainError) -> int:
     if isinstance(error, ConfigError | NotFoundError):
         return EXIT_INPUT
-    if isinstance(error, ProviderError | BootstrapError | CommandError):
+    if isinstance(error, ProviderError | BootstrapError | CommandError | ClusterBusyError):
         return EXIT_PROVIDER
     if isinstance(error, StateError):
         return EXIT_STATE

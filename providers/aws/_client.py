@@ -109,12 +109,14 @@ class Clients:
 def aws_errors(where: str = "") -> Iterator[None]:
     """Turn botocore's exceptions into cloudtrain's inside the block (`where`: a zone or
     region, for the message): every one of them, each as one line."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
     from botocore.parsers import ResponseParserError
 
     _answers.last = None
     try:
         yield
+    except ParamValidationError:  # a request cloudtrain built wrong: a bug, for the crash report
+        raise
     except ClientError as exc:
         raise map_client_error(exc, where, last_answer()) from exc
     except ResponseParserError as exc:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain.errors import ConfigError
+from cloudtrain.errors import AccountError, ConfigError
 from cloudtrain.providers.azure._errors import (
     map_azure_error,
     map_decode_error,
@@ -95,7 +95,7 @@ class Clients:
     def subscription(self) -> str:
         found = self._subscription or os.environ.get("AZURE_SUBSCRIPTION_ID")
         if not found:
-            raise ConfigError(
+            raise AccountError(
                 "azure needs a subscription: pass --subscription ID (or `subscription` in the "
                 "task's provider options) or set AZURE_SUBSCRIPTION_ID"
             )

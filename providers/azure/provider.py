@@ -120,7 +120,7 @@ class AzureProvider(Engine):
             "accelerated_networking": False,
         }
 
-    def catalog_offers(self, spec: ClusterSpec) -> list[Offer]:
+    def catalog_offers(self, spec: ClusterSpec) -> Sequence[Offer]:
         return planner.offers(spec, self.catalog)
 
     # -- the engine's hooks (the algorithm is `Engine.apply`) -----------------------------------

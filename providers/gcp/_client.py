@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain.errors import ConfigError, ProviderError
+from cloudtrain.errors import AccountError, ConfigError, ProviderError
 from cloudtrain.providers.gcp._errors import (
     map_operation_error,
     map_sdk_error,
@@ -99,7 +99,7 @@ class Clients:
             self.credentials()
             found = self._default_project
         if not found:
-            raise ConfigError(
+            raise AccountError(
                 "no GCP project: pass --project, set CLOUDSDK_CORE_PROJECT (gcloud config set "
                 "project …) or use credentials that name one"
             )

@@ -510,6 +510,8 @@ class StandIn:
         client to real AWS.
         """
         return {
+            # moto's instance addresses (54.x) belong to strangers: no SSH leaves loopback
+            "CLOUDTRAIN_SSH_LOOPBACK_ONLY": "1",
             "AWS_ENDPOINT_URL": self.url,
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",

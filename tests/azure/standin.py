@@ -181,6 +181,7 @@ class StandIn(Routes):
     def env(self) -> dict[str, str]:
         """What a process needs to reach only this stand-in, with a client-secret credential."""
         return {
+            "CLOUDTRAIN_SSH_LOOPBACK_ONLY": "1",  # its VMs' addresses are invented
             "CLOUDTRAIN_AZURE_ENDPOINT": self.base,
             "AZURE_AUTHORITY_HOST": self.base,
             "AZURE_TENANT_ID": TENANT,

@@ -158,7 +158,10 @@ class StandIn:
             self.tokens = 0
 
     def env(self) -> dict[str, str]:
+        """What a process needs to reach only this stand-in; SSH is held to loopback (the
+        stand-in's instance addresses are invented)."""
         return {
+            "CLOUDTRAIN_SSH_LOOPBACK_ONLY": "1",
             "CLOUDTRAIN_GCP_ENDPOINT": self.url,
             "GOOGLE_APPLICATION_CREDENTIALS": str(self.credentials_file),
             "CLOUDSDK_CORE_PROJECT": PROJECT,
