@@ -235,14 +235,11 @@ def live_instances(ec2: Any, cluster: str, owner: str | None) -> list[dict[str, 
 
 
 def owners(ec2: Any, cluster: str) -> set[str]:
-    """The owners of whatever in this region carries the cluster's tag: its instances, its
-    security group and its key pair."""
-    found = [
-        *live_instances(ec2, cluster, None),
-        *ec2.describe_security_groups(Filters=scope(cluster, None))["SecurityGroups"],
-        *ec2.describe_key_pairs(Filters=scope(cluster, None))["KeyPairs"],
-    ]
-    return {t["Value"] for r in found for t in r.get("Tags", []) if t["Key"] == TAG_OWNER}
+    """The owners of the cluster's security groups in this region (one call). Every owner's
+    cluster has one before anything else of it exists (its instances need it, and it cannot
+    be deleted while they exist), so this is who holds the name here."""
+    groups = ec2.describe_security_groups(Filters=scope(cluster, None))["SecurityGroups"]
+    return {t["Value"] for g in groups for t in g.get("Tags", []) if t["Key"] == TAG_OWNER}
 
 
 def leftovers(ec2: Any, cluster: str, owner: str) -> list[str]:
