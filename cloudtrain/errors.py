@@ -18,8 +18,28 @@ CloudtrainError
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
+
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """`text` on one line (each run of whitespace, newlines included, as one space), cut to
+    `limit` characters: what an error message quotes of an answer."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def body_summary(body: bytes | str) -> str:
+    """What an answer that is no API answer looks like, in a few words: an HTML page's title
+    (a proxy's 502), or its first characters."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    title = _TITLE.search(text)
+    if title:
+        return f"a page titled {one_line(title.group(1), 80)!r}"
+    return f"starting {one_line(text, 60)!r}" if text.strip() else "an empty body"
 
 
 class CloudtrainError(Exception):

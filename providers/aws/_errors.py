@@ -27,7 +27,14 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError
+from cloudtrain.errors import (
+    AuthError,
+    CapacityError,
+    ProviderError,
+    QuotaError,
+    body_summary,
+    one_line,
+)
 
 if TYPE_CHECKING:
     from botocore.exceptions import BotoCoreError, ClientError
@@ -98,25 +105,7 @@ TRANSIENT_ERRORS = (
     "CapacityNotAvailableError",
 )
 CREDENTIALS_HINT = "Check the credentials (aws sts get-caller-identity) and that they may call EC2"
-_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
 _PARSE_REASON = re.compile(r"^Unable to parse response \((.*?)\)")
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    """`text` on one line (each run of whitespace, newlines included, as one space), cut to
-    `limit` characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-def body_summary(body: bytes | str) -> str:
-    """What a body that is no AWS answer looks like, in a few words: an HTML page's title, or
-    its first characters."""
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-    title = _TITLE.search(text)
-    if title:
-        return f"a page titled {one_line(title.group(1), 80)!r}"
-    return f"starting {one_line(text, 60)!r}" if text.strip() else "an empty body"
 
 
 def answered(last: Mapping[str, Any] | None) -> str:

@@ -26,7 +26,14 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError
+from cloudtrain.errors import (
+    AuthError,
+    CapacityError,
+    ProviderError,
+    QuotaError,
+    body_summary,
+    one_line,
+)
 
 if TYPE_CHECKING:
     from azure.core.exceptions import DecodeError, HttpResponseError
@@ -53,7 +60,6 @@ AUTH_CODES = frozenset(
         "SubscriptionNotFound",
     }
 )
-_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
 ENDPOINT_HINT = (
     "a proxy or load balancer in the way, or an endpoint that is not ARM "
     "(CLOUDTRAIN_AZURE_ENDPOINT)"
@@ -62,21 +68,6 @@ QUOTA_PORTAL = (
     "Request more in the Azure portal (Subscriptions > Usage + quotas, provider Compute, "
     "the region) or check with `az vm list-usage --location REGION`, or ask for fewer/smaller nodes"
 )
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    """`text` on one line (each run of whitespace, newlines included, as one space), cut to
-    `limit` characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-def body_summary(text: str) -> str:
-    """What a body that is no ARM answer looks like: an HTML page's title, or its start."""
-    title = _TITLE.search(text)
-    if title:
-        return f"a page titled {one_line(title.group(1), 80)!r}"
-    return f"starting {one_line(text, 60)!r}" if text.strip() else "an empty body"
 
 
 def answered(exc: HttpResponseError) -> str:

@@ -32,7 +32,14 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError
+from cloudtrain.errors import (
+    AuthError,
+    CapacityError,
+    ProviderError,
+    QuotaError,
+    body_summary,
+    one_line,
+)
 
 if TYPE_CHECKING:
     from google.api_core.exceptions import GoogleAPICallError
@@ -63,26 +70,10 @@ AUTH_REASONS = frozenset(
 )
 QUOTA_CONSOLE = "https://console.cloud.google.com/iam-admin/quotas"
 _QUOTA_NAME = re.compile(r"Quota '([A-Za-z0-9_]+)'")
-_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
 ENDPOINT_HINT = (
     "a proxy or load balancer in the way, or an endpoint that is not Compute Engine "
     "(CLOUDTRAIN_GCP_ENDPOINT)"
 )
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    """`text` on one line (each run of whitespace, newlines included, as one space), cut to
-    `limit` characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-def body_summary(text: str) -> str:
-    """What a body that is no API answer looks like: an HTML page's title, or its start."""
-    title = _TITLE.search(text)
-    if title:
-        return f"a page titled {one_line(title.group(1), 80)!r}"
-    return f"starting {one_line(text, 60)!r}" if text.strip() else "an empty body"
 
 
 def normalise(code: str) -> str:

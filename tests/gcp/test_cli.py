@@ -138,3 +138,18 @@ def test_quota_error_exits_3_naming_the_quota(cli: Shell, gcp: StandIn, in_opera
     assert failed.returncode == 3, failed.stderr
     assert "GPUS_ALL_REGIONS" in failed.stderr
     assert gcp.is_empty()
+
+
+def test_two_ups_of_one_name_at_once_make_one_cluster(cli: Shell, gcp: StandIn) -> None:
+    """Started together on GCP too: one waits for the other's lock, then finds the cluster;
+    one bulkInsert, two instances, one host key pinned."""
+    first, second = cli.popen(*up("V100:1")), cli.popen(*up("V100:1"))
+    outputs = [p.communicate(timeout=240)[0] for p in (first, second)]
+    assert [first.returncode, second.returncode] == [0, 0], outputs
+    assert len(gcp.calls("instances.bulkInsert")) == 1
+    assert len(gcp.leftovers("exp1")["instances"]) == 2
+    folder = cli.home / "keys" / "exp1"
+    host_key = (folder / "ssh_host_ed25519_key.pub").read_text().split()[1]
+    pinned = {line.split()[2] for line in (folder / "known_hosts").read_text().splitlines()}
+    assert pinned == {host_key}
+    assert cli("down", "exp1").returncode == 0
