@@ -221,7 +221,8 @@ def _down(
         raise NotFoundError(
             f"no cluster named {name!r} here, and provider {pname!r} is not available"
         )
-    prov = provider(pname, home, record.spec.extra if record else options)
+    # the recorded account, with what the caller said on top (e.g. another owner)
+    prov = provider(pname, home, {**(record.spec.extra if record else {}), **(options or {})})
     found = prov.describe(name)
     left = [] if found else prov.leftovers(name)  # every instance gone, its resources not
     if record is None and not found and not left:

@@ -261,10 +261,22 @@ def up(
     help="Every cluster: those recorded here and those of this owner found by tag.",
 )
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before --all.")
+@click.option(
+    "--owner",
+    help="Whose clusters (default $CLOUDTRAIN_OWNER, else user@host): to clean up from "
+    "another machine what you made on one.",
+)
 @with_account_options
 @pass_app
 def down(
-    app: App, /, name: str | None, provider: str | None, every: bool, yes: bool, **flags: Any
+    app: App,
+    /,
+    name: str | None,
+    provider: str | None,
+    every: bool,
+    yes: bool,
+    owner: str | None,
+    **flags: Any,
 ) -> None:
     """Tear down cluster NAME: stop its jobs, delete every node and resource it has.
 
@@ -273,7 +285,7 @@ def down(
     from cloudtrain import api
     from cloudtrain.errors import ConfigError
 
-    options = account(flags) or None
+    options = {**account(flags), **({"owner": owner} if owner else {})} or None
     if every == bool(name):
         raise ConfigError("give a cluster NAME, or --all (not both)")
     targets = [(name, provider, options)] if name else _every_cluster(app, provider, options)

@@ -171,3 +171,19 @@ def test_down_removes_a_cluster_whose_instances_are_all_gone(cli: Shell, aws: St
     assert everything.returncode == 0, everything.stderr
     assert "cluster exp2 is down" in everything.stdout
     assert_empty(ec2, "exp2")
+
+
+def test_down_owner_cleans_up_from_another_machine(
+    cli: Shell, aws: StandIn, tmp_path: Path
+) -> None:
+    """alice made the cluster on one machine; on another (no record, another default owner)
+    `down NAME --owner alice` finds it by its tags and removes it."""
+    cli.env["CLOUDTRAIN_OWNER"] = "alice"
+    assert cli(*SMALL, "--name", "exp1").returncode == 0
+    laptop = Shell(tmp_path / "laptop")
+    laptop.env.pop("CLOUDTRAIN_OWNER", None)
+    assert laptop("down", "exp1", "--provider", "aws").stdout.startswith("nothing to do")
+    down = laptop("down", "exp1", "--provider", "aws", "--owner", "alice")
+    assert down.returncode == 0, down.stderr
+    assert "cluster exp1 is down" in down.stdout
+    assert_empty(aws.client("ec2"), "exp1")
