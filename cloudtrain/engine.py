@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cloudtrain import access, bootstrap, planner
-from cloudtrain.errors import CapacityError, ConfigError
+from cloudtrain.errors import CapacityError, ConfigError, ProviderError
 from cloudtrain.provider import Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
 from cloudtrain.spec import ClusterSpec
 
@@ -150,7 +150,9 @@ class Engine(abc.ABC):
 
     def region_of(self, node: NodeInfo) -> str:
         """The region a node runs in."""
-        return str(node.extra["region"])
+        if node.region is None:
+            raise ProviderError(self.name, "NoRegion", f"node {node.index} has no region")
+        return node.region
 
     def repair(self, spec: ClusterSpec, nodes: list[NodeInfo], on_event: OnEvent) -> list[NodeInfo]:
         """Remove nodes that can never run (a cloud's failed allocations); the rest."""

@@ -118,9 +118,8 @@ def _empty() -> Mapping[str, Any]:
 class NodeInfo:
     """One node as the provider observes it.
 
-    `extra` holds provider-only facts. Two keys every provider sets, read by the coordinator:
-    ``root`` (the node's cloudtrain folder, where jobs/ lives) and ``python`` (the interpreter
-    with torch and cloudtrain on the node).
+    The typed fields after `extra` are what the core reads; `extra` holds provider-only facts
+    (an interface id, a resource group, spot or not ...).
     """
 
     cluster: str
@@ -132,14 +131,16 @@ class NodeInfo:
     zone: str | None = None
     instance_type: str | None = None
     extra: Mapping[str, Any] = field(default_factory=_empty)
-
-    @property
-    def root(self) -> str:
-        return str(self.extra["root"])
-
-    @property
-    def python(self) -> str:
-        return str(self.extra.get("python", "python3"))
+    #: the node's cloudtrain folder, where jobs/, the bootstrap and checkpoints live
+    root: str = ""
+    #: the interpreter with torch and cloudtrain on the node
+    python: str = "python3"
+    #: who SSH logs in as (None: the provider's own default)
+    user: str | None = None
+    #: where the node runs (a cloud region; None where there are none)
+    region: str | None = None
+    #: the address that reaches this node when it has none of its own (its head)
+    jump: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -152,10 +153,19 @@ class NodeInfo:
             "zone": self.zone,
             "instance_type": self.instance_type,
             "extra": dict(self.extra),
+            "root": self.root,
+            "python": self.python,
+            "user": self.user,
+            "region": self.region,
+            "jump": self.jump,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NodeInfo:
+        """The inverse of `to_dict`; also reads records of the versions that kept ``root``,
+        ``python``, ``user``, ``region`` and ``jump`` in `extra`."""
+        extra = dict(data.get("extra") or {})
+        typed = {k: data[k] if k in data else extra.pop(k, None) for k in _TYPED}
         return cls(
             cluster=data["cluster"],
             index=int(data["index"]),
@@ -165,8 +175,16 @@ class NodeInfo:
             state=data["state"],
             zone=data.get("zone"),
             instance_type=data.get("instance_type"),
-            extra=MappingProxyType(dict(data.get("extra") or {})),
+            extra=MappingProxyType(extra),
+            root=str(typed["root"] or ""),
+            python=str(typed["python"] or "python3"),
+            user=typed["user"],
+            region=typed["region"],
+            jump=typed["jump"],
         )
+
+
+_TYPED = ("root", "python", "user", "region", "jump")
 
 
 @dataclass(frozen=True)

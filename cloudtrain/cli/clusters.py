@@ -411,7 +411,7 @@ def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
         found = prov.describe(c.name)
         known = {n.node_id: n for n in state.nodes(c.name)}
         found = [  # a node that does not answer keeps what was known of it
-            dataclasses.replace(n, extra={**known[n.node_id].extra, **n.extra})
+            dataclasses.replace(known[n.node_id], state=n.state)
             if n.state == "unreachable" and n.node_id in known else n
             for n in found
         ]  # fmt: skip

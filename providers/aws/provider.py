@@ -286,11 +286,7 @@ class AwsProvider(Engine):
         nodes = sorted((self._node(cluster, region, i) for i in instances), key=lambda n: n.index)
         head = nodes[0].public_ip if nodes and nodes[0].index == 0 else None
         if head:  # nodes without a public address are reached through the head
-            nodes = [
-                n if n.public_ip else dataclasses.replace(
-                    n, extra=MappingProxyType({**n.extra, "jump": head}))
-                for n in nodes
-            ]  # fmt: skip
+            nodes = [n if n.public_ip else dataclasses.replace(n, jump=head) for n in nodes]
         return nodes
 
     def describe(self, cluster: str) -> list[NodeInfo]:
@@ -319,12 +315,12 @@ class AwsProvider(Engine):
             state="stopping" if state == "shutting-down" else state,
             zone=inst.get("Placement", {}).get("AvailabilityZone"),
             instance_type=inst.get("InstanceType"),
+            root=f"/home/{NODE_USER}/.cloudtrain",
+            python=f"/home/{NODE_USER}/.cloudtrain/venv/bin/python",
+            user=NODE_USER,
+            region=region,
             extra=MappingProxyType(
                 {
-                    "region": region,
-                    "root": f"/home/{NODE_USER}/.cloudtrain",
-                    "python": f"/home/{NODE_USER}/.cloudtrain/venv/bin/python",
-                    "user": NODE_USER,
                     "spot": inst.get("InstanceLifecycle") == "spot",
                     "interface": primary[0] if primary else None,
                 }
@@ -381,12 +377,12 @@ class AwsProvider(Engine):
         pinned host key."""
         options = access.ssh_options(self.home, node.cluster)
         address = node.public_ip
-        if not address and node.extra.get("jump") and node.private_ip:
-            options += access.jump_options(options, str(node.extra["jump"]), NODE_USER)
+        if not address and node.jump and node.private_ip:
+            options += access.jump_options(options, node.jump, NODE_USER)
             address = node.private_ip
         address = address or node.private_ip
         if not address:
             raise ProviderError("aws", "NoAddress", f"node {node.index} has no address yet")
-        region = str(node.extra.get("region") or self.regions()[0])
+        region = node.region or self.regions()[0]
         local = access.local_endpoint(self.clients.ec2(region).meta.endpoint_url)
         return SshExecutor(address, user=NODE_USER, options=options, loopback_only=local)

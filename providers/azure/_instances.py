@@ -274,13 +274,13 @@ def node_info(
         instance_type=(props.get("hardwareProfile") or {}).get("vmSize"),
         extra=MappingProxyType(
             {
-                "region": vm.get("location"),
                 "resource_group": res.group_of(vm["id"]),
                 "id": vm["id"],
-                "root": f"/home/{NODE_USER}/.cloudtrain",
-                "python": f"/home/{NODE_USER}/.cloudtrain/venv/bin/python",
-                "user": NODE_USER,
                 "spot": props.get("priority") == "Spot",
             }
         ),
+        root=f"/home/{NODE_USER}/.cloudtrain",
+        python=f"/home/{NODE_USER}/.cloudtrain/venv/bin/python",
+        user=NODE_USER,
+        region=vm.get("location"),
     )

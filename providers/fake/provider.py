@@ -18,7 +18,6 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, ClassVar
 
 from cloudtrain import bootstrap
@@ -198,7 +197,7 @@ class FakeProvider(Engine):
                 state=inst.state,
                 zone=inst.zone,
                 instance_type=inst.instance_type,
-                extra=MappingProxyType({"root": f"/fake/{inst.instance_id}", "python": "python3"}),
+                root=f"/fake/{inst.instance_id}",
             )
             for inst in self.cloud.live(cluster)
             if inst.tags[TAG_OWNER] == self.owner

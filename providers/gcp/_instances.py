@@ -226,13 +226,13 @@ def node_info(cluster: str, inst: compute_v1.Instance) -> NodeInfo | None:
         state=STATES.get(inst.status, "pending"),
         zone=zone,
         instance_type=last(inst.machine_type),
+        root=bootstrap.NODE_ROOT,
+        python=f"{bootstrap.NODE_ROOT}/venv/bin/python",
+        user=bootstrap.NODE_USER,
+        region=zone.rsplit("-", 1)[0],
         extra=MappingProxyType(
             {
-                "region": zone.rsplit("-", 1)[0],
                 "name": inst.name,
-                "root": bootstrap.NODE_ROOT,
-                "python": f"{bootstrap.NODE_ROOT}/venv/bin/python",
-                "user": bootstrap.NODE_USER,
                 "spot": inst.scheduling.provisioning_model == "SPOT",
                 **({"guest_accelerators": gpus} if gpus else {}),
             }

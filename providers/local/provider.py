@@ -143,9 +143,9 @@ class LocalProvider:
                     state="running",
                     zone="local",
                     instance_type="cpu",
-                    extra=MappingProxyType(
-                        {"root": str(tag_file.parent), "python": sys.executable, "ifname": "lo"}
-                    ),
+                    extra=MappingProxyType({"ifname": "lo"}),
+                    root=str(tag_file.parent),
+                    python=sys.executable,
                 )
             )
         return sorted(nodes, key=lambda n: n.index)

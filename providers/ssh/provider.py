@@ -203,9 +203,9 @@ class SshProvider:
         return NodeInfo(
             cluster=cluster, index=index, node_id=str(host), private_ip=host.address,
             public_ip=None, state="running", zone="byo", instance_type="byo",
+            root=root, python=tags.get("node_python", self.python), user=host.user,
             extra=MappingProxyType({
-                "root": root, "python": tags.get("node_python", self.python),
-                "user": host.user, "port": host.port, "ifname": tags.get("ifname", ""),
+                "port": host.port, "ifname": tags.get("ifname", ""),
                 "identity": host.identity, "gpus": tags.get("gpus", 0),
                 "bootstrap": (f"{root}/bootstrap/bootstrap.sh", f"{root}/bootstrap/bootstrap.env"),
             }),
@@ -260,7 +260,7 @@ class SshProvider:
 
     def executor(self, node: NodeInfo) -> SshExecutor:
         key = node.extra.get("identity")
-        return self._executor(Host(str(node.extra["user"]), str(node.private_ip),
+        return self._executor(Host(str(node.user), str(node.private_ip),
                                    int(node.extra["port"]), key and str(key)))  # fmt: skip
 
 

@@ -143,7 +143,7 @@ def test_multi_card_nodes_are_reached_through_the_head_s_elastic_ip(
     assert nodes[0].public_ip == address["PublicIp"]
     assert address["NetworkInterfaceId"] == nodes[0].extra["interface"]
     assert [n.public_ip for n in nodes[1:]] == [None, None]
-    assert {n.extra["jump"] for n in nodes[1:]} == {address["PublicIp"]}
+    assert {n.jump for n in nodes[1:]} == {address["PublicIp"]}
     pinned = (provider.home / "keys" / "exp1" / "known_hosts").read_text().split()
     assert {address["PublicIp"], *(n.private_ip for n in nodes)} <= set(pinned)
     head, other = provider.executor(nodes[0]), provider.executor(nodes[2])

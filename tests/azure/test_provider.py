@@ -241,7 +241,7 @@ def test_capacity_errors_fail_over_zone_by_zone_then_region(make: Make, azure: S
     events: list[Event] = []
     provider = make(catalog=two_regions())
     nodes = provider.apply(provider.plan(spec()), events.append)
-    assert {(n.extra["region"], n.zone) for n in nodes} == {("westus2", "2")}
+    assert {(n.region, n.zone) for n in nodes} == {("westus2", "2")}
     assert [e.message for e in events if e.kind in ("attempt", "capacity")] == [
         "eastus/1: creating 2 × Standard_ND96asr_v4",
         "eastus/1: ZonalAllocationFailed; trying the next zone",

@@ -167,7 +167,7 @@ def test_apply_creates_every_node_and_describe_finds_them_by_tag(harness: Harnes
     assert {n.state for n in nodes} == {"running"}
     assert len({n.node_id for n in nodes}) == 3
     assert all(n.cluster == "c1" and n.private_ip for n in nodes)
-    assert all("root" in n.extra for n in nodes)
+    assert all(n.root for n in nodes)
     assert harness.provider.describe("c1") == nodes
     assert events, "apply reports progress"
 

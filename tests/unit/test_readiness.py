@@ -19,7 +19,7 @@ from tests.conftest import Cli
 
 def node(index: int) -> NodeInfo:
     return NodeInfo("c", index, f"n{index}", "10.0.0.1", None, "running",
-                    extra={"root": f"/r{index}"})  # fmt: skip
+                    root=f"/r{index}")  # fmt: skip
 
 
 def status(phase: str, state: str, log: str = "") -> str:

@@ -52,7 +52,8 @@ def node(index: int, cluster: str = "exp1") -> NodeInfo:
         state="running",
         zone="us-east-1a",
         instance_type="p4d.24xlarge",
-        extra={"root": "/opt/cloudtrain", "python": "/opt/venv/bin/python"},
+        root="/opt/cloudtrain",
+        python="/opt/venv/bin/python",
     )
 
 
@@ -369,3 +370,35 @@ def test_threads_sharing_one_state(state: State) -> None:
     for thread in threads:
         thread.join()
     assert len({j.id for j in state.jobs("t")}) == 80
+
+
+def test_node_records_of_the_earlier_shape_are_read_into_the_typed_fields() -> None:
+    """Records written before root/python/user/region/jump were fields kept them in extra."""
+    old = {
+        "cluster": "exp1",
+        "index": 1,
+        "node_id": "i-1",
+        "private_ip": "10.0.0.2",
+        "public_ip": None,
+        "state": "running",
+        "zone": "us-east-1a",
+        "instance_type": "p4d.24xlarge",
+        "extra": {
+            "root": "/home/cloudtrain/.cloudtrain",
+            "python": "/v/bin/python",
+            "user": "cloudtrain",
+            "region": "us-east-1",
+            "jump": "198.51.100.4",
+            "spot": True,
+        },
+    }
+    read = NodeInfo.from_dict(old)
+    assert (read.root, read.python, read.user, read.region, read.jump) == (
+        "/home/cloudtrain/.cloudtrain",
+        "/v/bin/python",
+        "cloudtrain",
+        "us-east-1",
+        "198.51.100.4",
+    )
+    assert dict(read.extra) == {"spot": True}
+    assert NodeInfo.from_dict(read.to_dict()) == read
