@@ -21,15 +21,8 @@ from cloudtrain.errors import (
     NotFoundError,
     ProviderError,
 )
-from cloudtrain.provider import (
-    Event,
-    NodeInfo,
-    OnEvent,
-    Plan,
-    Provider,
-    ProviderContext,
-    ignore_event,
-)
+from cloudtrain.model import Event, NodeInfo, OnEvent, Plan, ignore_event
+from cloudtrain.provider import Provider, ProviderContext
 from cloudtrain.spec import ClusterSpec
 from cloudtrain.state import State
 

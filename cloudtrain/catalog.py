@@ -23,8 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from importlib import resources
 
-from cloudtrain.errors import ConfigError
-from cloudtrain.spec import suggest
+from cloudtrain.errors import ConfigError, suggest
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ from typing import Any
 
 from cloudtrain.errors import CommandError, JobError, NotFoundError, ProviderError
 from cloudtrain.executors.base import SSH_FAILED, Executor, RunResult, fan_out
-from cloudtrain.provider import NodeInfo, Provider
+from cloudtrain.model import NodeInfo
+from cloudtrain.provider import Provider
 from cloudtrain.state import JobRecord, State
 from cloudtrain.torchrun import Launch, entrypoint_args, read_failure
 

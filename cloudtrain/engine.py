@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 
 from cloudtrain import access, bootstrap, planner
 from cloudtrain.errors import CapacityError, ConfigError, ProviderError
-from cloudtrain.provider import Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
+from cloudtrain.model import Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
 from cloudtrain.spec import ClusterSpec
 
 log = logging.getLogger(__name__)

@@ -136,3 +136,11 @@ class JobError(CloudtrainError):
         super().__init__(f"job {job_id}: {message}")
         self.job_id = job_id
         self.cancelled = cancelled
+
+
+def suggest(value: str, allowed: Sequence[str]) -> str:
+    """`` — did you mean 'x'?`` when a close match exists, else an empty string."""
+    import difflib
+
+    close = difflib.get_close_matches(value, list(allowed), n=1, cutoff=0.6)
+    return f" — did you mean {close[0]!r}?" if close else ""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cloudtrain.catalog import Catalog, InstanceType, load
 from cloudtrain.errors import ConfigError
-from cloudtrain.provider import Offer
+from cloudtrain.model import Offer
 from cloudtrain.spec import ClusterSpec, Resources
 
 

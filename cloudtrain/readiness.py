@@ -18,7 +18,7 @@ from typing import Any
 from cloudtrain import bootstrap
 from cloudtrain.errors import BootstrapError
 from cloudtrain.executors.base import Executor, fan_out
-from cloudtrain.provider import Event, NodeInfo, OnEvent, ignore_event
+from cloudtrain.model import Event, NodeInfo, OnEvent, ignore_event
 
 #: What to do for a node whose bootstrap waits for the coordinator's cloudtrain wheel.
 Handoff = Callable[[NodeInfo, Executor], None]

@@ -8,7 +8,6 @@ field (``resources.accelerator``) so a YAML loader can point at the line it came
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from cloudtrain.errors import ConfigError
+from cloudtrain.errors import ConfigError, suggest
 
 NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,39}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -26,6 +25,15 @@ MAX_DISK_GB = 65536
 # The fields of a task file, and of its `resources` block. Anything else is an error.
 TASK_FIELDS = ("name", "provider", "resources", "num_nodes", "workdir", "setup", "run", "envs")
 RESOURCE_FIELDS = ("accelerator", "spot", "region", "zone", "disk_gb", "image")
+
+
+@dataclass(frozen=True)
+class Known:
+    """The names a spec may use. Passed in, so that validating reads neither the catalog nor
+    the provider registry (`cloudtrain.taskfile.known` builds it from both)."""
+
+    providers: Sequence[str]
+    accelerators: Sequence[str]
 
 
 class SpecError(ConfigError):
@@ -123,12 +131,6 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def suggest(value: str, allowed: Sequence[str]) -> str:
-    """`` — did you mean 'x'?`` when a close match exists, else an empty string."""
-    close = difflib.get_close_matches(value, list(allowed), n=1, cutoff=0.6)
-    return f" — did you mean {close[0]!r}?" if close else ""
-
-
 def validate_name(name: object, field: str = "name") -> str:
     """A cluster name that is safe as a cloud tag value, a label and a hostname."""
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
@@ -140,11 +142,11 @@ def validate_name(name: object, field: str = "name") -> str:
     return name
 
 
-def parse_gpus(value: str, field: str = "resources.accelerator") -> tuple[str, int]:
-    """``A100:8`` → ("A100", 8); a bare ``A100`` means one GPU. The name must be in the catalog."""
-    from cloudtrain import catalog  # the catalog file is read on first use only
-
-    known = catalog.load().accelerators()
+def parse_gpus(
+    value: str, known: Sequence[str], field: str = "resources.accelerator"
+) -> tuple[str, int]:
+    """``A100:8`` → ("A100", 8); a bare ``A100`` means one GPU. The name must be one of
+    `known` (the catalog's accelerators)."""
     text = value.strip()
     name, sep, count_text = text.partition(":")
     canonical = {k.lower(): k for k in known}.get(name.lower())
@@ -182,10 +184,8 @@ def validate_num_nodes(value: object, field: str = "num_nodes") -> int:
     return value
 
 
-def validate_provider(value: object, field: str = "provider") -> str:
-    from cloudtrain import registry
-
-    known = registry.known()
+def validate_provider(value: object, known: Sequence[str], field: str = "provider") -> str:
+    """`value` if it is one of the `known` provider names."""
     if not isinstance(value, str) or value not in known:
         shown = value if isinstance(value, str) else repr(value)
         hint = suggest(value, known) if isinstance(value, str) else ""
@@ -211,7 +211,9 @@ def _bool(data: Mapping[str, Any], key: str, field: str) -> bool:
     return value
 
 
-def resources_from_dict(data: Mapping[str, Any], prefix: str = "resources.") -> Resources:
+def resources_from_dict(
+    data: Mapping[str, Any], accelerators: Sequence[str], prefix: str = "resources."
+) -> Resources:
     unknown = [k for k in data if k not in RESOURCE_FIELDS]
     if unknown:
         key = str(unknown[0])
@@ -228,7 +230,7 @@ def resources_from_dict(data: Mapping[str, Any], prefix: str = "resources.") -> 
                 prefix + "accelerator",
                 f"{prefix}accelerator {raw_acc!r} must be a string like 'A100:8'",
             )
-        accelerator, count = parse_gpus(raw_acc, prefix + "accelerator")
+        accelerator, count = parse_gpus(raw_acc, accelerators, prefix + "accelerator")
     disk = data.get("disk_gb", 200)
     if isinstance(disk, bool) or not isinstance(disk, int) or not 10 <= disk <= MAX_DISK_GB:
         raise SpecError(
@@ -247,10 +249,13 @@ def resources_from_dict(data: Mapping[str, Any], prefix: str = "resources.") -> 
     )
 
 
-def task_from_dict(data: Mapping[str, Any], *, base_dir: Path | None = None) -> TaskSpec:
+def task_from_dict(
+    data: Mapping[str, Any], known: Known, *, base_dir: Path | None = None
+) -> TaskSpec:
     """Validate a task mapping (a parsed task file with flags applied) into a `TaskSpec`.
 
-    `base_dir` is where a relative `workdir` is resolved from (the task file's folder).
+    `known` holds the provider and accelerator names a task may use; `base_dir` is where a
+    relative `workdir` is resolved from (the task file's folder).
     """
     unknown = [k for k in data if k not in TASK_FIELDS]
     if unknown:
@@ -260,12 +265,12 @@ def task_from_dict(data: Mapping[str, Any], *, base_dir: Path | None = None) -> 
             f"unknown field {key!r}{suggest(key, TASK_FIELDS)}; allowed: {', '.join(TASK_FIELDS)}",
         )
     name = validate_name(data.get("name"))
-    provider = validate_provider(data.get("provider", "local"))
+    provider = validate_provider(data.get("provider", "local"), known.providers)
     num_nodes = validate_num_nodes(data.get("num_nodes", 1))
     raw_res = data.get("resources") or {}
     if not isinstance(raw_res, Mapping):
         raise SpecError("resources", f"resources must be a mapping, got {raw_res!r}")
-    resources = resources_from_dict(raw_res)
+    resources = resources_from_dict(raw_res, known.accelerators)
     workdir = None
     raw_wd = _opt_str(data, "workdir", "workdir")
     if raw_wd is not None:

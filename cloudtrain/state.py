@@ -30,7 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 from cloudtrain.errors import NotFoundError, StateError
-from cloudtrain.provider import NodeInfo
+from cloudtrain.model import NodeInfo
 from cloudtrain.spec import ClusterSpec
 
 __all__ = [

@@ -11,7 +11,8 @@ Every error is a `ConfigError` (chained to the `SpecError` or YAML error it came
     task.yaml:5: duplicate key 'resources.spot' (first on line 4)
     task.yaml: num_nodes 0 is out of range; ...  # the bad value came from an override: no line
 
-Nothing here touches a provider; validation is `cloudtrain.spec.task_from_dict`.
+Nothing here touches a provider; validation is `cloudtrain.spec.task_from_dict`, against the
+names the registry and the catalog know (`known`).
 """
 
 from __future__ import annotations
@@ -23,11 +24,18 @@ from typing import Any
 import yaml
 
 from cloudtrain.errors import ConfigError
-from cloudtrain.spec import TASK_FIELDS, SpecError, TaskSpec, task_from_dict
+from cloudtrain.spec import TASK_FIELDS, Known, SpecError, TaskSpec, task_from_dict
 
-__all__ = ["from_flags", "load", "parse"]
+__all__ = ["from_flags", "known", "load", "parse"]
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def known() -> Known:
+    """The provider and accelerator names a task may use: the registry's and the catalog's."""
+    from cloudtrain import catalog, registry
+
+    return Known(providers=registry.known(), accelerators=catalog.load().accelerators())
 
 
 def load(path: Path, overrides: Mapping[str, Any] | None = None) -> TaskSpec:
@@ -154,7 +162,7 @@ def _validate(
     """
     given = {path: value for path, value in (overrides or {}).items() if value is not None}
     try:
-        return task_from_dict(_apply(data, given), base_dir=base_dir)
+        return task_from_dict(_apply(data, given), known(), base_dir=base_dir)
     except SpecError as exc:
         from_flag = any(exc.field == p or exc.field.startswith(p + ".") for p in given)
         line = None if from_flag else _field_line(exc.field, lines)

@@ -17,7 +17,7 @@ from rich.text import Text
 
 if TYPE_CHECKING:
     from cloudtrain.coordinator import Coordinator
-    from cloudtrain.provider import Event
+    from cloudtrain.model import Event
     from cloudtrain.state import State
 
 

@@ -27,7 +27,9 @@ def render(app: App, provider: str, gpus: str | None, instance_type: str | None)
     from cloudtrain import catalog
     from cloudtrain.spec import parse_gpus
 
-    accelerator, count = parse_gpus(gpus, "--gpus") if gpus else (None, 0)
+    accelerator, count = (
+        parse_gpus(gpus, catalog.load().accelerators(), "--gpus") if gpus else (None, 0)
+    )
     if accelerator and instance_type is None:
         instance_type = catalog.load().resolve(provider, accelerator, count)[0].instance_type
     shape = boot.NodeShape(provider, accelerator, count, instance_type)

@@ -456,14 +456,14 @@ def gpus(
     """What the catalog offers, with prices, cheapest first."""
     from cloudtrain import catalog
     from cloudtrain.cli import render
-    from cloudtrain.errors import ConfigError
-    from cloudtrain.spec import parse_gpus, suggest
+    from cloudtrain.errors import ConfigError, suggest
+    from cloudtrain.spec import parse_gpus
 
     cat = catalog.load()
     count = None
     if accelerator:
         raw = accelerator
-        accelerator, count = parse_gpus(raw, "--accelerator")
+        accelerator, count = parse_gpus(raw, cat.accelerators(), "--accelerator")
         if ":" not in raw:
             count = None  # every count of that GPU
     if provider and provider not in cat.providers():

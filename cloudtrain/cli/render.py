@@ -10,7 +10,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from cloudtrain.catalog import InstanceType
-    from cloudtrain.provider import NodeInfo, Plan
+    from cloudtrain.model import NodeInfo, Plan
     from cloudtrain.state import ClusterRecord, JobRecord
 
 JOB_STYLES = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}

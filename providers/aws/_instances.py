@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from cloudtrain import bootstrap
-from cloudtrain.provider import Offer
+from cloudtrain.model import Offer
 from cloudtrain.providers.aws import _resources as res
 from cloudtrain.spec import ClusterSpec
 

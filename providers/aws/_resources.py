@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from cloudtrain.errors import ProviderError
-from cloudtrain.provider import TAG_CLUSTER, TAG_OWNER
+from cloudtrain.model import TAG_CLUSTER, TAG_OWNER
 from cloudtrain.providers.aws._client import paginate
 from cloudtrain.providers.aws._errors import code_of
 

@@ -29,7 +29,7 @@ from cloudtrain import access, bootstrap, catalog, planner
 from cloudtrain.engine import Engine
 from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.ssh import SshExecutor
-from cloudtrain.provider import (
+from cloudtrain.model import (
     TAG_CLUSTER,
     TAG_NODE,
     TAG_OWNER,
@@ -39,10 +39,8 @@ from cloudtrain.provider import (
     Offer,
     OnEvent,
     Plan,
-    ProviderContext,
-    default_owner,
-    wait_for_nodes,
 )
+from cloudtrain.provider import ProviderContext, default_owner, wait_for_nodes
 from cloudtrain.providers.aws import _resources as res
 from cloudtrain.providers.aws._client import Clients, aws_errors, paginate
 from cloudtrain.providers.aws._instances import TAG_NODES, compact, expand, run_request

@@ -22,7 +22,7 @@ from typing import Any
 from cloudtrain import bootstrap
 from cloudtrain.errors import ConfigError
 from cloudtrain.gpustack import FABRIC_NCCL
-from cloudtrain.provider import NodeInfo, Offer
+from cloudtrain.model import NodeInfo, Offer
 from cloudtrain.providers.azure import _resources as res
 from cloudtrain.spec import ClusterSpec
 

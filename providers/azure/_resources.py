@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from cloudtrain.provider import TAG_CLUSTER, TAG_NODE, TAG_OWNER
+from cloudtrain.model import TAG_CLUSTER, TAG_NODE, TAG_OWNER
 from cloudtrain.providers.azure._client import Clients
 
 log = logging.getLogger(__name__)

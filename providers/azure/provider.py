@@ -26,17 +26,8 @@ from cloudtrain.catalog import Catalog
 from cloudtrain.engine import Engine
 from cloudtrain.errors import CapacityError, ConfigError, ProviderError
 from cloudtrain.executors.ssh import SshExecutor
-from cloudtrain.provider import (
-    Capability,
-    Event,
-    NodeInfo,
-    Offer,
-    OnEvent,
-    Plan,
-    ProviderContext,
-    default_owner,
-    wait_for_nodes,
-)
+from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan
+from cloudtrain.provider import ProviderContext, default_owner, wait_for_nodes
 from cloudtrain.providers.azure import _instances as inst
 from cloudtrain.providers.azure import _resources as res
 from cloudtrain.providers.azure._client import Clients, azure_errors, endpoint

@@ -25,7 +25,7 @@ from cloudtrain.engine import Engine
 from cloudtrain.errors import CapacityError, ConfigError, QuotaError
 from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call, FakeExecutor, Handler, succeed
-from cloudtrain.provider import (
+from cloudtrain.model import (
     TAG_CLUSTER,
     TAG_NODE,
     TAG_OWNER,
@@ -34,9 +34,8 @@ from cloudtrain.provider import (
     Offer,
     OnEvent,
     Plan,
-    ProviderContext,
-    default_owner,
 )
+from cloudtrain.provider import ProviderContext, default_owner
 from cloudtrain.spec import ClusterSpec
 
 REGION = "fake-1"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from cloudtrain import bootstrap
 from cloudtrain.errors import ConfigError
-from cloudtrain.provider import NodeInfo, Offer
+from cloudtrain.model import NodeInfo, Offer
 from cloudtrain.providers.gcp import _resources as res
 from cloudtrain.providers.gcp._client import last
 from cloudtrain.spec import ClusterSpec

@@ -35,17 +35,8 @@ from cloudtrain import access, bootstrap, planner
 from cloudtrain.engine import Engine
 from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.ssh import SshExecutor
-from cloudtrain.provider import (
-    Capability,
-    Event,
-    NodeInfo,
-    Offer,
-    OnEvent,
-    Plan,
-    ProviderContext,
-    default_owner,
-    wait_for_nodes,
-)
+from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan
+from cloudtrain.provider import ProviderContext, default_owner, wait_for_nodes
 from cloudtrain.providers.gcp import _resources as res
 from cloudtrain.providers.gcp._client import Clients, import_compute, last
 from cloudtrain.providers.gcp._instances import (

@@ -24,16 +24,8 @@ from cloudtrain import bootstrap
 from cloudtrain import node as agent
 from cloudtrain.errors import ConfigError
 from cloudtrain.executors.local import LocalExecutor
-from cloudtrain.provider import (
-    Capability,
-    Event,
-    NodeInfo,
-    Offer,
-    OnEvent,
-    Plan,
-    ProviderContext,
-    ignore_event,
-)
+from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
+from cloudtrain.provider import ProviderContext
 from cloudtrain.spec import ClusterSpec
 
 LOOPBACK = "127.0.0.1"

@@ -26,16 +26,8 @@ from cloudtrain import access, bootstrap
 from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.base import fan_out
 from cloudtrain.executors.ssh import SshExecutor
-from cloudtrain.provider import (
-    Capability,
-    Event,
-    NodeInfo,
-    Offer,
-    OnEvent,
-    Plan,
-    ProviderContext,
-    ignore_event,
-)
+from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
+from cloudtrain.provider import ProviderContext
 from cloudtrain.providers.ssh.hosts import Host, load_inventory, parse_hosts
 from cloudtrain.spec import ClusterSpec
 

@@ -15,7 +15,8 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from cloudtrain import access
-from cloudtrain.provider import Event, ProviderContext
+from cloudtrain.model import Event
+from cloudtrain.provider import ProviderContext
 from cloudtrain.providers.aws import _resources as res
 from cloudtrain.providers.aws._client import Clients
 from cloudtrain.providers.aws.provider import AwsProvider

@@ -13,7 +13,8 @@ import pytest
 
 from cloudtrain.engine import Engine
 from cloudtrain.errors import AuthError, CapacityError, ConfigError, ProviderError, QuotaError
-from cloudtrain.provider import Event, ProviderContext
+from cloudtrain.model import Event
+from cloudtrain.provider import ProviderContext
 from cloudtrain.providers.aws._client import Clients
 from cloudtrain.providers.aws._instances import compact, expand
 from cloudtrain.providers.aws.provider import AwsProvider, client_token

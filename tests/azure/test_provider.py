@@ -15,7 +15,8 @@ import pytest
 from cloudtrain import catalog
 from cloudtrain.engine import Engine
 from cloudtrain.errors import AuthError, CapacityError, ConfigError, ProviderError, QuotaError
-from cloudtrain.provider import Event, ProviderContext
+from cloudtrain.model import Event
+from cloudtrain.provider import ProviderContext
 from cloudtrain.providers.azure._client import Clients
 from cloudtrain.providers.azure.provider import AzureProvider
 from cloudtrain.spec import ClusterSpec, Resources
@@ -468,7 +469,7 @@ def test_infiniband_sizes_get_their_nccl_settings_through_the_bootstrap(tmp_path
     import subprocess
 
     from cloudtrain.bootstrap import NodeKeys
-    from cloudtrain.provider import Offer
+    from cloudtrain.model import Offer
     from cloudtrain.providers.azure import _instances as inst
     from tests.conftest import require_tool
 

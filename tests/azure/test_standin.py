@@ -14,7 +14,7 @@ import pytest
 from azure.core.exceptions import HttpResponseError, ResourceExistsError
 
 from cloudtrain.bootstrap import NodeKeys
-from cloudtrain.provider import Offer
+from cloudtrain.model import Offer
 from cloudtrain.providers.azure import _instances as inst
 from cloudtrain.providers.azure import _resources as res
 from cloudtrain.providers.azure._client import Clients

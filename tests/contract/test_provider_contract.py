@@ -15,7 +15,8 @@ import pytest
 
 from cloudtrain import node as agent
 from cloudtrain.errors import ConfigError
-from cloudtrain.provider import Capability, Event, Provider, ProviderContext
+from cloudtrain.model import Capability, Event
+from cloudtrain.provider import Provider, ProviderContext
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 from cloudtrain.providers.local.provider import LocalProvider
 from cloudtrain.spec import ClusterSpec, Resources

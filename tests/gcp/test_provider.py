@@ -12,7 +12,8 @@ import pytest
 
 from cloudtrain.engine import Engine
 from cloudtrain.errors import AuthError, CapacityError, ConfigError, QuotaError
-from cloudtrain.provider import Event, ProviderContext
+from cloudtrain.model import Event
+from cloudtrain.provider import ProviderContext
 from cloudtrain.providers.gcp._client import Clients
 from cloudtrain.providers.gcp.provider import GcpProvider
 from cloudtrain.spec import ClusterSpec, Resources

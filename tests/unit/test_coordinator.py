@@ -231,7 +231,7 @@ def test_down_terminates_even_when_a_node_cannot_be_reached_to_stop_its_job(
 ) -> None:
     """Nothing may keep billing because a node stopped answering: `down` warns and goes on."""
     from cloudtrain import api
-    from cloudtrain.provider import Event
+    from cloudtrain.model import Event
     from cloudtrain.providers.fake import provider as fake
 
     node = Node()

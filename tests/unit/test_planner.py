@@ -6,8 +6,8 @@ import pytest
 
 from cloudtrain.catalog import FIELDS, parse
 from cloudtrain.errors import ConfigError
+from cloudtrain.model import Offer
 from cloudtrain.planner import offers
-from cloudtrain.provider import Offer
 from cloudtrain.spec import ClusterSpec, Resources
 
 

@@ -11,7 +11,7 @@ import pytest
 from cloudtrain.errors import BootstrapError
 from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call, FakeExecutor
-from cloudtrain.provider import Event, NodeInfo
+from cloudtrain.model import Event, NodeInfo
 from cloudtrain.providers.fake.provider import _CLOUDS, _HANDLERS, FakeCloud
 from cloudtrain.readiness import wait_ready
 from tests.conftest import Cli

@@ -31,13 +31,13 @@ def test_builtin_and_planned_names(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="provider 'nimbus' is not known; known: aws"):
         registry.create("nimbus", ProviderContext(home=Path("/nonexistent")))
     with pytest.raises(SpecError, match="did you mean 'local'"):
-        validate_provider("locl")
+        validate_provider("locl", registry.known())
 
 
 @pytest.mark.usefixtures("plugin")
 def test_a_plugin_provider_is_known_and_built(tmp_path: Path) -> None:
     assert "mycloud" in registry.known()
-    assert validate_provider("mycloud") == "mycloud"
+    assert validate_provider("mycloud", registry.known()) == "mycloud"
     provider = registry.create("mycloud", ProviderContext(home=tmp_path))
     assert isinstance(provider, FakeProvider)
 

@@ -16,7 +16,7 @@ from types import MappingProxyType
 import pytest
 
 from cloudtrain.errors import NotFoundError, StateError
-from cloudtrain.provider import NodeInfo
+from cloudtrain.model import NodeInfo
 from cloudtrain.spec import ClusterSpec, Resources
 from cloudtrain.state import BUSY_TIMEOUT_S, SCHEMA_VERSION, State, home
 

@@ -1,0 +1,181 @@
+"""The values the layers pass each other: offers, plans, nodes, events, and the tag keys.
+
+Plain frozen data, no behaviour beyond (de)serialising: the contract (`cloudtrain.provider`),
+the engine, the state and the CLI all speak these, and none of them needs the others to.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cloudtrain.spec import ClusterSpec
+
+
+#: Tag/label keys put on every resource a provider creates (clouds adapt the separator).
+TAG_CLUSTER = "cloudtrain:cluster"
+TAG_NODE = "cloudtrain:node"
+TAG_OWNER = "cloudtrain:owner"
+
+
+class Capability(enum.Enum):
+    """What a provider supports beyond the five verbs."""
+
+    GPU = "gpu"
+    SPOT = "spot"
+    MULTI_NODE = "multi-node"
+    STOP = "stop"
+    PLACEMENT_GROUP = "placement-group"
+    ELASTIC = "elastic"
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One way to satisfy a spec: where, which machine type, at what price."""
+
+    provider: str
+    region: str
+    zones: tuple[str, ...]
+    instance_type: str
+    price_per_node_hour: float
+    spot: bool = False
+    accelerator: str | None = None
+    accelerator_count: int = 0
+    #: provider-only facts of this offer (e.g. the image resolved for its region)
+    extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "region": self.region,
+            "zones": list(self.zones),
+            "instance_type": self.instance_type,
+            "price_per_node_hour": self.price_per_node_hour,
+            "spot": self.spot,
+            "accelerator": self.accelerator,
+            "accelerator_count": self.accelerator_count,
+            "extra": dict(self.extra),
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `apply` will do. Printable for ``--dry-run``; the price is kept for cost reports.
+
+    `requests` are the exact requests the first offer would send, so a dry run shows what the
+    real run sends (the TorchX habit: dry run and run share one object).
+    """
+
+    spec: ClusterSpec
+    offers: tuple[Offer, ...]
+    requests: Sequence[Mapping[str, Any]] = ()
+    #: what this plan could not ask the cloud (a dry run without credentials or network):
+    #: the requests then hold named placeholders for it; empty for a plan `apply` may use
+    unresolved: tuple[str, ...] = ()
+
+    @property
+    def offer(self) -> Offer:
+        """The offer tried first."""
+        return self.offers[0]
+
+    @property
+    def price_per_hour(self) -> float:
+        """The whole cluster's $/hour at the first offer's price."""
+        return self.offers[0].price_per_node_hour * self.spec.num_nodes
+
+
+def _empty() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as the provider observes it.
+
+    The typed fields after `extra` are what the core reads; `extra` holds provider-only facts
+    (an interface id, a resource group, spot or not ...).
+    """
+
+    cluster: str
+    index: int
+    node_id: str
+    private_ip: str | None
+    public_ip: str | None
+    state: str  # pending | running | stopping | stopped | terminated | failed | unreachable
+    zone: str | None = None
+    instance_type: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=_empty)
+    #: the node's cloudtrain folder, where jobs/, the bootstrap and checkpoints live
+    root: str = ""
+    #: the interpreter with torch and cloudtrain on the node
+    python: str = "python3"
+    #: who SSH logs in as (None: the provider's own default)
+    user: str | None = None
+    #: where the node runs (a cloud region; None where there are none)
+    region: str | None = None
+    #: the address that reaches this node when it has none of its own (its head)
+    jump: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "index": self.index,
+            "node_id": self.node_id,
+            "private_ip": self.private_ip,
+            "public_ip": self.public_ip,
+            "state": self.state,
+            "zone": self.zone,
+            "instance_type": self.instance_type,
+            "extra": dict(self.extra),
+            "root": self.root,
+            "python": self.python,
+            "user": self.user,
+            "region": self.region,
+            "jump": self.jump,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeInfo:
+        """The inverse of `to_dict`; also reads records of the versions that kept ``root``,
+        ``python``, ``user``, ``region`` and ``jump`` in `extra`."""
+        extra = dict(data.get("extra") or {})
+        typed = {k: data[k] if k in data else extra.pop(k, None) for k in _TYPED}
+        return cls(
+            cluster=data["cluster"],
+            index=int(data["index"]),
+            node_id=data["node_id"],
+            private_ip=data.get("private_ip"),
+            public_ip=data.get("public_ip"),
+            state=data["state"],
+            zone=data.get("zone"),
+            instance_type=data.get("instance_type"),
+            extra=MappingProxyType(extra),
+            root=str(typed["root"] or ""),
+            python=str(typed["python"] or "python3"),
+            user=typed["user"],
+            region=typed["region"],
+            jump=typed["jump"],
+        )
+
+
+_TYPED = ("root", "python", "user", "region", "jump")
+
+
+@dataclass(frozen=True)
+class Event:
+    """Progress reported by a provider while it works (an attempt, a node coming up)."""
+
+    kind: str  # e.g. "attempt", "capacity", "node", "resource", "wait"
+    message: str
+    node: int | None = None
+
+
+OnEvent = Callable[[Event], None]
+
+
+def ignore_event(event: Event) -> None:
+    """An `OnEvent` that drops everything."""
