@@ -21,7 +21,7 @@ from cloudtrain.errors import (
     NotFoundError,
     ProviderError,
 )
-from cloudtrain.model import Event, NodeInfo, OnEvent, Plan, ignore_event
+from cloudtrain.model import Capability, Event, NodeInfo, OnEvent, Plan, ignore_event
 from cloudtrain.provider import Provider, ProviderContext
 from cloudtrain.spec import ClusterSpec
 from cloudtrain.state import State
@@ -51,6 +51,7 @@ def plan(
         from cloudtrain import planner
 
         return Plan(spec=spec, offers=planner.offers(spec))
+    refuse_unsupported(spec, registry.provider_class(spec.provider).capabilities)
     prov = prov or provider_for(spec, home)
     if not dry_run or not isinstance(prov, Engine):
         return prov.plan(spec)
@@ -59,6 +60,29 @@ def plan(
     except (ProviderError, AccountError) as exc:
         log.info("planning %s offline: %s", spec.name, exc)
         return prov.plan_offline(spec, str(exc))
+
+
+#: What a spec may ask that only some providers give: the flag, the value asked, the capability.
+_NEEDS: tuple[tuple[str, Callable[[ClusterSpec], object], Capability], ...] = (
+    ("--gpus", lambda s: s.resources.gpus, Capability.GPU),
+    ("--spot", lambda s: s.resources.spot or None, Capability.SPOT),
+    ("--region", lambda s: s.resources.region, Capability.REGIONS),
+    ("--zone", lambda s: s.resources.zone, Capability.REGIONS),
+    ("--image", lambda s: s.resources.image, Capability.IMAGE),
+    ("--nodes", lambda s: s.num_nodes if s.num_nodes > 1 else None, Capability.MULTI_NODE),
+)
+
+
+def refuse_unsupported(spec: ClusterSpec, capabilities: frozenset[Capability]) -> None:
+    """`ConfigError` for what `spec` asks that its provider's `capabilities` do not give,
+    naming the providers that do: before the provider is built, so it costs nothing."""
+    for flag, asked, needs in _NEEDS:
+        value = asked(spec)
+        if value is not None and needs not in capabilities:
+            raise ConfigError(
+                f"provider {spec.provider!r} takes no {flag} (got {value!r}); drop it, or "
+                f"choose a provider that does: {', '.join(registry.offering(needs))}"
+            )
 
 
 def check_existing(state: State, spec: ClusterSpec) -> None:
@@ -108,7 +132,7 @@ def _up(
     prov = provider_for(spec, home)  # built once for the command
     the_plan = plan(spec, home, prov=prov)  # validates against the catalog first
     state.put_cluster(
-        spec,
+        the_plan.spec,  # as resolved: where SSH is open from is recorded, not "the default"
         status="provisioning",
         price_per_hour=the_plan.price_per_hour,
         plan={

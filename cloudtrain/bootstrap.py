@@ -6,8 +6,9 @@ with the cluster's public key, the cluster's SSH host key (the coordinator pins 
 bootstrap script (`templates/bootstrap.sh`) and its settings (``/etc/cloudtrain/bootstrap.env``,
 from `cloudtrain.gpustack`: the driver branch, CUDA build and wheel index for the node's GPU).
 
-Where it goes, by provider: AWS ``UserData`` (16 KiB raw: gzip-compressed when longer, which
-cloud-init reads), GCP metadata ``user-data`` and ``startup-script``, Azure ``customData``.
+Where it goes is each cloud's business: its provider's `user_data` puts the document in the
+fields its cloud reads (EC2 ``UserData``, GCE metadata, Azure ``customData``), through `fit`
+for that field's size limit.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ from cloudtrain import __version__
 NODE_USER = "cloudtrain"
 NODE_ROOT = f"/home/{NODE_USER}/.cloudtrain"
 TORCH_SPEC = "torch>=2.4,<3"
-#: Raw user-data size each provider accepts (Azure: customData is 64 KiB before base64).
-LIMITS = {"aws": 16384, "gcp": 256 * 1024, "azure": 64 * 1024}
 GZIP_MAGIC = b"\x1f\x8b"
 #: Where the user-data puts the script and its settings on a cloud node (see the template).
 NODE_SCRIPT = "/usr/local/lib/cloudtrain/bootstrap.sh"
@@ -152,27 +151,14 @@ def startup_script(shape: NodeShape, keys: NodeKeys) -> str:
     return render("startup-script.sh.j2", **_values(shape, keys))
 
 
-def fit(provider: str, text: str) -> bytes:
-    """User-data as the provider takes it: as is when it fits, else gzip-compressed (cloud-init
-    reads gzip user-data). Raises `ValueError` when even that is too big."""
+def fit(text: str, limit: int, where: str) -> bytes:
+    """User-data for a field that takes `limit` bytes: as is when it fits, else
+    gzip-compressed (cloud-init reads gzip user-data). Raises `ValueError` naming `where`
+    when even that is too big."""
     raw = text.encode()
-    limit = LIMITS.get(provider, LIMITS["aws"])
     if len(raw) <= limit:
         return raw
     packed = gzip.compress(raw, mtime=0)
     if len(packed) > limit:
-        raise ValueError(f"user-data is {len(packed)} bytes gzipped; {provider} takes {limit}")
+        raise ValueError(f"user-data is {len(packed)} bytes gzipped; {where} takes {limit}")
     return packed
-
-
-def user_data(shape: NodeShape, keys: NodeKeys) -> dict[str, bytes]:
-    """Everything a node of `shape` gets at boot, by the provider's field name."""
-    doc = cloud_config(shape, keys)
-    if shape.provider == "gcp":
-        return {
-            "user-data": fit("gcp", doc),
-            "startup-script": fit("gcp", startup_script(shape, keys)),
-        }
-    if shape.provider == "azure":
-        return {"customData": base64.b64encode(fit("azure", doc))}
-    return {"UserData": fit(shape.provider, doc)}

@@ -31,6 +31,12 @@ class Capability(enum.Enum):
     STOP = "stop"
     PLACEMENT_GROUP = "placement-group"
     ELASTIC = "elastic"
+    #: has regions and zones to choose from (``--region``, ``--zone``)
+    REGIONS = "regions"
+    #: boots an image the user may choose (``--image``)
+    IMAGE = "image"
+    #: boots its nodes from cloud-init user-data (``cloudtrain bootstrap render`` shows it)
+    USER_DATA = "user-data"
 
 
 @dataclass(frozen=True)

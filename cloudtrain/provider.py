@@ -20,6 +20,10 @@ verb           side effect  blocks       guarantees
 ``executor``   none         no           how to run commands on one node
 =============  ==========  ===========  ================================================
 
+A provider also declares what it takes beyond the spec (`options`: an account, a network, a
+host list ...) and what it can give (`capabilities`); the CLI builds its flags from the first
+and the core consults the second, so no provider's name is written outside its own package.
+
 SDK errors are mapped to `cloudtrain.errors` at this boundary (`CapacityError`, `QuotaError`,
 `AuthError`). Providers are registered by name in the ``cloudtrain.providers`` entry-point group.
 """
@@ -30,17 +34,41 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from cloudtrain.model import Capability, Event, NodeInfo, OnEvent, Plan, ignore_event
 
+#: How an option's value is read: free text, a file (made absolute), a switch, a duration.
+OptionKind = Literal["text", "path", "flag", "hours"]
+
 if TYPE_CHECKING:
+    from cloudtrain.bootstrap import NodeKeys, NodeShape
     from cloudtrain.executors.base import Executor
     from cloudtrain.spec import ClusterSpec
 
 
 def _empty() -> Mapping[str, Any]:
     return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Option:
+    """A setting a provider takes beyond the spec: a flag of `up` (``--known-hosts`` for
+    `key` ``known_hosts``), recorded with the cluster and handed back in `ProviderContext`."""
+
+    key: str
+    help: str
+    kind: OptionKind = "text"
+    #: names the account the cluster lives in: `down`, `status --refresh` take it too
+    account: bool = False
+    #: the flag when it is not ``--`` + `key` with '-' for '_'
+    flag: str | None = None
+    #: how many nodes a value names (a host list), for a spec that does not say
+    nodes: Callable[[str], int] | None = None
+
+    @property
+    def cli(self) -> str:
+        return self.flag or "--" + self.key.replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -56,6 +84,8 @@ class Provider(Protocol):
 
     name: ClassVar[str]
     capabilities: ClassVar[frozenset[Capability]]
+    #: what it takes beyond the spec (its package's ``OPTIONS``: read without importing SDKs)
+    options: ClassVar[tuple[Option, ...]]
 
     def plan(self, spec: ClusterSpec) -> Plan:
         """Pure. Raises `ConfigError` when this provider cannot give the spec."""
@@ -87,6 +117,16 @@ class Provider(Protocol):
 
     def executor(self, node: NodeInfo) -> Executor:
         """An executor that runs commands on `node`."""
+        ...
+
+
+class BootsFromUserData(Protocol):
+    """A provider with `Capability.USER_DATA`: what its nodes boot with."""
+
+    @staticmethod
+    def user_data(shape: NodeShape, keys: NodeKeys) -> dict[str, bytes]:
+        """The bootstrap by the field of the create request that carries it (raw bytes,
+        before any encoding the request wraps them in)."""
         ...
 
 

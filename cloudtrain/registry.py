@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, cast
 from cloudtrain.errors import ConfigError
 
 if TYPE_CHECKING:
-    from cloudtrain.provider import Provider, ProviderContext
+    from cloudtrain.model import Capability
+    from cloudtrain.provider import Option, Provider, ProviderContext
 
 GROUP = "cloudtrain.providers"
 
@@ -31,6 +32,12 @@ BUILTIN: dict[str, str] = {
     "gcp": "cloudtrain.providers.gcp.provider:GcpProvider",
     "azure": "cloudtrain.providers.azure.provider:AzureProvider",
 }
+
+#: Where a cluster goes when its task names no provider: this machine.
+DEFAULT = "local"
+
+#: Built in for the tests only: known, but not offered in the CLI's help.
+FOR_TESTS: tuple[str, ...] = ("fake",)
 
 #: Cloud providers this version knows of and can plan (the catalog has them) but cannot create.
 PLANNED: tuple[str, ...] = ()
@@ -53,8 +60,9 @@ def available() -> tuple[str, ...]:
     return tuple(sorted({*BUILTIN, *_plugins()}))
 
 
-def create(name: str, context: ProviderContext) -> Provider:
-    """Build the provider called `name`. Raises `ConfigError` if it is unknown or not built."""
+def provider_class(name: str) -> type[Provider]:
+    """The class of the provider called `name` (its SDKs are imported only when it is built).
+    Raises `ConfigError` if it is unknown or not built."""
     target = BUILTIN.get(name) or _plugins().get(name)
     if target is None:
         if name in PLANNED:
@@ -65,5 +73,30 @@ def create(name: str, context: ProviderContext) -> Provider:
             )
         raise ConfigError(f"provider {name!r} is not known; known: {', '.join(known())}")
     module_name, _, attr = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
-    return cast("Provider", cls(context))
+    return cast("type[Provider]", getattr(importlib.import_module(module_name), attr))
+
+
+def create(name: str, context: ProviderContext) -> Provider:
+    """Build the provider called `name`. Raises `ConfigError` if it is unknown or not built."""
+    return provider_class(name)(context)  # type: ignore[call-arg]
+
+
+def options(name: str) -> tuple[Option, ...]:
+    """What provider `name` takes beyond the spec. A built-in provider's are read from its
+    package (``OPTIONS``), so the CLI builds its flags without importing any cloud's code."""
+    if name in BUILTIN:
+        package = BUILTIN[name].partition(":")[0].rpartition(".")[0]
+        return cast("tuple[Option, ...]", importlib.import_module(package).OPTIONS)
+    return provider_class(name).options
+
+
+def offering(capability: Capability) -> list[str]:
+    """The built-in providers (not those for tests) that have `capability`, for a message
+    that says where to go instead."""
+    return [n for n in BUILTIN
+            if n not in FOR_TESTS and capability in provider_class(n).capabilities]  # fmt: skip
+
+
+def builtin_options() -> dict[str, tuple[Option, ...]]:
+    """Every built-in provider's options, by provider (for the CLI's flags)."""
+    return {name: options(name) for name in BUILTIN}

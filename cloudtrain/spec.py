@@ -101,12 +101,14 @@ class ClusterSpec:
         )
 
     def differences(self, other: ClusterSpec) -> list[str]:
-        """Readable differences (``num_nodes: 2 → 3``); empty when both describe one cluster."""
+        """Readable differences (``num_nodes: 2 → 3``); empty when both describe one cluster.
+        Where SSH is allowed from is not one: `up` changes the rule in place (and the caller's
+        address, the default, moves)."""
         mine, theirs = _flatten(self.to_dict()), _flatten(other.to_dict())
         return [
             f"{key}: {mine.get(key)!r} → {theirs.get(key)!r}"
             for key in sorted(set(mine) | set(theirs))
-            if mine.get(key) != theirs.get(key)
+            if mine.get(key) != theirs.get(key) and key != "ssh_cidr"
         ]
 
 

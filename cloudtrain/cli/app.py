@@ -49,12 +49,14 @@ class App:
 
     def coordinator(self, cluster: str) -> Coordinator:
         """A coordinator for jobs on `cluster` (which may be gone: its jobs' logs remain)."""
-        from cloudtrain import api
+        from cloudtrain import api, registry
         from cloudtrain.coordinator import Coordinator
 
         record = self.state.cluster(cluster)
         provider = (
-            api.provider_for(record.spec, self.home) if record else api.provider("local", self.home)
+            api.provider_for(record.spec, self.home)
+            if record
+            else api.provider(registry.DEFAULT, self.home)
         )
         return Coordinator(self.state, provider, home=self.home)
 

@@ -17,28 +17,36 @@ def bootstrap() -> None:
 
 
 @bootstrap.command()
-@click.option("--provider", "-p", required=True, type=click.Choice(["aws", "gcp", "azure"]))
+@click.option("--provider", "-p", required=True, help="A provider whose nodes boot from user-data.")
 @click.option("--gpus", help="Accelerator and count per node, e.g. V100:1 (default: CPU).")
 @click.option("--instance-type", help="Override the machine type the catalog picks.")
 @pass_app
 def render(app: App, provider: str, gpus: str | None, instance_type: str | None) -> None:
     """Print the user-data of a PROVIDER node with GPUS, keys replaced by placeholders."""
-    from cloudtrain import bootstrap as boot
-    from cloudtrain import catalog
-    from cloudtrain.spec import parse_gpus
+    from typing import cast
 
-    accelerator, count = (
-        parse_gpus(gpus, catalog.load().accelerators(), "--gpus") if gpus else (None, 0)
-    )
+    from cloudtrain import bootstrap as boot
+    from cloudtrain import catalog, registry
+    from cloudtrain.errors import ConfigError
+    from cloudtrain.model import Capability
+    from cloudtrain.provider import BootsFromUserData
+    from cloudtrain.spec import parse_gpus, validate_provider
+
+    validate_provider(provider, registry.known(), "--provider")
+    cls = registry.provider_class(provider)
+    if Capability.USER_DATA not in cls.capabilities:
+        raise ConfigError(
+            f"--provider {provider!r}: its nodes do not boot from user-data; those that do: "
+            f"{', '.join(registry.offering(Capability.USER_DATA))}"
+        )
+    accelerator, count = None, 0
+    if gpus:
+        accelerator, count = parse_gpus(gpus, catalog.load().accelerators(), "--gpus")
     if accelerator and instance_type is None:
         instance_type = catalog.load().resolve(provider, accelerator, count)[0].instance_type
     shape = boot.NodeShape(provider, accelerator, count, instance_type)
-    for field, data in boot.user_data(shape, boot.NodeKeys.placeholders()).items():
-        raw = data
-        if provider == "azure":
-            import base64
-
-            raw = base64.b64decode(data)
+    fields = cast("BootsFromUserData", cls).user_data(shape, boot.NodeKeys.placeholders())
+    for field, raw in fields.items():
         note = ""
         if raw.startswith(boot.GZIP_MAGIC):
             note = f" (sent gzip-compressed: {len(raw)} bytes)"

@@ -11,6 +11,9 @@ import click
 from cloudtrain.cli.app import App
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from cloudtrain.provider import Option
     from cloudtrain.spec import TaskSpec
     from cloudtrain.state import ClusterRecord
 
@@ -18,10 +21,11 @@ pass_app = click.make_pass_decorator(App)
 
 
 def cluster_options(fn: Any) -> Any:
-    """The flags that shape a cluster; each overrides the task file's field."""
+    """The flags that shape a cluster (each overrides the task file's field), and every
+    provider's own options, as each provider declares them."""
     options = [
         click.option("--name", "-n", help="Cluster name: lowercase letters, digits, '-'."),
-        click.option("--provider", "-p", help="local (default), aws, gcp, azure …"),
+        click.option("--provider", "-p", help=f"Where: {', '.join(_clouds())} (default local)."),
         click.option("--nodes", "num_nodes", type=str, help="Number of nodes."),
         click.option("--gpus", help="Accelerator and count per node, e.g. A100:8, V100:1."),
         click.option("--spot", is_flag=True, default=None, help="Use spot/preemptible nodes."),
@@ -34,92 +38,155 @@ def cluster_options(fn: Any) -> Any:
             help="Where SSH is allowed from (default: this machine's "
             "public address; 0.0.0.0/0 only when you say so).",
         ),
-        *account_options(),
-        click.option(
-            "--max-hours",
-            type=click.FloatRange(min=0, min_open=True),
-            help="GCP: the nodes delete themselves after this many hours (a forgotten cluster "
-            "stops billing).",
-        ),
-        click.option(
-            "--hosts", help="ssh provider: user@address[:port],… (the first is the head)."
-        ),
-        click.option(
-            "--inventory",
-            type=click.Path(dir_okay=False, path_type=Path),
-            help="ssh provider: a YAML file of hosts (user, port, key, GPUs per host).",
-        ),
-        click.option(
-            "--identity",
-            type=click.Path(dir_okay=False, path_type=Path),
-            help="ssh provider: the private key to log in with.",
-        ),
-        click.option(
-            "--known-hosts",
-            type=click.Path(dir_okay=False, path_type=Path),
-            help="ssh provider: where the hosts' keys are pinned (~/.ssh/known_hosts).",
-        ),
-        click.option(
-            "--python",
-            "remote_python",
-            help="ssh provider: use this Python (with torch) on the hosts as it is; without "
-            "it each node gets a venv with torch and cloudtrain.",
-        ),
-        click.option(
-            "--allow-sudo",
-            is_flag=True,
-            default=None,
-            help="ssh provider: may install system packages (python3-venv, rsync, an NVIDIA "
-            "driver where a GPU host lacks one) with sudo.",
-        ),
-        click.option(
-            "--torch-index", help="ssh provider: the pip index to install torch from (a mirror)."
-        ),
+        *provider_options(),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
 
 
-def account_options() -> list[Any]:
-    """The flags that say which cloud account to use; `up` records them, `down` needs them
-    only when the local state has no record."""
-    return [
-        click.option("--profile", help="AWS: the credentials profile (default AWS_PROFILE)."),
+def _clouds() -> list[str]:
+    from cloudtrain import registry
+
+    return [n for n in registry.BUILTIN if n not in registry.FOR_TESTS]
+
+
+def _declared() -> dict[str, list[tuple[str, Option]]]:
+    """Every built-in provider's options by flag: [(provider, option)] (one flag may be
+    declared by several providers)."""
+    from cloudtrain import registry
+
+    flags: dict[str, list[tuple[str, Option]]] = {}
+    for pname, declared in registry.builtin_options().items():
+        for opt in declared:
+            flags.setdefault(opt.cli, []).append((pname, opt))
+    return flags
+
+
+def _dest(flag: str) -> str:
+    return "opt_" + flag.lstrip("-").replace("-", "_")
+
+
+_KINDS: dict[str, Any] = {
+    "path": click.Path(dir_okay=False, path_type=Path),
+    "hours": click.FloatRange(min=0, min_open=True),
+}
+
+
+def provider_options(account_only: bool = False) -> list[Any]:
+    """One flag per declared option (only those naming an account, for `down`), and
+    ``--option KEY=VALUE`` for what a plugin provider declares."""
+    made = []
+    for flag, owners in _declared().items():
+        opt = owners[0][1]
+        if account_only and not opt.account:
+            continue
+        text = " ".join(o.help for _, o in owners)
+        if opt.kind == "flag":
+            made.append(click.option(flag, _dest(flag), is_flag=True, default=None, help=text))
+        else:
+            made.append(click.option(flag, _dest(flag), type=_KINDS.get(opt.kind), help=text))
+    made.append(
         click.option(
-            "--project", help="GCP: the project (default CLOUDSDK_CORE_PROJECT or gcloud's)."
-        ),
-        click.option("--subscription", help="Azure: the subscription (AZURE_SUBSCRIPTION_ID)."),
-    ]
+            "--option",
+            "-o",
+            "opt_generic",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="A provider's own option by its key (for providers from other packages).",
+        )
+    )
+    return made
 
 
 def with_account_options(fn: Any) -> Any:
-    for option in reversed(account_options()):
+    for option in reversed(provider_options(account_only=True)):
         fn = option(fn)
     return fn
 
 
-def account(flags: dict[str, Any]) -> dict[str, Any]:
-    """The account flags that were given, as provider options."""
-    return {k: flags[k] for k in ("profile", "project", "subscription") if flags.get(k)}
+def given_options(provider: str, flags: Mapping[str, Any]) -> dict[str, tuple[Option, Any]]:
+    """The provider options given as flags, as typed, checked against what `provider`
+    declares: a flag of another provider is refused, naming whose it is and what `provider`
+    takes."""
+    from cloudtrain import registry
+    from cloudtrain.errors import ConfigError
+
+    declared = {o.key: o for o in registry.options(provider)}
+    given: dict[str, tuple[Option, Any]] = {}
+    for flag, owners in _declared().items():
+        value = flags.get(_dest(flag))
+        if value is None:
+            continue
+        opt = next((o for p, o in owners if p == provider), None)
+        if opt is None:
+            whose = ", ".join(p for p, _ in owners)
+            takes = ", ".join(o.cli for o in declared.values()) or "none"
+            raise ConfigError(
+                f"{flag} is an option of {whose}, not of provider {provider!r}; "
+                f"{provider} takes: {takes}"
+            )
+        given[opt.key] = (opt, value)
+    for item in flags.get("opt_generic") or ():
+        key, sep, value = str(item).partition("=")
+        if not sep or key not in declared:
+            allowed = ", ".join(declared) or "none"
+            raise ConfigError(
+                f"--option {item!r}: provider {provider!r} has no option {key!r}; "
+                f"allowed: {allowed} (write KEY=VALUE)"
+            )
+        opt = declared[key]
+        given[key] = (opt, value.lower() in ("1", "true", "yes") if opt.kind == "flag" else value)
+    return given
+
+
+def provider_settings(provider: str, flags: Mapping[str, Any]) -> dict[str, Any]:
+    """`given_options` as the provider reads them: files made absolute, empty values left out."""
+    settings: dict[str, Any] = {}
+    for key, (opt, value) in given_options(provider, flags).items():
+        if opt.kind == "path":
+            value = str(Path(value).expanduser().resolve())
+        if value not in ("", False):
+            settings[key] = value
+    return settings
+
+
+def loose_settings(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The provider options given as flags, by key, where no one provider is named (``down
+    --all`` looks in every provider that has a record)."""
+    return {
+        owners[0][1].key: flags[_dest(flag)]
+        for flag, owners in _declared().items()
+        if flags.get(_dest(flag)) is not None
+    }
+
+
+def account_keys(provider: str | None = None) -> set[str]:
+    """The option keys that name an account (of `provider`, or of any built-in one)."""
+    from cloudtrain import registry
+
+    names = [provider] if provider else list(registry.BUILTIN)
+    return {o.key for n in names for o in registry.options(n) if o.account}
+
+
+def account(extra: Mapping[str, Any], provider: str | None = None) -> dict[str, Any]:
+    """The account a cluster was made in, from its recorded options."""
+    keys = account_keys(provider)
+    return {k: v for k, v in extra.items() if k in keys and v}
 
 
 def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
-    """A validated task from an optional YAML file with the cluster flags on top."""
+    """A validated task from an optional YAML file with the cluster flags on top, and the
+    provider's own options (checked against what it declares) in its `extra`."""
+    import dataclasses
+
     from cloudtrain import taskfile
+    from cloudtrain.spec import validate_num_nodes
 
-    hosts = flags.get("hosts")
-    num_nodes = flags.get("num_nodes")
-    inventory = flags.get("inventory")
-    if (hosts or inventory) and num_nodes is None:
-        # one node per host, the list checked here: bad input costs nothing
-        from cloudtrain.providers.ssh.hosts import load_inventory, parse_hosts
-
-        num_nodes = len(load_inventory(Path(inventory)).hosts if inventory else parse_hosts(hosts))
     overrides = {
         "name": flags.get("name"),
         "provider": flags.get("provider"),
-        "num_nodes": num_nodes,
+        "num_nodes": flags.get("num_nodes"),
         "resources.accelerator": flags.get("gpus"),
         "resources.spot": flags.get("spot"),
         "resources.region": flags.get("region"),
@@ -131,25 +198,17 @@ def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
         taskfile.from_flags(overrides) if task_file is None else taskfile.load(task_file, overrides)
     )
     task = with_access(task, flags.get("ssh_cidr"))
-    ssh = {
-        "hosts": hosts,
-        "inventory": str(Path(inventory).resolve()) if inventory else None,
-        "identity": str(Path(flags["identity"]).resolve()) if flags.get("identity") else None,
-        "known_hosts": str(Path(flags["known_hosts"]).resolve())
-        if flags.get("known_hosts")
-        else None,
-        "python": flags.get("remote_python"),
-        "allow_sudo": flags.get("allow_sudo"),
-        "torch_index": flags.get("torch_index"),
-        "max_hours": flags.get("max_hours"),
-    }
-    extra = {**account(flags), **{k: v for k, v in ssh.items() if v}}
-    if extra:
-        import dataclasses
-
-        cluster = dataclasses.replace(task.cluster, extra={**task.cluster.extra, **extra})
-        task = dataclasses.replace(task, cluster=cluster)
-    return task
+    cluster = task.cluster
+    settings = provider_settings(cluster.provider, flags)
+    if not settings:
+        return task
+    num_nodes = cluster.num_nodes
+    if flags.get("num_nodes") is None:  # a host list says how many nodes (checked here)
+        for opt, value in given_options(cluster.provider, flags).values():
+            if opt.nodes is not None:
+                num_nodes = validate_num_nodes(opt.nodes(str(value)), opt.cli)
+    cluster = dataclasses.replace(cluster, num_nodes=num_nodes, extra={**cluster.extra, **settings})
+    return dataclasses.replace(task, cluster=cluster)
 
 
 def with_access(task: TaskSpec, ssh_cidr: str | None) -> TaskSpec:
@@ -282,10 +341,13 @@ def down(
 
     Idempotent: a cluster that does not exist is "nothing to do" (exit 0).
     """
-    from cloudtrain import api
+    from cloudtrain import api, registry
     from cloudtrain.errors import ConfigError
 
-    options = {**account(flags), **({"owner": owner} if owner else {})} or None
+    record = app.state.cluster(name) if name else None
+    pname = provider or (record.provider if record else None if every else registry.DEFAULT)
+    given = provider_settings(pname, flags) if pname else loose_settings(flags)
+    options = {**given, **({"owner": owner} if owner else {})} or None
     if every == bool(name):
         raise ConfigError("give a cluster NAME, or --all (not both)")
     targets = [(name, provider, options)] if name else _every_cluster(app, provider, options)
@@ -319,16 +381,16 @@ def _every_cluster(
 ) -> list[tuple[str, str | None, dict[str, Any] | None]]:
     """Recorded clusters, and clusters of this owner found by tag on `provider` (or on local
     and every provider that has a record), each with the account to reach it in."""
-    from cloudtrain import api
+    from cloudtrain import api, registry
 
     records = app.state.clusters()
     found: dict[str, tuple[str, dict[str, Any] | None]] = {
         c.name: (c.provider, None) for c in records
     }
-    wanted = {provider} if provider else {"local", *(c.provider for c in records)}
+    wanted = {provider} if provider else {registry.DEFAULT, *(c.provider for c in records)}
     for pname in sorted(wanted):
         # the accounts to look in: the flags', else those the records were made in
-        recorded = {json.dumps(account(dict(c.spec.extra)), sort_keys=True)
+        recorded = {json.dumps(account(c.spec.extra, pname), sort_keys=True)
                     for c in records if c.provider == pname}  # fmt: skip
         accounts = [options] if options else [json.loads(a) or None for a in sorted(recorded)]
         for acct in accounts or [None]:
@@ -403,7 +465,7 @@ def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
     our back, nodes that appeared; report clusters that exist but are not recorded here."""
     import dataclasses
 
-    from cloudtrain import api
+    from cloudtrain import api, registry
 
     state = app.state
     for c in clusters:
@@ -430,10 +492,12 @@ def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
                      f"`cloudtrain down {c.name}` removes them")  # fmt: skip
         state.set_cluster_status(c.name, status)
     recorded = {c.name for c in state.clusters()}
-    accounts = {(c.provider, json.dumps(account(dict(c.spec.extra)), sort_keys=True)): c
+    accounts = {(c.provider, json.dumps(account(c.spec.extra, c.provider), sort_keys=True)): c
                 for c in clusters}  # fmt: skip
-    providers = [api.provider("local", app.home)] + [
-        api.provider_for(c.spec, app.home) for (p, _), c in sorted(accounts.items()) if p != "local"
+    providers = [api.provider(registry.DEFAULT, app.home)] + [
+        api.provider_for(c.spec, app.home)
+        for (p, _), c in sorted(accounts.items())
+        if p != registry.DEFAULT
     ]
     for prov in providers:
         pname = prov.name

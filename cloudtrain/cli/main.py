@@ -52,9 +52,6 @@ from cloudtrain.errors import (
 EXIT_OK, EXIT_JOB, EXIT_INPUT, EXIT_PROVIDER, EXIT_STATE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_CRASH = 5
 
-#: the cloud SDKs' loggers: what they warn of (a retry, a body they could not read, with its
-#: traceback) comes before the one line cloudtrain maps the failure to; shown with -v
-SDK_LOGGERS = ("azure", "botocore", "boto3", "google", "urllib3")
 #: a flag whose value is not written to a crash report
 _SECRET_FLAG = re.compile(r"^--?[\w-]*(secret|token|password)[\w-]*$", re.IGNORECASE)
 #: what looks like an AWS secret access key (40 characters of base64) or access key id
@@ -200,8 +197,11 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
     level = (
         logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
     )
-    for name in SDK_LOGGERS:
-        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.ERROR)
+    # what the cloud SDKs (any logger not cloudtrain's) warn of (a retry, a body they could
+    # not read, with its traceback) comes before the one line cloudtrain maps the failure to:
+    # shown with -v only
+    logging.getLogger().setLevel(level if verbose else logging.ERROR)
+    logging.getLogger("cloudtrain").setLevel(logging.NOTSET if verbose else level)
     if verbose or quiet:
         from rich.logging import RichHandler
 

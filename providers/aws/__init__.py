@@ -5,3 +5,10 @@ Prerequisites: ``pip install 'cloudtrain[aws]'`` and credentials from boto3's de
 private endpoint or a local stand-in (boto3 reads them itself). Supports GPUs, spot, multi-node
 clusters, cluster placement groups and EFA on p3dn/p4d/p4de.
 """
+
+from __future__ import annotations
+
+from cloudtrain.provider import Option
+
+#: What `up --provider aws` takes beyond the spec (read by the CLI without importing boto3).
+OPTIONS = (Option("profile", "AWS: the credentials profile (default AWS_PROFILE).", account=True),)

@@ -18,6 +18,16 @@ from cloudtrain.spec import ClusterSpec
 TAG_NODES = "cloudtrain:nodes"
 
 
+#: EC2 takes 16 KiB of raw ``UserData``.
+USER_DATA_LIMIT = 16384
+
+
+def user_data(shape: bootstrap.NodeShape, keys: bootstrap.NodeKeys) -> dict[str, bytes]:
+    """What an EC2 node boots with, by request field: the cloud-config, gzipped when long."""
+    doc = bootstrap.cloud_config(shape, keys)
+    return {"UserData": bootstrap.fit(doc, USER_DATA_LIMIT, "EC2 UserData")}
+
+
 def compact(indices: Iterable[int]) -> str:
     """``[0, 1, 2, 5, 7, 8]`` → ``"0-2,5,7-8"``."""
     parts: list[str] = []
@@ -65,7 +75,7 @@ def run_request(
         "MaxCount": len(indices),
         "ClientToken": token,
         "KeyName": res.resource_name(cluster),
-        "UserData": bootstrap.user_data(
+        "UserData": user_data(
             bootstrap.NodeShape("aws", offer.accelerator, offer.accelerator_count, itype), keys
         )["UserData"],
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},

@@ -40,10 +40,11 @@ from cloudtrain.model import (
     OnEvent,
     Plan,
 )
-from cloudtrain.provider import ProviderContext, default_owner, wait_for_nodes
+from cloudtrain.provider import Option, ProviderContext, default_owner, wait_for_nodes
+from cloudtrain.providers.aws import OPTIONS
 from cloudtrain.providers.aws import _resources as res
 from cloudtrain.providers.aws._client import Clients, aws_errors, paginate
-from cloudtrain.providers.aws._instances import TAG_NODES, compact, expand, run_request
+from cloudtrain.providers.aws._instances import TAG_NODES, compact, expand, run_request, user_data
 from cloudtrain.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,12 @@ class AwsProvider(Engine):
 
     name: ClassVar[str] = "aws"
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE, Capability.PLACEMENT_GROUP}
-    )
+        {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE, Capability.PLACEMENT_GROUP,
+         Capability.REGIONS, Capability.IMAGE, Capability.USER_DATA}
+    )  # fmt: skip
+    options: ClassVar[tuple[Option, ...]] = OPTIONS
+    #: what a node boots with, by the request's field (`cloudtrain bootstrap render`)
+    user_data = staticmethod(user_data)
 
     def __init__(self, context: ProviderContext) -> None:
         opts = context.options

@@ -10,3 +10,12 @@ deleted), multi-node clusters in a proximity placement group, and InfiniBand siz
 image; their NCCL settings come with the bootstrap). Azure's V100 NCv3 sizes were retired on
 2025-09-30 and are refused with the alternatives.
 """
+
+from __future__ import annotations
+
+from cloudtrain.provider import Option
+
+#: What `up --provider azure` takes beyond the spec (read by the CLI without the SDK).
+OPTIONS = (
+    Option("subscription", "Azure: the subscription (AZURE_SUBSCRIPTION_ID).", account=True),
+)

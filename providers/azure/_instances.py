@@ -69,14 +69,23 @@ def image(size: str, requested: str | None) -> dict[str, str]:
     return dict(zip(("publisher", "offer", "sku", "version"), parts, strict=True))
 
 
+#: ``customData`` takes 64 KiB before its base64.
+CUSTOM_DATA_LIMIT = 64 * 1024
+
+
+def user_data(shape: bootstrap.NodeShape, keys: bootstrap.NodeKeys) -> dict[str, bytes]:
+    """What an Azure VM boots with, by field, before the base64 the request wraps it in."""
+    doc = bootstrap.cloud_config(shape, keys)
+    return {"customData": bootstrap.fit(doc, CUSTOM_DATA_LIMIT, "Azure customData")}
+
+
 def custom_data(offer: Offer, keys: bootstrap.NodeKeys) -> str:
     """The node's cloud-init user-data, base64 as ``customData`` takes it. Holds public keys,
     the cluster's host key (pinned by the coordinator) and the bootstrap; no cloud credential."""
     shape = bootstrap.NodeShape(
         "azure", offer.accelerator, offer.accelerator_count, offer.instance_type
     )
-    doc = bootstrap.cloud_config(shape, keys)
-    return base64.b64encode(bootstrap.fit("azure", doc)).decode()
+    return base64.b64encode(user_data(shape, keys)["customData"]).decode()
 
 
 def vm_name(cluster: str, index: int) -> str:

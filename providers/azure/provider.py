@@ -27,7 +27,8 @@ from cloudtrain.engine import Engine
 from cloudtrain.errors import CapacityError, ConfigError, ProviderError
 from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan
-from cloudtrain.provider import ProviderContext, default_owner, wait_for_nodes
+from cloudtrain.provider import Option, ProviderContext, default_owner, wait_for_nodes
+from cloudtrain.providers.azure import OPTIONS
 from cloudtrain.providers.azure import _instances as inst
 from cloudtrain.providers.azure import _resources as res
 from cloudtrain.providers.azure._client import Clients, azure_errors, endpoint
@@ -47,8 +48,12 @@ class AzureProvider(Engine):
 
     name: ClassVar[str] = "azure"
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE, Capability.PLACEMENT_GROUP}
-    )
+        {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE, Capability.PLACEMENT_GROUP,
+         Capability.REGIONS, Capability.IMAGE, Capability.USER_DATA}
+    )  # fmt: skip
+    options: ClassVar[tuple[Option, ...]] = OPTIONS
+    #: what a node boots with, by the request's field (`cloudtrain bootstrap render`)
+    user_data = staticmethod(inst.user_data)
 
     def __init__(self, context: ProviderContext) -> None:
         opts = context.options

@@ -1,1 +1,7 @@
 """An in-memory provider for tests: a fake cloud that records what was asked of it."""
+
+from __future__ import annotations
+
+from cloudtrain.provider import Option
+
+OPTIONS: tuple[Option, ...] = ()

@@ -35,7 +35,8 @@ from cloudtrain.model import (
     OnEvent,
     Plan,
 )
-from cloudtrain.provider import ProviderContext, default_owner
+from cloudtrain.provider import Option, ProviderContext, default_owner
+from cloudtrain.providers.fake import OPTIONS
 from cloudtrain.spec import ClusterSpec
 
 REGION = "fake-1"
@@ -127,8 +128,10 @@ class FakeProvider(Engine):
 
     name: ClassVar[str] = "fake"
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE}
-    )
+        {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE, Capability.REGIONS,
+         Capability.IMAGE}
+    )  # fmt: skip
+    options: ClassVar[tuple[Option, ...]] = OPTIONS
 
     def __init__(self, context: ProviderContext) -> None:
         cloud = context.options.get("cloud")

@@ -12,3 +12,23 @@ credentials, operation waits), `_errors` (GCE errors → cloudtrain's), `_instan
 bulkInsert request, nodes read back), `_resources` (names, labels, firewall rules, placement
 policy).
 """
+
+from __future__ import annotations
+
+from cloudtrain.provider import Option
+
+#: What `up --provider gcp` takes beyond the spec (read by the CLI without importing the SDK).
+OPTIONS = (
+    Option(
+        "project",
+        "GCP: the project (default CLOUDSDK_CORE_PROJECT or gcloud's).",
+        account=True,
+    ),
+    Option("network", "GCP: the VPC network the nodes join (default 'default')."),
+    Option(
+        "max_hours",
+        "GCP: the nodes delete themselves after this many hours (a forgotten cluster stops "
+        "billing).",
+        kind="hours",
+    ),
+)

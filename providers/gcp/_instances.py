@@ -75,6 +75,21 @@ class Shape:
         return cls(machine, attached, accelerator)
 
 
+#: A GCE metadata value holds 256 KiB.
+METADATA_LIMIT = 256 * 1024
+
+
+def user_data(shape: bootstrap.NodeShape, keys: bootstrap.NodeKeys) -> dict[str, bytes]:
+    """What a GCE node boots with, by metadata key: the cloud-config, and the same bootstrap
+    as a startup script for images without cloud-init."""
+    return {
+        "user-data": bootstrap.fit(bootstrap.cloud_config(shape, keys), METADATA_LIMIT,
+                                   "GCE metadata"),
+        "startup-script": bootstrap.fit(bootstrap.startup_script(shape, keys), METADATA_LIMIT,
+                                        "GCE metadata"),
+    }  # fmt: skip
+
+
 def fast_network(spec: ClusterSpec, offer: Offer) -> bool:
     """gVNIC and compact placement: multi-node A2 (A100) clusters, whose all-reduce crosses
     hosts."""
@@ -113,7 +128,7 @@ def bulk_insert_body(
     """The exact ``BulkInsertInstanceResource`` JSON for `indices`."""
     shape = Shape.of(offer)
     labels = res.labels(spec.name, owner)
-    boot = bootstrap.user_data(
+    boot = user_data(
         bootstrap.NodeShape("gcp", offer.accelerator, offer.accelerator_count, offer.instance_type),
         keys,
     )

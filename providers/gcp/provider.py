@@ -36,7 +36,8 @@ from cloudtrain.engine import Engine
 from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan
-from cloudtrain.provider import ProviderContext, default_owner, wait_for_nodes
+from cloudtrain.provider import Option, ProviderContext, default_owner, wait_for_nodes
+from cloudtrain.providers.gcp import OPTIONS
 from cloudtrain.providers.gcp import _resources as res
 from cloudtrain.providers.gcp._client import Clients, import_compute, last
 from cloudtrain.providers.gcp._instances import (
@@ -47,6 +48,7 @@ from cloudtrain.providers.gcp._instances import (
     fast_network,
     max_run_seconds,
     node_info,
+    user_data,
 )
 from cloudtrain.spec import ClusterSpec
 
@@ -60,13 +62,17 @@ class GcpProvider(Engine):
 
     name: ClassVar[str] = "gcp"
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE, Capability.PLACEMENT_GROUP}
-    )
+        {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE, Capability.PLACEMENT_GROUP,
+         Capability.REGIONS, Capability.IMAGE, Capability.USER_DATA}
+    )  # fmt: skip
+    options: ClassVar[tuple[Option, ...]] = OPTIONS
+    #: what a node boots with, by the request's field (`cloudtrain bootstrap render`)
+    user_data = staticmethod(user_data)
 
     def __init__(self, context: ProviderContext) -> None:
         opts = context.options
         self.home = context.home
-        self.options = opts
+        self.settings = opts
         self.clients: Clients = opts.get("clients") or Clients(project=opts.get("project"))
         self.owner = str(opts.get("owner") or default_owner())
         self.network = str(opts.get("network") or "default")
@@ -121,7 +127,7 @@ class GcpProvider(Engine):
         }
 
     def _max_hours(self, spec: ClusterSpec) -> object:
-        return spec.extra.get("max_hours") or self.options.get("max_hours")
+        return spec.extra.get("max_hours") or self.settings.get("max_hours")
 
     # -- the engine's hooks (the algorithm is `Engine.apply`) -----------------------------------
 

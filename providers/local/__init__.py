@@ -1,1 +1,7 @@
 """The embedded local provider: nodes are folders on this machine, jobs are processes."""
+
+from __future__ import annotations
+
+from cloudtrain.provider import Option
+
+OPTIONS: tuple[Option, ...] = ()

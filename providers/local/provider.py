@@ -25,7 +25,8 @@ from cloudtrain import node as agent
 from cloudtrain.errors import ConfigError
 from cloudtrain.executors.local import LocalExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
-from cloudtrain.provider import ProviderContext
+from cloudtrain.provider import Option, ProviderContext
+from cloudtrain.providers.local import OPTIONS
 from cloudtrain.spec import ClusterSpec
 
 LOOPBACK = "127.0.0.1"
@@ -38,6 +39,7 @@ class LocalProvider:
 
     name: ClassVar[str] = "local"
     capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.MULTI_NODE})
+    options: ClassVar[tuple[Option, ...]] = OPTIONS
 
     def __init__(self, context: ProviderContext) -> None:
         self._root = context.home / "local"
@@ -46,20 +48,6 @@ class LocalProvider:
         return self._root / cluster
 
     def plan(self, spec: ClusterSpec) -> Plan:
-        res = spec.resources
-        unsupported = {
-            "--gpus": res.gpus,
-            "--spot": res.spot or None,
-            "--region": res.region,
-            "--zone": res.zone,
-            "--image": res.image,
-        }
-        for flag, value in unsupported.items():
-            if value is not None:
-                raise ConfigError(
-                    f"provider 'local' runs on this machine's CPU and takes no {flag} "
-                    f"(got {value!r}); drop it, or choose a cloud provider (aws, gcp, azure)"
-                )
         offer = Offer("local", "local", ("local",), "cpu", 0.0)
         cdir = self._cluster_dir(spec.name)
         requests = [

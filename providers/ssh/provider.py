@@ -27,7 +27,8 @@ from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.base import fan_out
 from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
-from cloudtrain.provider import ProviderContext
+from cloudtrain.provider import Option, ProviderContext
+from cloudtrain.providers.ssh import OPTIONS
 from cloudtrain.providers.ssh.hosts import Host, load_inventory, parse_hosts
 from cloudtrain.spec import ClusterSpec
 
@@ -57,6 +58,7 @@ class SshProvider:
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.MULTI_NODE, Capability.GPU}
     )
+    options: ClassVar[tuple[Option, ...]] = OPTIONS
 
     def __init__(self, context: ProviderContext) -> None:
         opts = context.options
@@ -108,8 +110,6 @@ class SshProvider:
         for path, flag in keys:
             if not path.is_file():
                 raise ConfigError(f"{flag} {str(path)!r} is not a file")
-        if spec.resources.spot or spec.resources.region or spec.resources.image:
-            raise ConfigError("provider 'ssh' takes no --spot, --region or --image")
         offer = Offer("ssh", "byo", ("byo",), "byo", 0.0, False, spec.resources.accelerator,
                       spec.resources.count)  # fmt: skip
         requests = [{"action": "connect", "host": str(h)} for h in self.hosts[: spec.num_nodes]]

@@ -101,6 +101,8 @@ def test_ssh_is_opened_to_the_callers_address_found_or_to_the_world_only_when_as
     group = aws.client("ec2").describe_security_groups(GroupNames=["cloudtrain-exp1"])
     ssh = [r for r in group["SecurityGroups"][0]["IpPermissions"] if r.get("FromPort") == 22]
     assert [r["CidrIp"] for r in ssh[0]["IpRanges"]] == ["198.51.100.9/32"]
+    recorded = json.loads(cli("status", "--json").stdout)["clusters"][0]["spec"]
+    assert recorded["ssh_cidr"] == "198.51.100.9/32"  # what was opened, not "the default"
     assert cli("down", "exp1").returncode == 0
 
     world = cli(*UP, "--ssh-cidr", "0.0.0.0/0")

@@ -43,11 +43,10 @@ def _imports(tree: ast.AST, known: set[str]) -> set[str]:
             return
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("cloudtrain"))
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module.startswith("cloudtrain"):
-                for alias in node.names:  # `from cloudtrain import catalog` names a module
-                    sub = f"{node.module}.{alias.name}"
-                    found.add(sub if sub in known else node.module)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cloudtrain"):
+            for alias in node.names:  # `from cloudtrain import catalog` names a module
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in known else str(node.module))
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -87,7 +86,31 @@ def test_no_module_imports_itself_back() -> None:
         ("cloudtrain.errors", set()),
         ("cloudtrain.spec", {"cloudtrain.errors"}),
         ("cloudtrain.model", set()),
+        # the node agent runs on the nodes, with whatever cloudtrain is there: stdlib only
+        ("cloudtrain.node", set()),
     ],
 )
 def test_the_bottom_layers_import_nothing_above_them(module: str, allowed: set[str]) -> None:
     assert _reach(module) <= allowed
+
+
+def _strings(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {
+        n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+
+
+def test_no_provider_is_named_outside_its_package_and_the_registry() -> None:
+    """The core learns what a provider takes and gives from its declarations (`options`,
+    `capabilities`), never from its name."""
+    clouds = {"aws", "gcp", "azure"}
+    named = {
+        str(path.relative_to(ROOT)): sorted(_strings(path) & clouds)
+        for path in ROOT.rglob("*.py")
+        if path.name != "registry.py" and _strings(path) & clouds
+    }
+    assert not named
+    cli = {str(p.relative_to(ROOT)) for p in (ROOT / "cli").rglob("*.py")
+           if _strings(p) & {"ssh", "local", "fake"}}  # fmt: skip
+    assert not cli

@@ -7,16 +7,32 @@ import gzip
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import cast
 
 import pytest
 import yaml
 
-from cloudtrain import bootstrap
+from cloudtrain import bootstrap, registry
 from cloudtrain.bootstrap import NodeKeys, NodeShape
 from cloudtrain.catalog import load
+from cloudtrain.provider import BootsFromUserData
+from cloudtrain.providers.aws import _instances as aws_instances
+from cloudtrain.providers.azure import _instances as azure_instances
+from cloudtrain.providers.gcp import _instances as gcp_instances
 from tests.conftest import Cli, require_tool
 
 SHAPES = [("V100", 1), ("V100", 8), ("V100-32GB", 8), ("A100", 8), ("A100-80GB", 1), (None, 0)]
+
+
+#: What each cloud's user-data field takes.
+LIMITS = {"aws": aws_instances.USER_DATA_LIMIT, "gcp": gcp_instances.METADATA_LIMIT,
+          "azure": azure_instances.CUSTOM_DATA_LIMIT}  # fmt: skip
+
+
+def user_data(shape: NodeShape, node_keys: NodeKeys) -> dict[str, bytes]:
+    """What `shape`'s provider boots a node with."""
+    cls = registry.provider_class(shape.provider)
+    return cast("BootsFromUserData", cls).user_data(shape, node_keys)
 
 
 def variants() -> list[NodeShape]:
@@ -115,9 +131,8 @@ def test_no_secret_and_every_variant_fits(tmp_path: Path, monkeypatch: pytest.Mo
     user_private = (tmp_path / "home" / "keys" / "c1" / "id_ed25519").read_text()
     body = "".join(user_private.splitlines()[1:-1])[80:140]  # past the format's fixed header
     for shape in variants():
-        for field, data in bootstrap.user_data(shape, node_keys).items():
-            raw = base64.b64decode(data) if shape.provider == "azure" else data
-            assert len(raw) <= bootstrap.LIMITS[shape.provider], (shape, field)
+        for field, raw in user_data(shape, node_keys).items():
+            assert len(raw) <= LIMITS[shape.provider], (shape, field)
             text = (gzip.decompress(raw) if raw[:2] == bootstrap.GZIP_MAGIC else raw).decode()
             assert "wJalrXUtnFEMI" not in text
             assert body not in text.replace("\n", ""), "the user's private key leaked"
@@ -127,14 +142,12 @@ def test_too_long_user_data_is_gzipped_and_cloud_init_reads_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     doc = bootstrap.cloud_config(NodeShape("aws", "A100", 8, "p4d.24xlarge"), keys(tmp_path))
-    assert bootstrap.fit("aws", doc) == doc.encode()
-    monkeypatch.setitem(bootstrap.LIMITS, "aws", len(doc) - 1)
-    packed = bootstrap.fit("aws", doc)
+    assert bootstrap.fit(doc, len(doc), "EC2 UserData") == doc.encode()
+    packed = bootstrap.fit(doc, len(doc) - 1, "EC2 UserData")
     assert packed[:2] == bootstrap.GZIP_MAGIC
     assert gzip.decompress(packed).decode() == doc
-    monkeypatch.setitem(bootstrap.LIMITS, "aws", 100)
-    with pytest.raises(ValueError, match="aws takes 100"):
-        bootstrap.fit("aws", doc)
+    with pytest.raises(ValueError, match="EC2 UserData takes 100"):
+        bootstrap.fit(doc, 100, "EC2 UserData")
     tool("cloud-init")  # its library reads user-data as a booting node does
     path = tmp_path / "user-data.gz"
     path.write_bytes(packed)
@@ -163,3 +176,6 @@ def test_bootstrap_render_prints_placeholders_not_keys(run_cli: Cli, home: Path)
     bad = run_cli("bootstrap", "render", "--provider", "aws", "--gpus", "V100:2")
     assert bad.exit_code == 2
     assert "aws offers V100 with 1, 4 or 8" in bad.output
+    local = run_cli("bootstrap", "render", "--provider", "local")
+    assert local.exit_code == 2
+    assert "its nodes do not boot from user-data; those that do: aws, gcp, azure" in local.output

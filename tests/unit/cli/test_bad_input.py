@@ -64,7 +64,29 @@ CASES = [
         ["up", "--name", "x", "--provider", "aws", "--gpus", "A100:8"],
         "cannot find this machine's public address to allow SSH from; pass --ssh-cidr",
     ),
-    (["up", "--name", "x", "--gpus", "A100:8"], "provider 'local' runs on this machine's CPU"),
+    (
+        ["up", "--name", "x", "--gpus", "A100:8"],
+        "provider 'local' takes no --gpus (got 'A100:8')",
+    ),
+    (
+        ["up", "--name", "x", "--spot"],
+        "provider 'local' takes no --spot (got True); drop it, or choose a provider that "
+        "does: aws, gcp, azure",
+    ),
+    (
+        ["up", "--name", "x", "--provider", "ssh", "--hosts", "u@h1", "--region", "r1"],
+        "provider 'ssh' takes no --region (got 'r1')",
+    ),
+    (
+        ["up", "--name", "x", "--provider", "gcp", "--gpus", "A100:8", "--profile", "dev"],
+        "--profile is an option of aws, not of provider 'gcp'; gcp takes: --project, "
+        "--network, --max-hours",
+    ),
+    (["up", "--name", "x", "-o", "nope=1"], "provider 'local' has no option 'nope'"),
+    (
+        ["down", "x", "--provider", "azure", "--project", "p1"],
+        "--project is an option of gcp, not of provider 'azure'; azure takes: --subscription",
+    ),
     (["up", "--name", "Demo"], "name 'Demo' is not a valid cluster name"),
     (["up", "--name", "my cluster"], "name 'my cluster' is not a valid cluster name"),
     (["up", "--name", "a" * 64], "is not a valid cluster name: use 1 to 40 characters"),
