@@ -13,6 +13,8 @@ test process). Each says which gap it fills:
   AWS, refuses ``PutParameter`` for names under ``/aws``.
 - ``instance_state``/``subnet_zone``/``set_instance_placement``: let the middleware ask moto what
   it holds, and write back the placement group moto drops from ``RunInstances``.
+- ``index_tag_lookups``: moto finds one resource's tags by scanning every tag of the region (see
+  there), so a lookup costs in proportion to all the stand-in holds; EC2 indexes them.
 
 The stand-in serves only dummy credentials, which moto maps to its default account
 (``123456789012``); these helpers use that account.
@@ -27,6 +29,7 @@ from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.core.utils import utcnow
 from moto.ec2.models import ec2_backends
 from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBackend
+from moto.ec2.models.core import TaggedEC2Resource
 from moto.ec2.models.instance_types import (
     INSTANCE_FAMILIES,
     INSTANCE_TYPE_OFFERINGS,
@@ -34,6 +37,7 @@ from moto.ec2.models.instance_types import (
     InstanceType,
     InstanceTypeBackend,
 )
+from moto.ec2.utils import EC2_PREFIX_TO_RESOURCE, get_prefix
 from moto.ssm.models import Parameter, ssm_backends
 
 GPU_TYPES = (
@@ -142,6 +146,45 @@ def add_p3_instance_types() -> None:
         InstanceTypeBackend.instance_types.append(InstanceType(name))
     if "p3" not in INSTANCE_FAMILIES:
         INSTANCE_FAMILIES.append("p3")
+
+
+#: moto's own ``TaggedEC2Resource.get_tags`` (kept to restore it and to test the shim against)
+SCANNING_GET_TAGS = TaggedEC2Resource.get_tags
+
+
+def _indexed_get_tags(self: Any) -> list[dict[str, str]]:
+    """What moto's ``get_tags`` returns (the same records, in the same order), read from the
+    backend's per-resource table instead of found by a scan of every tag of the region."""
+    resource_id = self.id
+    if not resource_id:
+        return []
+    found = self.ec2_backend.tags.get(resource_id)  # `.get`: the table is a defaultdict
+    if not found:
+        return []
+    kind = EC2_PREFIX_TO_RESOURCE.get(get_prefix(resource_id), "")
+    return [
+        {"resource_id": resource_id, "key": key, "value": value, "resource_type": kind}
+        for key, value in found.copy().items()
+    ]
+
+
+def index_tag_lookups(enabled: bool = True) -> None:
+    """Makes moto look up one resource's tags in its per-resource table (``enabled``), or as
+    moto 5.2.5 does (not ``enabled``). Process-wide and idempotent.
+
+    moto's ``TaggedEC2Resource.get_tags`` calls ``describe_tags(filters={"resource-id": [id]})``,
+    which matches a regex against every tag of every resource the region has held (terminated
+    instances and deleted volumes keep theirs). Each ``tag:`` filter of a ``DescribeInstances``
+    and the answer's ``tagSet`` call it once per instance, so a describe of N tagged instances
+    costs O(N x all tags): at 1000 instances with 4 tags each and their tagged volumes, one
+    round took 4-9 s on 2 cores and the owner filter (``tag:cloudtrain:owner``) added a third
+    round to each of cloudtrain's describes, while the bare peer's ``InstanceIds`` describe
+    pays one; moto's ``RunInstances`` answer pays one too. EC2 evaluates tag filters against
+    an index. The records are the same either way (``tests/aws/test_moto_gaps.py`` compares
+    them); resource ids hold no ``*``, ``?`` or ``[``, the only characters where moto's
+    pattern and an exact key differ.
+    """
+    TaggedEC2Resource.get_tags = _indexed_get_tags if enabled else SCANNING_GET_TAGS  # type: ignore[method-assign]
 
 
 def instance_state(region: str, instance_id: str) -> str | None:

@@ -17,7 +17,9 @@ to it over HTTP. ``StandInApp``, the middleware, fills moto's gaps and watches t
   other parameters differ. botocore fills in a token when the caller gives none, and a retry
   resends the same one;
 - gives **no public IPv4 to multi-interface launches** (EFA on p4d/p4de), as EC2 does;
-- on start and ``reset``, re-applies the offering and instance-type shims of ``moto_gaps.py``.
+- on start and ``reset``, re-applies the offering and instance-type shims of ``moto_gaps.py``,
+  and its indexed tag lookup (``index_tag_lookups``: moto scans every tag of the region to find
+  one resource's, which made a describe of N tagged instances cost O(N²)).
 
 Faults and retries: botocore retries HTTP 500/502/503/504 and throttling codes
 (``RequestLimitExceeded``, ``Throttling``…) — up to 3 attempts in ``standard`` mode, 5 in
@@ -237,6 +239,7 @@ class StandInApp:
         self._launches: dict[tuple[str, str], tuple[dict[str, str], bytes]] = {}
         moto_gaps.extend_gpu_offerings()
         moto_gaps.add_p3_instance_types()
+        moto_gaps.index_tag_lookups()
 
     # -- the test-facing API -------------------------------------------------------------------
 
@@ -308,6 +311,7 @@ class StandInApp:
             self._launches.clear()
         moto_gaps.extend_gpu_offerings()
         moto_gaps.add_p3_instance_types()
+        moto_gaps.index_tag_lookups()
 
     # -- WSGI ----------------------------------------------------------------------------------
 
