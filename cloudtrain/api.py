@@ -11,8 +11,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from cloudtrain import registry
-from cloudtrain.engine import Engine
 from cloudtrain.errors import (
     AccountError,
     BootstrapError,
@@ -22,7 +20,9 @@ from cloudtrain.errors import (
     ProviderError,
 )
 from cloudtrain.model import Capability, Event, NodeInfo, OnEvent, Plan, ignore_event
-from cloudtrain.provider import Provider, ProviderContext
+from cloudtrain.provision import registry
+from cloudtrain.provision.engine import Engine
+from cloudtrain.provision.provider import Provider, ProviderContext
 from cloudtrain.spec import ClusterSpec
 from cloudtrain.state import State
 
@@ -48,7 +48,7 @@ def plan(
     the catalog alone: named placeholders for what only the cloud resolves, listed in
     `Plan.unresolved`. Clouds this version cannot create yet are planned from the catalog."""
     if spec.provider not in registry.available():
-        from cloudtrain import planner
+        from cloudtrain.plan import planner
 
         return Plan(spec=spec, offers=planner.offers(spec))
     refuse_unsupported(spec, registry.provider_class(spec.provider).capabilities)
@@ -178,16 +178,16 @@ def wait_bootstrap(
     on_event: OnEvent,
     timeout_s: float,
 ) -> None:
-    """Wait for every node's bootstrap to report ready (`cloudtrain.readiness`). Providers that
+    """Wait for every node's bootstrap to report ready (`cloudtrain.boot.readiness`). Providers that
     cannot run commands on their nodes yet are skipped with a note."""
-    from cloudtrain import readiness
+    from cloudtrain.boot import readiness
 
     try:
         executors = [prov.executor(n) for n in nodes]
     except ConfigError as exc:
         on_event(Event("bootstrap", f"not watched: {exc}"))
         return
-    from cloudtrain import wheel
+    from cloudtrain.boot import wheel
 
     handoff = readiness.hand_over_wheel(lambda: wheel.build(home))
     try:
@@ -230,7 +230,7 @@ def _down(
     options: Mapping[str, Any] | None,
     on_event: OnEvent,
 ) -> bool:
-    from cloudtrain.coordinator import Coordinator
+    from cloudtrain.jobs.coordinator import Coordinator
 
     record = state.cluster(name)
     pname = record.provider if record else provider_name or "local"

@@ -1,7 +1,8 @@
 """The values the layers pass each other: offers, plans, nodes, events, and the tag keys.
 
-Plain frozen data, no behaviour beyond (de)serialising: the contract (`cloudtrain.provider`),
-the engine, the state and the CLI all speak these, and none of them needs the others to.
+Plain frozen data, no behaviour beyond (de)serialising: the contract
+(`cloudtrain.provision.provider`), the engine, the state and the CLI all speak these, and none
+of them needs the others to.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from cloudtrain.coordinator import Coordinator
+    from cloudtrain.jobs.coordinator import Coordinator
     from cloudtrain.model import Event
     from cloudtrain.state import State
 
@@ -49,8 +49,9 @@ class App:
 
     def coordinator(self, cluster: str) -> Coordinator:
         """A coordinator for jobs on `cluster` (which may be gone: its jobs' logs remain)."""
-        from cloudtrain import api, registry
-        from cloudtrain.coordinator import Coordinator
+        from cloudtrain import api
+        from cloudtrain.jobs.coordinator import Coordinator
+        from cloudtrain.provision import registry
 
         record = self.state.cluster(cluster)
         provider = (

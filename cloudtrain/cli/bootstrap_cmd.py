@@ -25,11 +25,12 @@ def render(app: App, provider: str, gpus: str | None, instance_type: str | None)
     """Print the user-data of a PROVIDER node with GPUS, keys replaced by placeholders."""
     from typing import cast
 
-    from cloudtrain import bootstrap as boot
-    from cloudtrain import catalog, registry
+    from cloudtrain.boot import bootstrap as boot
     from cloudtrain.errors import ConfigError
     from cloudtrain.model import Capability
-    from cloudtrain.provider import BootsFromUserData
+    from cloudtrain.plan import catalog
+    from cloudtrain.provision import registry
+    from cloudtrain.provision.provider import BootsFromUserData
     from cloudtrain.spec import parse_gpus, validate_provider
 
     validate_provider(provider, registry.known(), "--provider")

@@ -13,7 +13,7 @@ from cloudtrain.cli.app import App
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from cloudtrain.provider import Option
+    from cloudtrain.provision.provider import Option
     from cloudtrain.spec import TaskSpec
     from cloudtrain.state import ClusterRecord
 
@@ -46,7 +46,7 @@ def cluster_options(fn: Any) -> Any:
 
 
 def _clouds() -> list[str]:
-    from cloudtrain import registry
+    from cloudtrain.provision import registry
 
     return [n for n in registry.BUILTIN if n not in registry.FOR_TESTS]
 
@@ -54,7 +54,7 @@ def _clouds() -> list[str]:
 def _declared() -> dict[str, list[tuple[str, Option]]]:
     """Every built-in provider's options by flag: [(provider, option)] (one flag may be
     declared by several providers)."""
-    from cloudtrain import registry
+    from cloudtrain.provision import registry
 
     flags: dict[str, list[tuple[str, Option]]] = {}
     for pname, declared in registry.builtin_options().items():
@@ -109,8 +109,8 @@ def given_options(provider: str, flags: Mapping[str, Any]) -> dict[str, tuple[Op
     """The provider options given as flags, as typed, checked against what `provider`
     declares: a flag of another provider is refused, naming whose it is and what `provider`
     takes."""
-    from cloudtrain import registry
     from cloudtrain.errors import ConfigError
+    from cloudtrain.provision import registry
 
     declared = {o.key: o for o in registry.options(provider)}
     given: dict[str, tuple[Option, Any]] = {}
@@ -163,7 +163,7 @@ def loose_settings(flags: Mapping[str, Any]) -> dict[str, Any]:
 
 def account_keys(provider: str | None = None) -> set[str]:
     """The option keys that name an account (of `provider`, or of any built-in one)."""
-    from cloudtrain import registry
+    from cloudtrain.provision import registry
 
     names = [provider] if provider else list(registry.BUILTIN)
     return {o.key for n in names for o in registry.options(n) if o.account}
@@ -180,8 +180,7 @@ def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
     provider's own options (checked against what it declares) in its `extra`."""
     import dataclasses
 
-    from cloudtrain import taskfile
-    from cloudtrain.spec import validate_num_nodes
+    from cloudtrain.spec import taskfile, validate_num_nodes
 
     overrides = {
         "name": flags.get("name"),
@@ -227,8 +226,9 @@ def bring_up(
     app: App, task: TaskSpec, dry_run: bool, *, setup: bool = True, down_on_failure: bool = False
 ) -> None:
     """`up`'s body, shared with `launch`."""
-    from cloudtrain import api, registry
+    from cloudtrain import api
     from cloudtrain.cli import render
+    from cloudtrain.provision import registry
 
     spec = task.cluster
     if dry_run:
@@ -341,8 +341,9 @@ def down(
 
     Idempotent: a cluster that does not exist is "nothing to do" (exit 0).
     """
-    from cloudtrain import api, registry
+    from cloudtrain import api
     from cloudtrain.errors import ConfigError
+    from cloudtrain.provision import registry
 
     record = app.state.cluster(name) if name else None
     pname = provider or (record.provider if record else None if every else registry.DEFAULT)
@@ -381,7 +382,8 @@ def _every_cluster(
 ) -> list[tuple[str, str | None, dict[str, Any] | None]]:
     """Recorded clusters, and clusters of this owner found by tag on `provider` (or on local
     and every provider that has a record), each with the account to reach it in."""
-    from cloudtrain import api, registry
+    from cloudtrain import api
+    from cloudtrain.provision import registry
 
     records = app.state.clusters()
     found: dict[str, tuple[str, dict[str, Any] | None]] = {
@@ -465,7 +467,8 @@ def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
     our back, nodes that appeared; report clusters that exist but are not recorded here."""
     import dataclasses
 
-    from cloudtrain import api, registry
+    from cloudtrain import api
+    from cloudtrain.provision import registry
 
     state = app.state
     for c in clusters:
@@ -518,9 +521,9 @@ def gpus(
     app: App, provider: str | None, accelerator: str | None, spot: bool, show_all: bool
 ) -> None:
     """What the catalog offers, with prices, cheapest first."""
-    from cloudtrain import catalog
     from cloudtrain.cli import render
     from cloudtrain.errors import ConfigError, suggest
+    from cloudtrain.plan import catalog
     from cloudtrain.spec import parse_gpus
 
     cat = catalog.load()

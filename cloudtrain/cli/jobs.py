@@ -18,7 +18,7 @@ from cloudtrain.cli.app import App
 from cloudtrain.cli.clusters import bring_up, cluster_options, load_task
 
 if TYPE_CHECKING:
-    from cloudtrain.coordinator import Coordinator, JobSpec
+    from cloudtrain.jobs.coordinator import Coordinator, JobSpec
     from cloudtrain.spec import TaskSpec
     from cloudtrain.state import JobRecord
 
@@ -39,8 +39,8 @@ def _envs(pairs: tuple[str, ...]) -> dict[str, str]:
 
 
 def job_from_task(task: TaskSpec, **options: Any) -> JobSpec:
-    from cloudtrain.coordinator import JobSpec
     from cloudtrain.errors import ConfigError
+    from cloudtrain.jobs.coordinator import JobSpec
 
     if not task.run:
         raise ConfigError(
@@ -60,8 +60,8 @@ def job_from_task(task: TaskSpec, **options: Any) -> JobSpec:
 def job_from_script(
     script: Path, args: tuple[str, ...], workdir: Path | None, **options: Any
 ) -> JobSpec:
-    from cloudtrain.coordinator import JobSpec
     from cloudtrain.errors import ConfigError
+    from cloudtrain.jobs.coordinator import JobSpec
 
     if not script.is_file():
         raise ConfigError(f"script {str(script)!r} does not exist (or is not a file)")

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from cloudtrain.catalog import InstanceType
     from cloudtrain.model import NodeInfo, Plan
+    from cloudtrain.plan.catalog import InstanceType
     from cloudtrain.state import ClusterRecord, JobRecord
 
 JOB_STYLES = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from cloudtrain import bootstrap
+from cloudtrain.boot import bootstrap
 from cloudtrain.model import Offer
 from cloudtrain.providers.aws import _resources as res
 from cloudtrain.spec import ClusterSpec

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from cloudtrain import access, bootstrap, catalog, planner
-from cloudtrain.engine import Engine
+from cloudtrain import access
+from cloudtrain.boot import bootstrap
 from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import (
@@ -40,11 +40,13 @@ from cloudtrain.model import (
     OnEvent,
     Plan,
 )
-from cloudtrain.provider import Option, ProviderContext, default_owner, wait_for_nodes
+from cloudtrain.plan import catalog, planner
 from cloudtrain.providers.aws import OPTIONS
 from cloudtrain.providers.aws import _resources as res
 from cloudtrain.providers.aws._client import Clients, aws_errors, paginate
 from cloudtrain.providers.aws._instances import TAG_NODES, compact, expand, run_request, user_data
+from cloudtrain.provision.engine import Engine
+from cloudtrain.provision.provider import Option, ProviderContext, default_owner, wait_for_nodes
 from cloudtrain.spec import ClusterSpec
 
 log = logging.getLogger(__name__)

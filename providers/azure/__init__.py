@@ -13,7 +13,7 @@ image; their NCCL settings come with the bootstrap). Azure's V100 NCv3 sizes wer
 
 from __future__ import annotations
 
-from cloudtrain.provider import Option
+from cloudtrain.provision.provider import Option
 
 #: What `up --provider azure` takes beyond the spec (read by the CLI without the SDK).
 OPTIONS = (

@@ -9,7 +9,7 @@ Images: Ubuntu 24.04 LTS (its Python 3.12 installs cloudtrain) on the plain GPU 
 InfiniBand sizes (ND40rs_v2, ND96asr_v4, ND96amsr_A100_v4) Microsoft's Ubuntu-HPC 24.04 image,
 which ships the Mellanox OFED/IB stack, NVIDIA driver, NCCL and the NDv4 topology file; the
 bootstrap's ``nccl`` phase gives every job on them Azure's recommended IB settings
-(`cloudtrain.gpustack.FABRIC_NCCL`).
+(`cloudtrain.boot.gpustack.FABRIC_NCCL`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from cloudtrain import bootstrap
+from cloudtrain.boot import bootstrap
+from cloudtrain.boot.gpustack import FABRIC_NCCL
 from cloudtrain.errors import ConfigError
-from cloudtrain.gpustack import FABRIC_NCCL
 from cloudtrain.model import NodeInfo, Offer
 from cloudtrain.providers.azure import _resources as res
 from cloudtrain.spec import ClusterSpec
@@ -38,7 +38,8 @@ UBUNTU_HPC = {
     "sku": "2404",
     "version": "latest",
 }
-#: InfiniBand sizes (their NCCL settings are the bootstrap's: `cloudtrain.gpustack.FABRIC_NCCL`).
+#: InfiniBand sizes (their NCCL settings are the bootstrap's:
+#: `cloudtrain.boot.gpustack.FABRIC_NCCL`).
 INFINIBAND = frozenset(FABRIC_NCCL)
 NETWORK_API_VERSION = "2020-11-01"
 NODE_USER = bootstrap.NODE_USER

@@ -21,17 +21,19 @@ import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from cloudtrain import access, bootstrap, planner
-from cloudtrain.catalog import Catalog
-from cloudtrain.engine import Engine
+from cloudtrain import access
+from cloudtrain.boot import bootstrap
 from cloudtrain.errors import CapacityError, ConfigError, ProviderError
 from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan
-from cloudtrain.provider import Option, ProviderContext, default_owner, wait_for_nodes
+from cloudtrain.plan import planner
+from cloudtrain.plan.catalog import Catalog
 from cloudtrain.providers.azure import OPTIONS
 from cloudtrain.providers.azure import _instances as inst
 from cloudtrain.providers.azure import _resources as res
 from cloudtrain.providers.azure._client import Clients, azure_errors, endpoint
+from cloudtrain.provision.engine import Engine
+from cloudtrain.provision.provider import Option, ProviderContext, default_owner, wait_for_nodes
 from cloudtrain.spec import ClusterSpec
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cloudtrain import bootstrap
-from cloudtrain.engine import Engine
+from cloudtrain.boot import bootstrap
 from cloudtrain.errors import CapacityError, ConfigError, QuotaError
 from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call, FakeExecutor, Handler, succeed
@@ -35,8 +34,9 @@ from cloudtrain.model import (
     OnEvent,
     Plan,
 )
-from cloudtrain.provider import Option, ProviderContext, default_owner
 from cloudtrain.providers.fake import OPTIONS
+from cloudtrain.provision.engine import Engine
+from cloudtrain.provision.provider import Option, ProviderContext, default_owner
 from cloudtrain.spec import ClusterSpec
 
 REGION = "fake-1"

@@ -15,7 +15,7 @@ policy).
 
 from __future__ import annotations
 
-from cloudtrain.provider import Option
+from cloudtrain.provision.provider import Option
 
 #: What `up --provider gcp` takes beyond the spec (read by the CLI without importing the SDK).
 OPTIONS = (

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain import bootstrap
+from cloudtrain.boot import bootstrap
 from cloudtrain.errors import ConfigError
 from cloudtrain.model import NodeInfo, Offer
 from cloudtrain.providers.gcp import _resources as res

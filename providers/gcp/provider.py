@@ -31,12 +31,12 @@ import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from cloudtrain import access, bootstrap, planner
-from cloudtrain.engine import Engine
+from cloudtrain import access
+from cloudtrain.boot import bootstrap
 from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan
-from cloudtrain.provider import Option, ProviderContext, default_owner, wait_for_nodes
+from cloudtrain.plan import planner
 from cloudtrain.providers.gcp import OPTIONS
 from cloudtrain.providers.gcp import _resources as res
 from cloudtrain.providers.gcp._client import Clients, import_compute, last
@@ -50,6 +50,8 @@ from cloudtrain.providers.gcp._instances import (
     node_info,
     user_data,
 )
+from cloudtrain.provision.engine import Engine
+from cloudtrain.provision.provider import Option, ProviderContext, default_owner, wait_for_nodes
 from cloudtrain.spec import ClusterSpec
 
 log = logging.getLogger(__name__)

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from cloudtrain.provider import Option
+from cloudtrain.provision.provider import Option
 
 OPTIONS: tuple[Option, ...] = ()

@@ -20,13 +20,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import ClassVar
 
-from cloudtrain import bootstrap
 from cloudtrain import node as agent
+from cloudtrain.boot import bootstrap
 from cloudtrain.errors import ConfigError
 from cloudtrain.executors.local import LocalExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
-from cloudtrain.provider import Option, ProviderContext
 from cloudtrain.providers.local import OPTIONS
+from cloudtrain.provision.provider import Option, ProviderContext
 from cloudtrain.spec import ClusterSpec
 
 LOOPBACK = "127.0.0.1"
@@ -83,7 +83,7 @@ class LocalProvider:
     def _bootstrap(self, node: NodeInfo) -> None:
         """Start the same bootstrap script cloud nodes run, in check-only mode: the phases that
         make sense on this machine (this Python, its torch, cloudtrain, a gloo all-reduce).
-        Detached: `cloudtrain.readiness` reads its status file like any node's."""
+        Detached: `cloudtrain.boot.readiness` reads its status file like any node's."""
         root = Path(node.root)
         (root / "bootstrap").mkdir(exist_ok=True)
         script = root / "bootstrap" / "bootstrap.sh"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cloudtrain.provider import Option
+from cloudtrain.provision.provider import Option
 
 
 def _count_hosts(value: str) -> int:

@@ -22,14 +22,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from cloudtrain import access, bootstrap
+from cloudtrain import access
+from cloudtrain.boot import bootstrap
 from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.base import fan_out
 from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
-from cloudtrain.provider import Option, ProviderContext
 from cloudtrain.providers.ssh import OPTIONS
 from cloudtrain.providers.ssh.hosts import Host, load_inventory, parse_hosts
+from cloudtrain.provision.provider import Option, ProviderContext
 from cloudtrain.spec import ClusterSpec
 
 #: What `apply` learns of a host, printed as one JSON line by its Python.

@@ -11,10 +11,10 @@ from botocore import exceptions as bx
 from botocore.parsers import ResponseParserError
 
 from cloudtrain.errors import AuthError, ProviderError
-from cloudtrain.provider import ProviderContext
 from cloudtrain.providers.aws._client import Clients, aws_errors
 from cloudtrain.providers.aws._errors import map_botocore_error, not_an_aws_response
 from cloudtrain.providers.aws.provider import AwsProvider
+from cloudtrain.provision.provider import ProviderContext
 from tests.aws.standin import Raw, StandIn
 from tests.integration.conftest import Shell
 

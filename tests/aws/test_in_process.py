@@ -16,10 +16,10 @@ from moto import mock_aws
 
 from cloudtrain import access
 from cloudtrain.model import Event
-from cloudtrain.provider import ProviderContext
 from cloudtrain.providers.aws import _resources as res
 from cloudtrain.providers.aws._client import Clients
 from cloudtrain.providers.aws.provider import AwsProvider
+from cloudtrain.provision.provider import ProviderContext
 from cloudtrain.spec import ClusterSpec, Resources
 from tests.aws import moto_gaps
 

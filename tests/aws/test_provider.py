@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from cloudtrain.engine import Engine
 from cloudtrain.errors import AuthError, CapacityError, ConfigError, ProviderError, QuotaError
 from cloudtrain.model import Event
-from cloudtrain.provider import ProviderContext
 from cloudtrain.providers.aws._client import Clients
 from cloudtrain.providers.aws._instances import compact, expand
 from cloudtrain.providers.aws.provider import AwsProvider, client_token
+from cloudtrain.provision.engine import Engine
+from cloudtrain.provision.provider import ProviderContext
 from cloudtrain.spec import ClusterSpec, Resources
 from tests.aws.standin import StandIn, assert_empty, leftovers, put_dlami_parameter, register_dlami
 

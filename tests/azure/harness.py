@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.provider import ProviderContext
+from cloudtrain.provision.provider import ProviderContext
 from cloudtrain.spec import ClusterSpec, Resources
 from tests.azure.standin import StandIn
 from tests.contract.test_provider_contract import Harness

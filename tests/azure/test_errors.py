@@ -11,10 +11,10 @@ import pytest
 from azure.core import exceptions as zx
 
 from cloudtrain.errors import AuthError, ProviderError
-from cloudtrain.provider import ProviderContext
 from cloudtrain.providers.azure._client import Clients, azure_errors
 from cloudtrain.providers.azure._errors import map_azure_error
 from cloudtrain.providers.azure.provider import AzureProvider
+from cloudtrain.provision.provider import ProviderContext
 from cloudtrain.spec import ClusterSpec, Resources
 from tests.azure.standin import StandIn
 from tests.integration.conftest import Shell

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from cloudtrain import catalog
-from cloudtrain.engine import Engine
 from cloudtrain.errors import AuthError, CapacityError, ConfigError, ProviderError, QuotaError
 from cloudtrain.model import Event
-from cloudtrain.provider import ProviderContext
+from cloudtrain.plan import catalog
 from cloudtrain.providers.azure._client import Clients
 from cloudtrain.providers.azure.provider import AzureProvider
+from cloudtrain.provision.engine import Engine
+from cloudtrain.provision.provider import ProviderContext
 from cloudtrain.spec import ClusterSpec, Resources
 from tests.azure.standin import CLIENT_ID, CLIENT_SECRET, TENANT, StandIn
 
@@ -468,7 +468,7 @@ def test_infiniband_sizes_get_their_nccl_settings_through_the_bootstrap(tmp_path
     import re
     import subprocess
 
-    from cloudtrain.bootstrap import NodeKeys
+    from cloudtrain.boot.bootstrap import NodeKeys
     from cloudtrain.model import Offer
     from cloudtrain.providers.azure import _instances as inst
     from tests.conftest import require_tool

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from azure.core.exceptions import HttpResponseError, ResourceExistsError
 
-from cloudtrain.bootstrap import NodeKeys
+from cloudtrain.boot.bootstrap import NodeKeys
 from cloudtrain.model import Offer
 from cloudtrain.providers.azure import _instances as inst
 from cloudtrain.providers.azure import _resources as res

@@ -1,4 +1,4 @@
-"""One suite over every provider: the guarantees of `cloudtrain.provider`'s contract.
+"""One suite over every provider: the guarantees of `cloudtrain.provision.provider`'s contract.
 
 Each provider joins with a `Harness` that builds it and can damage a cluster the way a crash
 or a user would (remove one node behind cloudtrain's back)."""
@@ -16,9 +16,9 @@ import pytest
 from cloudtrain import node as agent
 from cloudtrain.errors import ConfigError
 from cloudtrain.model import Capability, Event
-from cloudtrain.provider import Provider, ProviderContext
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 from cloudtrain.providers.local.provider import LocalProvider
+from cloudtrain.provision.provider import Provider, ProviderContext
 from cloudtrain.spec import ClusterSpec, Resources
 
 

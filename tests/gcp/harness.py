@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from cloudtrain.provider import ProviderContext
+from cloudtrain.provision.provider import ProviderContext
 from cloudtrain.spec import ClusterSpec, Resources
 
 if TYPE_CHECKING:

@@ -14,11 +14,11 @@ from google.api_core import exceptions as gx
 from google.auth import exceptions as ax
 
 from cloudtrain.errors import AuthError, ProviderError
-from cloudtrain.provider import ProviderContext
 from cloudtrain.providers.gcp import _resources
 from cloudtrain.providers.gcp._client import Clients, gcp_errors
 from cloudtrain.providers.gcp._errors import map_sdk_error
 from cloudtrain.providers.gcp.provider import GcpProvider
+from cloudtrain.provision.provider import ProviderContext
 from tests.gcp.standin import StandIn
 from tests.integration.conftest import Shell
 

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from cloudtrain.errors import ProviderError
-from cloudtrain.provider import ProviderContext
 from cloudtrain.providers.gcp._client import Clients
 from cloudtrain.providers.gcp._resources import ensure_firewalls, firewall_bodies
 from cloudtrain.providers.gcp.provider import GcpProvider
+from cloudtrain.provision.provider import ProviderContext
 from cloudtrain.spec import ClusterSpec, Resources
 from tests.gcp.gce import DEFAULT_RULES, verdict
 from tests.gcp.standin import StandIn

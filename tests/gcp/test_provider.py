@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from cloudtrain.engine import Engine
 from cloudtrain.errors import AuthError, CapacityError, ConfigError, QuotaError
 from cloudtrain.model import Event
-from cloudtrain.provider import ProviderContext
 from cloudtrain.providers.gcp._client import Clients
 from cloudtrain.providers.gcp.provider import GcpProvider
+from cloudtrain.provision.engine import Engine
+from cloudtrain.provision.provider import ProviderContext
 from cloudtrain.spec import ClusterSpec, Resources
 from tests.gcp.standin import StandIn
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import catalog
-from cloudtrain.catalog import Catalog, InstanceType, load, parse
 from cloudtrain.errors import ConfigError
+from cloudtrain.plan import catalog
+from cloudtrain.plan.catalog import Catalog, InstanceType, load, parse
 
 HEADER = ",".join(catalog.FIELDS)
 
@@ -54,7 +54,7 @@ def test_the_installed_package_loads_from_another_directory(tmp_path: Path) -> N
         import sys
         opened = []
         sys.addaudithook(lambda ev, args: ev == "open" and opened.append(str(args[0])))
-        from cloudtrain import catalog
+        from cloudtrain.plan import catalog
         assert not [p for p in opened if p.endswith("catalog.csv")], "read at import time"
         c = catalog.load()
         assert [p for p in opened if p.endswith("catalog.csv")]

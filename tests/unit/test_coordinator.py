@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.coordinator import Coordinator, JobSpec
 from cloudtrain.errors import ConfigError, JobError, NotFoundError
 from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call
-from cloudtrain.provider import ProviderContext
+from cloudtrain.jobs.coordinator import Coordinator, JobSpec
+from cloudtrain.jobs.torchrun import entrypoint_args
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
+from cloudtrain.provision.provider import ProviderContext
 from cloudtrain.spec import ClusterSpec, Resources
 from cloudtrain.state import State
-from cloudtrain.torchrun import entrypoint_args
 
 #: What a p4d node's bootstrap writes to <root>/nccl.env.
 NCCL_ENV = "# cloudtrain: NCCL settings\nFI_PROVIDER='efa'\nNCCL_PROTO='simple'\n"

@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
-from cloudtrain import catalog, gpustack
-from cloudtrain.gpustack import TABLE, GpuStack, stack_for
+from cloudtrain.boot import gpustack
+from cloudtrain.boot.gpustack import TABLE, GpuStack, stack_for
+from cloudtrain.plan import catalog
 
 
 def _cuda(stack: GpuStack) -> tuple[int, int]:

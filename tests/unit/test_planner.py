@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from cloudtrain.catalog import FIELDS, parse
 from cloudtrain.errors import ConfigError
 from cloudtrain.model import Offer
-from cloudtrain.planner import offers
+from cloudtrain.plan.catalog import FIELDS, parse
+from cloudtrain.plan.planner import offers
 from cloudtrain.spec import ClusterSpec, Resources
 
 

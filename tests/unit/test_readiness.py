@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain.boot.readiness import wait_ready
 from cloudtrain.errors import BootstrapError
 from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call, FakeExecutor
 from cloudtrain.model import Event, NodeInfo
 from cloudtrain.providers.fake.provider import _CLOUDS, _HANDLERS, FakeCloud
-from cloudtrain.readiness import wait_ready
 from tests.conftest import Cli
 
 
@@ -104,7 +104,7 @@ def waiting_for_wheel(started: str | None = None) -> str:
 
 
 def test_a_node_waiting_for_the_wheel_gets_it_and_the_bootstrap_resumes(tmp_path: Path) -> None:
-    from cloudtrain.readiness import hand_over_wheel
+    from cloudtrain.boot.readiness import hand_over_wheel
 
     wheel_file = tmp_path / "cloudtrain-0.1.0-py3-none-any.whl"
     wheel_file.write_bytes(b"PK")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import registry
 from cloudtrain.errors import ConfigError
-from cloudtrain.provider import ProviderContext
 from cloudtrain.providers.fake.provider import FakeProvider
+from cloudtrain.provision import registry
+from cloudtrain.provision.provider import ProviderContext
 from cloudtrain.spec import SpecError, validate_provider
 
 

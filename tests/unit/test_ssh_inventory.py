@@ -77,8 +77,8 @@ def test_hosts_flag() -> None:
 def test_what_the_bootstrap_may_install_on_your_machines(tmp_path: Path) -> None:
     """--python: check-only with that interpreter. Without it: a venv per node (nothing
     system-wide). --allow-sudo: also system packages and a missing driver, through sudo."""
-    from cloudtrain.provider import ProviderContext
     from cloudtrain.providers.ssh.provider import SshProvider
+    from cloudtrain.provision.provider import ProviderContext
 
     def provider(**options: object) -> SshProvider:
         return SshProvider(ProviderContext(home=tmp_path, options={"hosts": "u@h", **options}))

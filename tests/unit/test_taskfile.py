@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import taskfile
 from cloudtrain.errors import ConfigError
-from cloudtrain.spec import Resources, SpecError
+from cloudtrain.spec import Resources, SpecError, taskfile
 
 VALID = """\
 name: bert-large
@@ -225,7 +224,7 @@ def test_from_flags_needs_a_name() -> None:
         taskfile.from_flags({"num_nodes": 2, "name": None})
 
 
-# These two need cloudtrain/catalog.py (accelerator names come from the catalog).
+# These two need cloudtrain/plan/catalog.py (accelerator names come from the catalog).
 
 
 def test_accelerator_from_file_and_override(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 import cloudtrain
-from cloudtrain import wheel
+from cloudtrain.boot import wheel
 from tests.conftest import require_tool
 
 

@@ -12,13 +12,14 @@ from typing import cast
 import pytest
 import yaml
 
-from cloudtrain import bootstrap, registry
-from cloudtrain.bootstrap import NodeKeys, NodeShape
-from cloudtrain.catalog import load
-from cloudtrain.provider import BootsFromUserData
+from cloudtrain.boot import bootstrap
+from cloudtrain.boot.bootstrap import NodeKeys, NodeShape
+from cloudtrain.plan.catalog import load
 from cloudtrain.providers.aws import _instances as aws_instances
 from cloudtrain.providers.azure import _instances as azure_instances
 from cloudtrain.providers.gcp import _instances as gcp_instances
+from cloudtrain.provision import registry
+from cloudtrain.provision.provider import BootsFromUserData
 from tests.conftest import Cli, require_tool
 
 SHAPES = [("V100", 1), ("V100", 8), ("V100-32GB", 8), ("A100", 8), ("A100-80GB", 1), (None, 0)]

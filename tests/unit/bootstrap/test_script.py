@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import cloudtrain
-from cloudtrain.gpustack import GpuStack, stack_for
+from cloudtrain.boot.gpustack import GpuStack, stack_for
 from tests.conftest import require_tool
 
 STUBS = Path(__file__).parent / "stubs"

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import __version__, catalog
-from cloudtrain.catalog import Catalog
+from cloudtrain import __version__
 from cloudtrain.cli.main import EXIT_CRASH, REDACTED, crash_report, redact
 from cloudtrain.errors import QuotaError
+from cloudtrain.plan import catalog
+from cloudtrain.plan.catalog import Catalog
 from tests.conftest import Cli
 
 LINE = re.compile(
@@ -183,12 +184,12 @@ def test_a_crash_in_a_real_process(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = textwrap.dedent(
         """
-        import cloudtrain.catalog
+        import cloudtrain.plan.catalog
 
         def broken(*args, **kwargs):
             raise RuntimeError("the catalog broke")
 
-        cloudtrain.catalog.load = broken
+        cloudtrain.plan.catalog.load = broken
         from cloudtrain.cli.main import main
 
         main(["gpus", "--provider", "aws"])

@@ -8,11 +8,11 @@ from typing import ClassVar
 
 import pytest
 
-from cloudtrain import registry
 from cloudtrain.cli.clusters import load_task
 from cloudtrain.errors import ConfigError
-from cloudtrain.provider import Option
 from cloudtrain.providers.fake.provider import FakeProvider
+from cloudtrain.provision import registry
+from cloudtrain.provision.provider import Option
 from tests.conftest import Cli
 
 

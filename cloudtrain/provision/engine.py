@@ -38,9 +38,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cloudtrain import access, bootstrap, planner
+from cloudtrain import access
+from cloudtrain.boot import bootstrap
 from cloudtrain.errors import CapacityError, ConfigError, ProviderError
 from cloudtrain.model import Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
+from cloudtrain.plan import planner
 from cloudtrain.spec import ClusterSpec
 
 log = logging.getLogger(__name__)

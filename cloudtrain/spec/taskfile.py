@@ -33,7 +33,8 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 def known() -> Known:
     """The provider and accelerator names a task may use: the registry's and the catalog's."""
-    from cloudtrain import catalog, registry
+    from cloudtrain.plan import catalog
+    from cloudtrain.provision import registry
 
     return Known(providers=registry.known(), accelerators=catalog.load().accelerators())
 

@@ -34,10 +34,10 @@ from typing import Any
 
 from cloudtrain.errors import CommandError, JobError, NotFoundError, ProviderError
 from cloudtrain.executors.base import SSH_FAILED, Executor, RunResult, fan_out
+from cloudtrain.jobs.torchrun import Launch, entrypoint_args, read_failure
 from cloudtrain.model import NodeInfo
-from cloudtrain.provider import Provider
+from cloudtrain.provision.provider import Provider
 from cloudtrain.state import JobRecord, State
-from cloudtrain.torchrun import Launch, entrypoint_args, read_failure
 
 log = logging.getLogger(__name__)
 

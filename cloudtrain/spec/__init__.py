@@ -30,7 +30,7 @@ RESOURCE_FIELDS = ("accelerator", "spot", "region", "zone", "disk_gb", "image")
 @dataclass(frozen=True)
 class Known:
     """The names a spec may use. Passed in, so that validating reads neither the catalog nor
-    the provider registry (`cloudtrain.taskfile.known` builds it from both)."""
+    the provider registry (`cloudtrain.spec.taskfile.known` builds it from both)."""
 
     providers: Sequence[str]
     accelerators: Sequence[str]

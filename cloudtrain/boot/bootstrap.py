@@ -4,7 +4,7 @@ A node boots with cloud-init user-data (`templates/cloud-init.yaml.j2`; GCP imag
 cloud-init run the same as `templates/startup-script.sh.j2`). It holds: the ``cloudtrain`` user
 with the cluster's public key, the cluster's SSH host key (the coordinator pins it), the phased
 bootstrap script (`templates/bootstrap.sh`) and its settings (``/etc/cloudtrain/bootstrap.env``,
-from `cloudtrain.gpustack`: the driver branch, CUDA build and wheel index for the node's GPU).
+from `cloudtrain.boot.gpustack`: the driver branch, CUDA build and wheel index for the node's GPU).
 
 Where it goes is each cloud's business: its provider's `user_data` puts the document in the
 fields its cloud reads (EC2 ``UserData``, GCE metadata, Azure ``customData``), through `fit`
@@ -100,7 +100,7 @@ def config(
 ) -> str:
     """The bootstrap's settings as ``KEY='value'`` lines (shell-quoted: safe to source).
     `torch_index` replaces the wheel index the GPU stack table picks (a mirror)."""
-    from cloudtrain.gpustack import stack_for
+    from cloudtrain.boot.gpustack import stack_for
 
     stack = stack_for(shape.accelerator, shape.instance_type)
     values = {

@@ -20,7 +20,7 @@ from cloudtrain.errors import ConfigError
 
 if TYPE_CHECKING:
     from cloudtrain.model import Capability
-    from cloudtrain.provider import Option, Provider, ProviderContext
+    from cloudtrain.provision.provider import Option, Provider, ProviderContext
 
 GROUP = "cloudtrain.providers"
 

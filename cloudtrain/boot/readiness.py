@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cloudtrain import bootstrap
+from cloudtrain.boot import bootstrap
 from cloudtrain.errors import BootstrapError
 from cloudtrain.executors.base import Executor, fan_out
 from cloudtrain.model import Event, NodeInfo, OnEvent, ignore_event

@@ -7,9 +7,9 @@ the spec narrows an offer's zones to that one and implies its region; every refu
 
 from __future__ import annotations
 
-from cloudtrain.catalog import Catalog, InstanceType, load
 from cloudtrain.errors import ConfigError
 from cloudtrain.model import Offer
+from cloudtrain.plan.catalog import Catalog, InstanceType, load
 from cloudtrain.spec import ClusterSpec, Resources
 
 

@@ -42,7 +42,7 @@ from cloudtrain.model import Capability, Event, NodeInfo, OnEvent, Plan, ignore_
 OptionKind = Literal["text", "path", "flag", "hours"]
 
 if TYPE_CHECKING:
-    from cloudtrain.bootstrap import NodeKeys, NodeShape
+    from cloudtrain.boot.bootstrap import NodeKeys, NodeShape
     from cloudtrain.executors.base import Executor
     from cloudtrain.spec import ClusterSpec
 

@@ -1,0 +1,1 @@
+"""Jobs on a cluster: the coordinator, and torchrun's command line and failure reports."""

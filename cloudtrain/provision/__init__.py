@@ -1,0 +1,1 @@
+"""Clusters on clouds: the provider contract, the provisioning engine, the registry."""
