@@ -126,6 +126,10 @@ class NodeInfo:
     region: str | None = None
     #: the address that reaches this node when it has none of its own (its head)
     jump: str | None = None
+    #: the network interface its peers reach it on (GLOO_SOCKET_IFNAME); None: let gloo pick
+    ifname: str | None = None
+    #: the bootstrap script and its settings on the node, where not cloud-init's places
+    bootstrap: tuple[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -143,12 +147,15 @@ class NodeInfo:
             "user": self.user,
             "region": self.region,
             "jump": self.jump,
+            "ifname": self.ifname,
+            "bootstrap": list(self.bootstrap) if self.bootstrap else None,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NodeInfo:
         """The inverse of `to_dict`; also reads records of the versions that kept ``root``,
-        ``python``, ``user``, ``region`` and ``jump`` in `extra`."""
+        ``python``, ``user``, ``region``, ``jump``, ``ifname`` and ``bootstrap`` in
+        `extra`."""
         extra = dict(data.get("extra") or {})
         typed = {k: data[k] if k in data else extra.pop(k, None) for k in _TYPED}
         return cls(
@@ -166,10 +173,12 @@ class NodeInfo:
             user=typed["user"],
             region=typed["region"],
             jump=typed["jump"],
+            ifname=typed["ifname"] or None,
+            bootstrap=(str(boot[0]), str(boot[1])) if (boot := typed["bootstrap"]) else None,
         )
 
 
-_TYPED = ("root", "python", "user", "region", "jump")
+_TYPED = ("root", "python", "user", "region", "jump", "ifname", "bootstrap")
 
 
 @dataclass(frozen=True)

@@ -58,13 +58,12 @@ def hand_over_wheel(wheel: Callable[[], Path]) -> Handoff:
     """A `Handoff` that copies the wheel `wheel()` gives (this cloudtrain: made only when a
     node needs it) to a node whose bootstrap waits for it, and runs the bootstrap again there
     (it resumes at its ``cloudtrain`` phase). The script and its config are where cloud-init
-    puts them, or where ``node.extra["bootstrap"]`` says (the ssh provider's nodes)."""
+    puts them, or where `NodeInfo.bootstrap` says (the ssh provider's nodes)."""
 
     def handoff(node: NodeInfo, executor: Executor) -> None:
         built = wheel()
         executor.put(built, f"{node.root}/dist/{built.name}")
-        script, config = node.extra.get("bootstrap") or (bootstrap.NODE_SCRIPT,
-                                                         bootstrap.NODE_CONFIG)  # fmt: skip
+        script, config = node.bootstrap or (bootstrap.NODE_SCRIPT, bootstrap.NODE_CONFIG)
         executor.start_detached(["bash", str(script), str(config)],
                                 env={"CLOUDTRAIN_NODE_ROOT": node.root}, cwd="/",
                                 job_dir=f"{node.root}/bootstrap/rerun")  # fmt: skip

@@ -205,8 +205,8 @@ class Coordinator:
         env = {"PYTHONUNBUFFERED": "1"}
         if not gpus:
             env["OMP_NUM_THREADS"] = "1"
-        if node.extra.get("ifname"):
-            env["GLOO_SOCKET_IFNAME"] = str(node.extra["ifname"])
+        if node.ifname:
+            env["GLOO_SOCKET_IFNAME"] = node.ifname
         env.update(self._fabric(node))
         env.update(job.envs)
         env.update(

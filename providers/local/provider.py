@@ -17,7 +17,6 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from types import MappingProxyType
 from typing import ClassVar
 
 from cloudtrain import node as agent
@@ -123,7 +122,7 @@ class LocalProvider:
                     state="running",
                     zone="local",
                     instance_type="cpu",
-                    extra=MappingProxyType({"ifname": "lo"}),
+                    ifname="lo",
                     root=str(tag_file.parent),
                     python=sys.executable,
                 )

@@ -197,10 +197,10 @@ class SshProvider:
             cluster=cluster, index=index, node_id=str(host), private_ip=host.address,
             public_ip=None, state="running", zone="byo", instance_type="byo",
             root=root, python=tags.get("node_python", self.python), user=host.user,
+            ifname=tags.get("ifname") or None,
+            bootstrap=(f"{root}/bootstrap/bootstrap.sh", f"{root}/bootstrap/bootstrap.env"),
             extra=MappingProxyType({
-                "port": host.port, "ifname": tags.get("ifname", ""),
-                "identity": host.identity, "gpus": tags.get("gpus", 0),
-                "bootstrap": (f"{root}/bootstrap/bootstrap.sh", f"{root}/bootstrap/bootstrap.env"),
+                "port": host.port, "identity": host.identity, "gpus": tags.get("gpus", 0),
             }),
         )  # fmt: skip
 

@@ -389,10 +389,14 @@ def test_node_records_of_the_earlier_shape_are_read_into_the_typed_fields() -> N
             "user": "cloudtrain",
             "region": "us-east-1",
             "jump": "198.51.100.4",
+            "ifname": "ens5",
+            "bootstrap": ["/r/bootstrap/bootstrap.sh", "/r/bootstrap/bootstrap.env"],
             "spot": True,
         },
     }
     read = NodeInfo.from_dict(old)
+    assert read.ifname == "ens5"
+    assert read.bootstrap == ("/r/bootstrap/bootstrap.sh", "/r/bootstrap/bootstrap.env")
     assert (read.root, read.python, read.user, read.region, read.jump) == (
         "/home/cloudtrain/.cloudtrain",
         "/v/bin/python",
