@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 from cloudtrain import access
 from cloudtrain.boot import bootstrap
 from cloudtrain.errors import CapacityError, ConfigError, ProviderError
-from cloudtrain.model import Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
+from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
 from cloudtrain.plan import planner
 from cloudtrain.spec import ClusterSpec
 
@@ -51,6 +51,13 @@ log = logging.getLogger(__name__)
 CALLER_PLACEHOLDER = "<your public address>/32"
 #: SSH open to more addresses than this prefix allows gets a warning.
 WIDEST_QUIET_PREFIX = 8
+
+
+#: What a cloud on the engine gives (a provider adds or takes away what differs).
+CLOUD_CAPABILITIES = frozenset(
+    {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE, Capability.PLACEMENT_GROUP,
+     Capability.REGIONS, Capability.IMAGE, Capability.USER_DATA}
+)  # fmt: skip
 
 
 def wide_cidr(cidr: str | None) -> bool:

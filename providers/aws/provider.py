@@ -45,7 +45,7 @@ from cloudtrain.providers.aws import OPTIONS
 from cloudtrain.providers.aws import _resources as res
 from cloudtrain.providers.aws._client import Clients, aws_errors, paginate
 from cloudtrain.providers.aws._instances import TAG_NODES, compact, expand, run_request, user_data
-from cloudtrain.provision.engine import Engine
+from cloudtrain.provision.engine import CLOUD_CAPABILITIES, Engine
 from cloudtrain.provision.provider import Option, ProviderContext, default_owner, wait_for_nodes
 from cloudtrain.spec import ClusterSpec
 
@@ -78,10 +78,7 @@ class AwsProvider(Engine):
     tests), ``wait_timeout_s``, ``poll_s``."""
 
     name: ClassVar[str] = "aws"
-    capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE, Capability.PLACEMENT_GROUP,
-         Capability.REGIONS, Capability.IMAGE, Capability.USER_DATA}
-    )  # fmt: skip
+    capabilities: ClassVar[frozenset[Capability]] = CLOUD_CAPABILITIES
     options: ClassVar[tuple[Option, ...]] = OPTIONS
     #: what a node boots with, by the request's field (`cloudtrain bootstrap render`)
     user_data = staticmethod(user_data)

@@ -32,7 +32,7 @@ from cloudtrain.providers.azure import OPTIONS
 from cloudtrain.providers.azure import _instances as inst
 from cloudtrain.providers.azure import _resources as res
 from cloudtrain.providers.azure._client import Clients, azure_errors, endpoint
-from cloudtrain.provision.engine import Engine
+from cloudtrain.provision.engine import CLOUD_CAPABILITIES, Engine
 from cloudtrain.provision.provider import Option, ProviderContext, default_owner, wait_for_nodes
 from cloudtrain.spec import ClusterSpec
 
@@ -49,10 +49,7 @@ class AzureProvider(Engine):
     ``$CLOUDTRAIN_AZURE_POLL_S``, else the SDK's: ARM's ``Retry-After``, else 30 s)."""
 
     name: ClassVar[str] = "azure"
-    capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE, Capability.PLACEMENT_GROUP,
-         Capability.REGIONS, Capability.IMAGE, Capability.USER_DATA}
-    )  # fmt: skip
+    capabilities: ClassVar[frozenset[Capability]] = CLOUD_CAPABILITIES
     options: ClassVar[tuple[Option, ...]] = OPTIONS
     #: what a node boots with, by the request's field (`cloudtrain bootstrap render`)
     user_data = staticmethod(inst.user_data)

@@ -50,7 +50,7 @@ from cloudtrain.providers.gcp._instances import (
     node_info,
     user_data,
 )
-from cloudtrain.provision.engine import Engine
+from cloudtrain.provision.engine import CLOUD_CAPABILITIES, Engine
 from cloudtrain.provision.provider import Option, ProviderContext, default_owner, wait_for_nodes
 from cloudtrain.spec import ClusterSpec
 
@@ -63,10 +63,7 @@ class GcpProvider(Engine):
     ``poll_s``."""
 
     name: ClassVar[str] = "gcp"
-    capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE, Capability.PLACEMENT_GROUP,
-         Capability.REGIONS, Capability.IMAGE, Capability.USER_DATA}
-    )  # fmt: skip
+    capabilities: ClassVar[frozenset[Capability]] = CLOUD_CAPABILITIES
     options: ClassVar[tuple[Option, ...]] = OPTIONS
     #: what a node boots with, by the request's field (`cloudtrain bootstrap render`)
     user_data = staticmethod(user_data)

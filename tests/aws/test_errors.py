@@ -17,12 +17,8 @@ from cloudtrain.providers.aws.provider import AwsProvider
 from cloudtrain.provision.provider import ProviderContext
 from tests.aws.standin import Raw, StandIn
 from tests.integration.conftest import Shell
+from tests.raw import BAD_GATEWAY, one_line
 
-BAD_GATEWAY = (
-    b"<!DOCTYPE html>\n<html>\n<head><title>502 Bad Gateway</title></head>\n"
-    b"<body>\n<center><h1>502 Bad Gateway</h1></center>\n<hr><center>nginx</center>\n"
-    b"</body>\n</html>\n"
-)
 #: a page that happens to be well-formed XML: botocore reads it as an error with no code
 XHTML_BAD_GATEWAY = b"<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head></html>"
 #: werkzeug's page, as moto's server answers an action it lacks (placement groups)
@@ -34,13 +30,6 @@ MOTO_500 = (
 #: what a load balancer answers with no backend (botocore's "generic" error page)
 UNAVAILABLE = b"<html><body><b>Http/1.1 Service Unavailable</b></body></html>"
 GARBLED = b"<DescribeInstancesResponse xmlns='http://ec2.amazonaws.com/doc/2016-11-15/'><reserv"
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc)
-    assert "\n" not in text, text
-    assert len(text) < 600, text
-    return text
 
 
 @pytest.mark.parametrize(

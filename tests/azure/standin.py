@@ -33,6 +33,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from tests.azure.arm import SIZES, ArmError, Fault, Store
 from tests.azure.routes import CLIENT_SECRET, SUBSCRIPTION, Routes
+from tests.raw import send_raw
 
 __all__ = ["CLIENT_SECRET", "SUBSCRIPTION", "Call", "StandIn"]
 
@@ -335,7 +336,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {k.lower(): v for k, v in self.headers.items()}
         fault = self.standin.raw_fault(self.command, self.path, headers)
         if fault is not None:
-            self._send_raw(fault)
+            send_raw(self, fault)
             return
         status, extra, out = self.standin.handle(self.command, self.path, body, headers)
         data = b"" if out is None else json.dumps(out).encode()
@@ -349,18 +350,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
-
-    def _send_raw(self, fault: RawFault) -> None:
-        self.close_connection = True
-        if fault.drop:
-            return
-        self.send_response(fault.status)
-        self.send_header("Content-Type", fault.content_type)
-        self.send_header(
-            "Content-Length", str(len(fault.body) if fault.length is None else fault.length)
-        )
-        self.end_headers()
-        self.wfile.write(fault.body)
 
     do_GET = do_PUT = do_DELETE = do_POST = do_PATCH = do_HEAD = _serve
 

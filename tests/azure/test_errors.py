@@ -18,21 +18,10 @@ from cloudtrain.provision.provider import ProviderContext
 from cloudtrain.spec import ClusterSpec, Resources
 from tests.azure.standin import StandIn
 from tests.integration.conftest import Shell
+from tests.raw import BAD_GATEWAY, one_line
 
-BAD_GATEWAY = (
-    b"<!DOCTYPE html>\n<html>\n<head><title>502 Bad Gateway</title></head>\n"
-    b"<body>\n<center><h1>502 Bad Gateway</h1></center>\n<hr><center>nginx</center>\n"
-    b"</body>\n</html>\n"
-)
 GARBLED = b'{"value": [{"resourceType": "virtualMachines", "name": "Standard_ND96a'
 JSON = "application/json; charset=utf-8"
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc)
-    assert "\n" not in text, text
-    assert len(text) < 600, text
-    return text
 
 
 def list_skus(clients: Clients) -> list[Any]:

@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from tests.gcp import routes
 from tests.gcp.gce import ApiError, Gce
+from tests.raw import send_raw
 
 PROJECT = "standin-project"
 TOKEN_PREFIX = "ya29.standin-"
@@ -326,7 +327,7 @@ class _Handler(BaseHTTPRequestHandler):
         standin: StandIn = self.server.standin  # type: ignore[attr-defined]
         fault = standin.raw_fault(self.command, self.path, self.headers.get("Host", ""))
         if fault is not None:
-            self._send_raw(fault)
+            send_raw(self, fault)
             return
         status, body = standin.handle(
             self.command,
@@ -341,18 +342,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
-
-    def _send_raw(self, fault: RawFault) -> None:
-        self.close_connection = True
-        if fault.drop:
-            return
-        self.send_response(fault.status)
-        self.send_header("Content-Type", fault.content_type)
-        self.send_header(
-            "Content-Length", str(len(fault.body) if fault.length is None else fault.length)
-        )
-        self.end_headers()
-        self.wfile.write(fault.body)
 
     do_GET = do_POST = do_DELETE = do_PATCH = _serve
 

@@ -21,22 +21,11 @@ from cloudtrain.providers.gcp.provider import GcpProvider
 from cloudtrain.provision.provider import ProviderContext
 from tests.gcp.standin import StandIn
 from tests.integration.conftest import Shell
+from tests.raw import BAD_GATEWAY, one_line
 
-BAD_GATEWAY = (
-    b"<!DOCTYPE html>\n<html>\n<head><title>502 Bad Gateway</title></head>\n"
-    b"<body>\n<center><h1>502 Bad Gateway</h1></center>\n<hr><center>nginx</center>\n"
-    b"</body>\n</html>\n"
-)
 GARBLED = b'{"items": {"zones/us-central1-a": {"instances": [{"name": "cloudtrain-exp1-0'
 JSON = "application/json; charset=UTF-8"
 LISTING = "instances.aggregatedList"
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc)
-    assert "\n" not in text, text
-    assert len(text) < 600, text
-    return text
 
 
 @pytest.mark.parametrize(
