@@ -1,0 +1,149 @@
+"""Each provider's own options as flags: built from what the providers declare
+(`cloudtrain.provision.provider.Option`), and checked against the provider a task names.
+
+A flag is ``--`` + the option's key (``known_hosts`` → ``--known-hosts``); one flag may be
+declared by several providers. ``-o KEY=VALUE`` carries the options of a provider from another
+package, whose declarations are not read until it is named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from cloudtrain.provision.provider import Option
+
+
+def listed() -> list[str]:
+    """The built-in providers a user may choose (not those for tests)."""
+    from cloudtrain.provision import registry
+
+    return [n for n in registry.BUILTIN if n not in registry.FOR_TESTS]
+
+
+def _declared() -> dict[str, list[tuple[str, Option]]]:
+    """Every built-in provider's options by flag: [(provider, option)] (one flag may be
+    declared by several providers)."""
+    from cloudtrain.provision import registry
+
+    flags: dict[str, list[tuple[str, Option]]] = {}
+    for pname, declared in registry.builtin_options().items():
+        for opt in declared:
+            flags.setdefault(opt.cli, []).append((pname, opt))
+    return flags
+
+
+def _dest(flag: str) -> str:
+    return "opt_" + flag.lstrip("-").replace("-", "_")
+
+
+_KINDS: dict[str, Any] = {
+    "path": click.Path(dir_okay=False, path_type=Path),
+    "hours": click.FloatRange(min=0, min_open=True),
+}
+
+
+def provider_options(account_only: bool = False) -> list[Any]:
+    """One flag per declared option (only those naming an account, for `down`), and
+    ``--option KEY=VALUE`` for what a plugin provider declares."""
+    made = []
+    for flag, owners in _declared().items():
+        opt = owners[0][1]
+        if account_only and not opt.account:
+            continue
+        text = " ".join(o.help for _, o in owners)
+        if opt.kind == "flag":
+            made.append(click.option(flag, _dest(flag), is_flag=True, default=None, help=text))
+        else:
+            made.append(click.option(flag, _dest(flag), type=_KINDS.get(opt.kind), help=text))
+    made.append(
+        click.option(
+            "--option",
+            "-o",
+            "opt_generic",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="A provider's own option by its key (for providers from other packages).",
+        )
+    )
+    return made
+
+
+def with_account_options(fn: Any) -> Any:
+    for option in reversed(provider_options(account_only=True)):
+        fn = option(fn)
+    return fn
+
+
+def given_options(provider: str, flags: Mapping[str, Any]) -> dict[str, tuple[Option, Any]]:
+    """The provider options given as flags, as typed, checked against what `provider`
+    declares: a flag of another provider is refused, naming whose it is and what `provider`
+    takes."""
+    from cloudtrain.errors import ConfigError
+    from cloudtrain.provision import registry
+
+    declared = {o.key: o for o in registry.options(provider)}
+    given: dict[str, tuple[Option, Any]] = {}
+    for flag, owners in _declared().items():
+        value = flags.get(_dest(flag))
+        if value is None:
+            continue
+        opt = next((o for p, o in owners if p == provider), None)
+        if opt is None:
+            whose = ", ".join(p for p, _ in owners)
+            takes = ", ".join(o.cli for o in declared.values()) or "none"
+            raise ConfigError(
+                f"{flag} is an option of {whose}, not of provider {provider!r}; "
+                f"{provider} takes: {takes}"
+            )
+        given[opt.key] = (opt, value)
+    for item in flags.get("opt_generic") or ():
+        key, sep, value = str(item).partition("=")
+        if not sep or key not in declared:
+            allowed = ", ".join(declared) or "none"
+            raise ConfigError(
+                f"--option {item!r}: provider {provider!r} has no option {key!r}; "
+                f"allowed: {allowed} (write KEY=VALUE)"
+            )
+        opt = declared[key]
+        given[key] = (opt, value.lower() in ("1", "true", "yes") if opt.kind == "flag" else value)
+    return given
+
+
+def provider_settings(provider: str, flags: Mapping[str, Any]) -> dict[str, Any]:
+    """`given_options` as the provider reads them: files made absolute, empty values left out."""
+    settings: dict[str, Any] = {}
+    for key, (opt, value) in given_options(provider, flags).items():
+        if opt.kind == "path":
+            value = str(Path(value).expanduser().resolve())
+        if value not in ("", False):
+            settings[key] = value
+    return settings
+
+
+def loose_settings(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The provider options given as flags, by key, where no one provider is named (``down
+    --all`` looks in every provider that has a record)."""
+    return {
+        owners[0][1].key: flags[_dest(flag)]
+        for flag, owners in _declared().items()
+        if flags.get(_dest(flag)) is not None
+    }
+
+
+def account_keys(provider: str | None = None) -> set[str]:
+    """The option keys that name an account (of `provider`, or of any built-in one)."""
+    from cloudtrain.provision import registry
+
+    names = [provider] if provider else list(registry.BUILTIN)
+    return {o.key for n in names for o in registry.options(n) if o.account}
+
+
+def account(extra: Mapping[str, Any], provider: str | None = None) -> dict[str, Any]:
+    """The account a cluster was made in, from its recorded options."""
+    keys = account_keys(provider)
+    return {k: v for k, v in extra.items() if k in keys and v}
