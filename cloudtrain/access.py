@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import re
 import shlex
 import tempfile
 import urllib.parse
@@ -53,13 +54,41 @@ def ssh_options(home: Path, cluster: str) -> list[str]:
     return [*options, "-o", "HostKeyAlgorithms=ssh-ed25519"]
 
 
+#: A login name ssh and rsync cannot read as an option: POSIX's portable user name, at most 32.
+USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+#: A host name (RFC 1123 labels, dot-separated, at most 253 characters).
+HOSTNAME_RE = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*")
+
+
+def check_login(user: object, address: object, where: str) -> None:
+    """Refuse a user that is not a user name, or an address that is neither an IP address nor
+    a host name (`ConfigError` naming `where`): nothing that ssh or rsync could read as an
+    option (``-oProxyCommand=...``) or as more than one argument reaches their command line."""
+    if not isinstance(user, str) or not USER_RE.fullmatch(user):
+        raise ConfigError(
+            f"{where}: user {user!r} is not a user name (letters, digits, '.', '_', '-'; "
+            "starting with a letter or '_'; at most 32)"
+        )
+    if not isinstance(address, str):
+        raise ConfigError(f"{where}: address {address!r} is not an IP address or a host name")
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        if not HOSTNAME_RE.fullmatch(address):
+            raise ConfigError(
+                f"{where}: address {address!r} is not an IP address or a host name"
+            ) from None
+
+
 def jump_options(options: Sequence[str], jump: str, user: str, port: int = 22) -> list[str]:
     """Options that reach a node with no public address through one that has one (the head):
     ssh runs ``ssh <options> -W <node>:<port> user@jump`` as its ProxyCommand, so the hop uses
     the same key and the same pinned host keys. (``ProxyJump`` would not: options given on the
     command line do not apply to the jump host, whose key would then be checked against the
     user's own known_hosts.)"""
-    inner = shlex.join(["ssh", *options, "-p", str(port), "-W", "%h:%p", f"{user}@{jump}"])
+    check_login(user, jump, "jump host")
+    inner = shlex.join(["ssh", *options, "-p", str(port), "-W", "%h:%p", "--", f"{user}@{jump}"])
     return ["-o", f"ProxyCommand={inner}"]
 
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from cloudtrain import access
 from cloudtrain.errors import CommandError, ProviderError
 from cloudtrain.executors.base import DETACH_SCRIPT, RunResult, ignore_patterns
 from cloudtrain.executors.local import LocalExecutor
@@ -79,6 +80,7 @@ class SshExecutor:
         retry_s: float = 2.0,
         loopback_only: bool = False,
     ) -> None:
+        access.check_login(user, host, "ssh target")  # never an option to ssh or rsync
         self.host, self.user, self.port = host, user, port
         #: refuse to connect unless `host` is on this machine's loopback (a provider pointed
         #: at a local stand-in sets it; so does ``CLOUDTRAIN_SSH_LOOPBACK_ONLY=1``)
@@ -104,7 +106,7 @@ class SshExecutor:
         return f"{self.user}@{self.host}"
 
     def _ssh(self, command: str) -> list[str]:
-        return ["ssh", *self._options, self.target, command]
+        return ["ssh", *self._options, "--", self.target, command]
 
     def _connect(self) -> None:
         """Open the master connection, retrying (bounded) while the host is not up yet."""
@@ -120,7 +122,9 @@ class SshExecutor:
             raise ProviderError(
                 "ssh", "Blocked", f"{self.host} is not a loopback address and {why}"
             )
-        check = self._local.run(["ssh", *self._options, "-O", "check", self.target], timeout=30)
+        check = self._local.run(
+            ["ssh", *self._options, "-O", "check", "--", self.target], timeout=30
+        )
         if check.returncode == 0:  # a master from an earlier command is still up: reuse it
             self._connected = True
             return
@@ -194,14 +198,14 @@ class SshExecutor:
             source, parent = str(local), str(Path(remote).parent)
         mkdir = self.run(["mkdir", "-p", parent])
         mkdir.check()
-        argv += [source, f"{self.target}:{shlex.quote(remote)}"]
+        argv += ["--", source, f"{self.target}:{shlex.quote(remote)}"]
         self._local.run(argv, timeout=3600).check()
 
     def close(self) -> None:
         """Close the master connection, also one left by an interrupted first connect (ssh
         backgrounds the master before `_connect` knows it succeeded). Idempotent. Without it
         the master lingers ``ControlPersist`` seconds, for the next command to reuse."""
-        self._local.run(["ssh", *self._options, "-O", "exit", self.target], timeout=30)
+        self._local.run(["ssh", *self._options, "-O", "exit", "--", self.target], timeout=30)
         self._connected = False
 
     def release(self) -> None:

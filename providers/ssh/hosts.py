@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cloudtrain.access import check_login
 from cloudtrain.errors import ConfigError
 
 #: Keys an inventory may set at the top (defaults) and per host.
@@ -50,6 +51,7 @@ class Host:
         address, colon, port = rest.rpartition(":") if rest.count(":") == 1 else (rest, "", "")
         if not user or not (address or rest) or (colon and not port.isdigit()):
             raise ConfigError(f"--hosts entry {text!r}: write user@address or user@address:port")
+        check_login(user, address or rest, f"--hosts entry {text!r}")
         return cls(user, address or rest, int(port) if colon else 22)
 
     def __str__(self) -> str:
@@ -119,6 +121,7 @@ def _host(item: object, defaults: Mapping[str, Any], where: str, folder: Path) -
         user = item.get("user") or defaults.get("user")
         if not user:
             raise ConfigError(f"{where}: no 'user' (set it on the host or at the top)")
+        check_login(user, item["address"], where)
         host, fields = Host(str(user), str(item["address"])), item
     else:
         raise ConfigError(f"{where}: {item!r} is not a host (a mapping or 'user@address')")

@@ -1,0 +1,62 @@
+"""A host string that ssh or rsync would read as an option never reaches them: `up` refuses it
+with one line and exit 2, runs nothing on this machine, and records nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cloudtrain import access
+from cloudtrain.errors import ConfigError
+from cloudtrain.executors.ssh import SshExecutor
+from tests.integration.conftest import Shell
+
+pytestmark = pytest.mark.integration
+
+
+def hostile(marker: Path) -> list[str]:
+    """Users and addresses that would run `touch marker` here if ssh read them."""
+    command = f"-oProxyCommand=touch {marker}"
+    return [f"{command}@127.0.0.2", f"root@{command}", "-lroot@127.0.0.2"]
+
+
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_a_hostile_host_in_hosts_is_refused_and_runs_nothing(
+    sh: Shell, tmp_path: Path, which: int
+) -> None:
+    marker = tmp_path / "pwned"
+    host = hostile(marker)[which]
+    done = sh("up", "--provider", "ssh", "--name", "lab", "--hosts", host, "--no-setup")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "is not a" in done.stderr
+    assert not marker.exists()
+    assert sh.status()["clusters"] == []
+
+
+def test_a_hostile_user_in_an_inventory_is_refused_and_runs_nothing(
+    sh: Shell, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text(
+        f"user: \"-oProxyCommand=sh -c 'touch {marker}'\"\nhosts:\n  - address: 127.0.0.2\n"
+    )
+    done = sh("up", "--provider", "ssh", "--name", "lab", "--inventory", str(inventory))
+    assert done.returncode == 2, done.stderr
+    assert f"{inventory}: hosts[0]: user" in done.stderr
+    assert not marker.exists()
+    assert sh.status()["clusters"] == []
+
+
+@pytest.mark.parametrize(
+    ("user", "host"),
+    [("-oProxyCommand=x", "127.0.0.2"), ("root", "-oProxyCommand=x"), ("root", "a b")],
+)
+def test_no_executor_is_made_for_a_target_ssh_would_read_as_an_option(
+    tmp_path: Path, user: str, host: str
+) -> None:
+    """The executor checks too (cloud nodes' addresses come from the cloud's answer)."""
+    with pytest.raises(ConfigError, match="ssh target: "):
+        SshExecutor(host, user=user, options=access.ssh_options(tmp_path, "c1"))
