@@ -28,13 +28,14 @@ TASK_SUFFIXES = (".yaml", ".yml")
 
 def _envs(pairs: tuple[str, ...]) -> dict[str, str]:
     from cloudtrain.errors import ConfigError
+    from cloudtrain.spec import validate_env_name
 
     envs = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ConfigError(f"--env {pair!r}: write NAME=VALUE")
-        envs[key] = value
+        envs[validate_env_name(key, f"--env {pair!r}")] = value
     return envs
 
 

@@ -25,9 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from cloudtrain import access
-from cloudtrain.errors import CommandError, ProviderError
+from cloudtrain.errors import CommandError, ConfigError, ProviderError
 from cloudtrain.executors.base import DETACH_SCRIPT, RunResult, ignore_patterns
 from cloudtrain.executors.local import LocalExecutor
+from cloudtrain.spec import ENV_NAME_RE
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,10 @@ def remote_command(
     if cwd:
         parts.append(f"cd {shlex.quote(cwd)} &&")
     if env:
-        parts.append("env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()))
+        bad = [k for k in env if not ENV_NAME_RE.fullmatch(k)]
+        if bad:  # `env` would read it as an option, or as the command
+            raise ConfigError(f"{bad[0]!r} is not a valid environment variable name")
+        parts.append("env -- " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()))
     parts.append(shlex.join(argv))
     return " ".join(parts)
 

@@ -173,6 +173,18 @@ def parse_gpus(
     return canonical, count
 
 
+def validate_env_name(name: object, field: str = "envs", label: str | None = None) -> str:
+    """An environment variable's name, which no ``env`` reads as an option (the one rule for
+    task files' `envs:` and ``--env``); the message starts with `label` (default `field`)."""
+    if not isinstance(name, str) or not ENV_NAME_RE.fullmatch(name):
+        raise SpecError(
+            field,
+            f"{label or field}: {name!r} is not a valid environment variable name (letters, "
+            "digits and '_', not starting with a digit)",
+        )
+    return name
+
+
 def validate_num_nodes(value: object, field: str = "num_nodes") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         try:
@@ -285,10 +297,7 @@ def task_from_dict(
         raise SpecError("envs", f"envs must be a mapping of NAME: value, got {envs_raw!r}")
     envs: dict[str, str] = {}
     for key, value in envs_raw.items():
-        if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
-            raise SpecError(
-                f"envs.{key}", f"envs: {key!r} is not a valid environment variable name"
-            )
+        validate_env_name(key, f"envs.{key}", "envs")
         if isinstance(value, Mapping | list):
             raise SpecError(f"envs.{key}", f"envs.{key} must be a string or number")
         if value is None:

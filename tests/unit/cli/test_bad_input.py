@@ -87,6 +87,10 @@ CASES = [
         ["down", "x", "--provider", "azure", "--project", "p1"],
         "--project is an option of gcp, not of provider 'azure'; azure takes: --subscription",
     ),
+    (
+        ["train", "-c", "x", "--env", "--split-string=sh=1", "examples/digits_ddp.py"],
+        "'--split-string' is not a valid environment variable name",
+    ),
     (["up", "--name", "Demo"], "name 'Demo' is not a valid cluster name"),
     (["up", "--name", "my cluster"], "name 'my cluster' is not a valid cluster name"),
     (["up", "--name", "a" * 64], "is not a valid cluster name: use 1 to 40 characters"),
