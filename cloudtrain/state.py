@@ -125,8 +125,25 @@ def _frozen(data: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(data))
 
 
+#: What to do about a damaged record: a new state file, and `down` by tag for what was made.
+AFRESH = (
+    "move state.db out of CLOUDTRAIN_HOME to start afresh; `cloudtrain down NAME --provider P` "
+    "then finds a cluster's resources by their tags"
+)
+
+
+def _json(text: str) -> Any:
+    """A stored JSON column; a damaged one is a `StateError` (exit 4), never a traceback."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise StateError(
+            f"a record in the state file is damaged (not JSON: {exc}); {AFRESH}"
+        ) from None
+
+
 def _loads(text: str | None) -> Mapping[str, Any] | None:
-    return None if text is None else _frozen(json.loads(text))
+    return None if text is None else _frozen(_json(text))
 
 
 @dataclass(frozen=True)
@@ -144,7 +161,13 @@ class ClusterRecord:
 
     @property
     def spec(self) -> ClusterSpec:
-        return ClusterSpec.from_dict(json.loads(self.spec_json))
+        try:
+            return ClusterSpec.from_dict(_json(self.spec_json))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(
+                f"the recorded spec of cluster {self.name!r} is damaged ({exc!r}); "
+                f"`cloudtrain down {self.name}` removes the cluster"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -363,7 +386,7 @@ class State:
     def nodes(self, cluster: str) -> list[NodeInfo]:
         """The cluster's nodes by index; [] when none are recorded."""
         rows = self._read("SELECT node_json FROM nodes WHERE cluster = ? ORDER BY idx", (cluster,))
-        return [NodeInfo.from_dict(json.loads(row[0])) for row in rows]
+        return [NodeInfo.from_dict(_json(row[0])) for row in rows]
 
     # -- jobs -------------------------------------------------------------------------------
 
@@ -423,7 +446,7 @@ class State:
             row = conn.execute(_JOB_BY_ID, (job_id,)).fetchone()
             if row is None:
                 raise NotFoundError(f"no job {job_id!r}")
-            merged = {**json.loads(row[12]), **(detail or {})}
+            merged = {**_json(row[12]), **(detail or {})}
             conn.execute(
                 """UPDATE jobs SET status = coalesce(?, status),
                     exit_code = coalesce(?, exit_code), started_at = coalesce(?, started_at),
@@ -564,8 +587,8 @@ def _cluster(row: tuple[Any, ...]) -> ClusterRecord:
 
 
 def _job(row: tuple[Any, ...]) -> JobRecord:
-    return JobRecord(*(*row[:11], tuple(json.loads(row[11])), _frozen(json.loads(row[12]))))
+    return JobRecord(*(*row[:11], tuple(_json(row[11])), _frozen(_json(row[12]))))
 
 
 def _intent(row: tuple[Any, ...]) -> IntentRecord:
-    return IntentRecord(*(*row[:4], _frozen(json.loads(row[4])), *row[5:]))
+    return IntentRecord(*(*row[:4], _frozen(_json(row[4])), *row[5:]))

@@ -263,6 +263,19 @@ def resources_from_dict(
     )
 
 
+def _run(data: Mapping[str, Any]) -> str | None:
+    """`run:`, which must split into words as a shell would (it becomes the job's argv)."""
+    import shlex
+
+    run = _opt_str(data, "run", "run")
+    if run is not None:
+        try:
+            shlex.split(run)
+        except ValueError as exc:
+            raise SpecError("run", f"run {run!r}: {str(exc).lower()}") from None
+    return run
+
+
 def task_from_dict(
     data: Mapping[str, Any], known: Known, *, base_dir: Path | None = None
 ) -> TaskSpec:
@@ -308,6 +321,6 @@ def task_from_dict(
         cluster=ClusterSpec(name=name, provider=provider, num_nodes=num_nodes, resources=resources),
         workdir=workdir,
         setup=_opt_str(data, "setup", "setup"),
-        run=_opt_str(data, "run", "run"),
+        run=_run(data),
         envs=MappingProxyType(envs),
     )

@@ -9,6 +9,7 @@ cannot). Requests are built as the API's JSON, so the dry run prints what is sen
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -103,6 +104,8 @@ def max_run_seconds(value: object) -> int | None:
     try:
         hours = float(str(value))
     except ValueError:
+        hours = -1.0
+    if not math.isfinite(hours):  # inf and nan: no whole number of seconds
         hours = -1.0
     seconds = int(hours * 3600)
     if not 30 <= seconds <= MAX_RUN_S:

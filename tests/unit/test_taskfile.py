@@ -97,6 +97,7 @@ def test_unknown_nested_field_names_the_nested_line(tmp_path: Path) -> None:
         ("name: exp1\nenvs:\n  A: 1\n  1BAD: x\n", ":4: envs: '1BAD' is not a valid"),
         ("name: exp1\nresources: 5\n", ":2: resources must be a mapping, got 5"),
         ("name: exp1\nprovider: fak\n", ":2: provider 'fak' is not a known provider — did"),
+        ("name: exp1\n\nrun: train.py 'oops\n", ':3: run "train.py \'oops": no closing quotation'),
     ],
 )
 def test_bad_value_names_its_line(tmp_path: Path, text: str, expected: str) -> None:

@@ -1,5 +1,6 @@
-"""A host string that ssh or rsync would read as an option never reaches them: `up` refuses it
-with one line and exit 2, runs nothing on this machine, and records nothing."""
+"""Hostile or damaged input through the CLI as a subprocess: a host string that ssh or rsync
+would read as an option never reaches them (`up` refuses it with one line and exit 2, runs
+nothing on this machine, records nothing); a state row that is not JSON is one line, exit 4."""
 
 from __future__ import annotations
 
@@ -60,3 +61,19 @@ def test_no_executor_is_made_for_a_target_ssh_would_read_as_an_option(
     """The executor checks too (cloud nodes' addresses come from the cloud's answer)."""
     with pytest.raises(ConfigError, match="ssh target: "):
         SshExecutor(host, user=user, options=access.ssh_options(tmp_path, "c1"))
+
+
+@pytest.mark.parametrize("column", ["spec_json", "plan_json"])
+def test_a_state_row_that_is_not_json_is_one_line_and_exit_4(sh: Shell, column: str) -> None:
+    import sqlite3
+
+    assert sh("up", "--name", "c1", "--no-setup").returncode == 0
+    with sqlite3.connect(sh.home / "state.db") as db:
+        db.execute(f"UPDATE clusters SET {column} = ? WHERE name = 'c1'", ("{not json",))
+    done = sh("status")
+    assert done.returncode == 4, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "is damaged" in done.stderr
+    assert "Traceback" not in done.stderr
+    (sh.home / "state.db").unlink()
+    assert sh("down", "c1").returncode == 0  # by tag: the local provider's folders
