@@ -68,6 +68,11 @@ def job_from_script(
         raise ConfigError(f"script {str(script)!r} does not exist (or is not a file)")
     script = script.resolve()
     root = (workdir or script.parent).resolve()
+    if workdir is None and root in (Path.home().resolve(), Path("/")):
+        raise ConfigError(
+            f"script {str(script)!r} is in {root}: its folder is what is copied to every node, "
+            "and that one holds far more than a project; pass --workdir with the project's folder"
+        )
     if not script.is_relative_to(root):
         raise ConfigError(f"script {str(script)!r} is not inside --workdir {str(root)!r}")
     return JobSpec(

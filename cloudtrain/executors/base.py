@@ -18,6 +18,14 @@ from cloudtrain.errors import CommandError, ConfigError
 
 #: Directory entries never copied to a node by `put`, besides what `.cloudtrainignore` names.
 DEFAULT_EXCLUDES = (".git", ".venv", "venv", "__pycache__", ".mypy_cache", ".pytest_cache")
+#: Never copied to a node, whatever the ignore files say: where credentials live. A pattern
+#: with a '/' matches at the end of a path, as rsync reads it (``a/.config/gcloud`` too).
+SECRET_EXCLUDES = (
+    ".ssh", ".aws", ".azure", ".config/gcloud", ".kube", ".docker", ".gnupg",
+    ".env", ".env.*", "*.pem", "*.p12", ".netrc", ".git-credentials", ".pgpass",
+    "id_rsa", "id_rsa.pub", "id_ed25519", "id_ed25519.pub", "id_ecdsa", "id_ecdsa.pub",
+    "id_dsa", "id_dsa.pub", "credentials.json", "application_default_credentials.json",
+)  # fmt: skip
 IGNORE_FILE = ".cloudtrainignore"
 #: ssh's own exit status when it could not connect, or lost the connection (the remote command
 #: may still be running); no command cloudtrain runs on a node exits with it.
@@ -91,8 +99,9 @@ class Executor(Protocol):
 
 
 def ignore_patterns(tree: Path, extra: Iterable[str] = ()) -> list[str]:
-    """The glob patterns a sync of `tree` skips: defaults, `extra`, and `.cloudtrainignore`."""
-    patterns = [*DEFAULT_EXCLUDES, *extra]
+    """The glob patterns a sync of `tree` skips: credentials (always), defaults, `extra`, and
+    `.cloudtrainignore`."""
+    patterns = [*SECRET_EXCLUDES, *DEFAULT_EXCLUDES, *extra]
     ignore = tree / IGNORE_FILE
     if ignore.is_file():
         for line in ignore.read_text().splitlines():

@@ -146,8 +146,15 @@ class LocalExecutor:
 
 
 def _ignored(rel: Path, patterns: Sequence[str]) -> bool:
+    """As rsync's ``--exclude`` reads `patterns`: one without '/' matches a name anywhere; one
+    with '/' matches the end of the path."""
     text = rel.as_posix()
-    return any(fnmatch.fnmatch(rel.name, p) or fnmatch.fnmatch(text, p) for p in patterns)
+    return any(
+        fnmatch.fnmatch(text, p) or fnmatch.fnmatch(text, "*/" + p)
+        if "/" in p
+        else fnmatch.fnmatch(rel.name, p)
+        for p in patterns
+    )
 
 
 def _copy_if_changed(src: Path, dst: Path) -> None:

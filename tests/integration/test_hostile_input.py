@@ -77,3 +77,19 @@ def test_a_state_row_that_is_not_json_is_one_line_and_exit_4(sh: Shell, column: 
     assert "Traceback" not in done.stderr
     (sh.home / "state.db").unlink()
     assert sh("down", "c1").returncode == 0  # by tag: the local provider's folders
+
+
+def test_a_script_in_the_home_folder_is_not_copied_with_the_home_folder(
+    sh: Shell, tmp_path: Path
+) -> None:
+    home = tmp_path / "me"
+    (home / ".aws").mkdir(parents=True)
+    (home / ".aws" / "credentials").write_text("secret")
+    (home / "train.py").write_text("print(1)\n")
+    sh.env["HOME"] = str(home)
+    assert sh("up", "--name", "c1", "--no-setup").returncode == 0
+    done = sh("train", "-c", "c1", str(home / "train.py"))
+    assert done.returncode == 2, done.stderr
+    assert "pass --workdir with the project's folder" in done.stderr
+    assert not list((sh.home / "local").rglob("credentials"))
+    assert sh("down", "c1").returncode == 0

@@ -113,6 +113,19 @@ def test_put_syncs_only_what_changed(hosts: tuple[Path, list[SshHost]], tmp_path
     ex.close()
 
 
+def test_put_never_copies_credentials(hosts: tuple[Path, list[SshHost]], tmp_path: Path) -> None:
+    from tests.unit.executors.test_local import plant
+
+    home, (host, _) = hosts
+    ex = executor(home, host)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    plant(src)
+    ex.put(src, str(dst))
+    copied = sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file())
+    assert copied == ["id_to_label.json", "sub/data.csv", "train.py"]
+    ex.close()
+
+
 def test_fan_out_over_hosts(hosts: tuple[Path, list[SshHost]]) -> None:
     home, up = hosts
     executors = [executor(home, h) for h in up]

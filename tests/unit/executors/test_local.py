@@ -109,3 +109,26 @@ def test_fan_out_is_bounded_by_cloudtrain_parallel(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("CLOUDTRAIN_PARALLEL", "0")
     with pytest.raises(ConfigError, match="CLOUDTRAIN_PARALLEL='0': use a positive whole number"):
         fan_out(work, [1, 2])
+
+
+#: Credential files a careless workdir holds: none of them may reach a node.
+PLANTED = (
+    ".aws/credentials", ".ssh/id_ed25519", "id_rsa", ".env", ".env.prod", "key.pem",
+    ".config/gcloud/application_default_credentials.json", "sub/.netrc", "sub/.git-credentials",
+    "deep/er/.ssh/config", ".docker/config.json",
+)  # fmt: skip
+
+
+def plant(src: Path) -> None:
+    for rel in (*PLANTED, "train.py", "sub/data.csv", "id_to_label.json"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text("secret" if rel in PLANTED else "ok")
+
+
+def test_credentials_are_never_copied_whatever_the_ignore_file_says(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    plant(src)
+    (src / ".cloudtrainignore").write_text("!.env\n")  # no way to ask for them back
+    LocalExecutor().put(src, str(dst))
+    copied = sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file())
+    assert copied == [".cloudtrainignore", "id_to_label.json", "sub/data.csv", "train.py"]
