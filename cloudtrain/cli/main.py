@@ -208,7 +208,19 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
         logging.basicConfig(
             level=level, handlers=[RichHandler(show_path=False)], format="%(message)s"
         )
+    check_environment()
     ctx.obj = App(home=home())
+
+
+def check_environment() -> None:
+    """Read every ``CLOUDTRAIN_*`` knob the core reads, before any command has an effect: a
+    bad value is exit 2 before anything is made, never after (providers check their own when
+    they are built, which is also before any cloud call)."""
+    from cloudtrain import locks
+    from cloudtrain.executors.base import parallelism
+
+    parallelism()
+    locks.timeout_s()
 
 
 def _register() -> None:

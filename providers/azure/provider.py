@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -42,6 +43,20 @@ NODE_USER = bootstrap.NODE_USER
 POLL_ENV = "CLOUDTRAIN_AZURE_POLL_S"
 
 
+def _seconds(value: object) -> float | None:
+    """``$CLOUDTRAIN_AZURE_POLL_S`` (or the ``poll_s`` option) as seconds; `ConfigError` when
+    it is not a number of seconds (>= 0; 0 polls at once)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(str(value))
+    except ValueError:
+        seconds = -1.0
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"{POLL_ENV} {value!r} is not a number of seconds (>= 0)")
+    return seconds
+
+
 class AzureProvider(Engine):
     """Resource groups of VMs. Options: ``subscription`` (else ``AZURE_SUBSCRIPTION_ID``),
     ``owner``, ``clients`` (a `Clients`, for tests), ``catalog`` (a `Catalog`, for tests),
@@ -57,10 +72,10 @@ class AzureProvider(Engine):
     def __init__(self, context: ProviderContext) -> None:
         opts = context.options
         self.home = context.home
-        poll = opts.get("poll_s", os.environ.get(POLL_ENV) or None)
-        self.poll_s = float(poll) if poll is not None else 5.0
+        poll = _seconds(opts.get("poll_s", os.environ.get(POLL_ENV) or None))
+        self.poll_s = poll if poll is not None else 5.0
         self.clients: Clients = opts.get("clients") or Clients(
-            opts.get("subscription"), poll_s=float(poll) if poll is not None else None
+            opts.get("subscription"), poll_s=poll
         )
         self.owner = str(opts.get("owner") or default_owner())
         self.catalog: Catalog | None = opts.get("catalog")

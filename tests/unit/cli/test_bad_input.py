@@ -152,6 +152,36 @@ def test_bad_flags_exit_2_and_create_nothing(
     assert nothing_created(home)
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("CLOUDTRAIN_PARALLEL", "abc", "CLOUDTRAIN_PARALLEL='abc': use a positive whole number"),
+        ("CLOUDTRAIN_LOCK_TIMEOUT_S", "nan", "CLOUDTRAIN_LOCK_TIMEOUT_S 'nan' is not a number"),
+    ],
+)
+def test_a_bad_knob_is_refused_before_anything_is_made(
+    run_cli: Cli, home: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str,
+    message: str,
+) -> None:  # fmt: skip
+    monkeypatch.setenv(variable, value)
+    result = run_cli("up", "--name", "x", "--nodes", "2")
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert nothing_created(home)
+
+
+def test_a_bad_azure_poll_interval_is_refused_before_any_call(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from cloudtrain.errors import ConfigError
+    from cloudtrain.provision import registry
+    from cloudtrain.provision.provider import ProviderContext
+
+    monkeypatch.setenv("CLOUDTRAIN_AZURE_POLL_S", "soon")
+    with pytest.raises(ConfigError, match="CLOUDTRAIN_AZURE_POLL_S 'soon' is not a number"):
+        registry.create("azure", ProviderContext(home=tmp_path, options={"subscription": "s"}))
+
+
 def test_yaml_errors_name_file_and_line(run_cli: Cli, home: Path, tmp_path: Path) -> None:
     task = tmp_path / "task.yaml"
     task.write_text("name: t1\nprovider: local\nnum_node: 2\n")
