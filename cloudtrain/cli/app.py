@@ -30,6 +30,20 @@ def _console(stream: TextIO) -> Console:
 NODE_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
 
 
+#: C0 (but tab), DEL and C1 control characters, each to its Python escape (``\\x1b``); a
+#: carriage return (a progress bar redrawing itself) is dropped, as rich would.
+_CONTROLS: dict[int, str] = {
+    c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0A, 0x20), 0x7F, *range(0x80, 0xA0))
+}
+_CONTROLS[0x0D] = ""
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every control character but tab written as its escape, so what a node
+    prints cannot reach the terminal as a command."""
+    return text.translate(_CONTROLS)
+
+
 @dataclass
 class App:
     home: Path
@@ -75,7 +89,9 @@ class App:
         self.err.print(Text(f"  {where}{event.message}", style="dim"))
 
     def node_line(self, index: int, line: str) -> None:
-        """One line of a node's log, prefixed ``[node i]``; thread-safe."""
+        """One line of a node's log, prefixed ``[node i]``, its control characters shown
+        escaped (a node must not drive this terminal: clipboard writes, titles, cursor
+        moves); thread-safe."""
         prefix = Text(f"[node {index}] ", style=NODE_STYLES[index % len(NODE_STYLES)])
         with self._lock:
-            self.out.print(prefix + Text(line), soft_wrap=True)
+            self.out.print(prefix + Text(escape_controls(line)), soft_wrap=True)

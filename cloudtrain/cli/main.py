@@ -36,7 +36,7 @@ from typing import Any
 import click
 
 from cloudtrain import __version__
-from cloudtrain.cli.app import App
+from cloudtrain.cli.app import App, escape_controls
 from cloudtrain.errors import (
     BootstrapError,
     CloudtrainError,
@@ -166,7 +166,7 @@ class Group(click.Group):
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise  # click's own: --help, usage errors, aborts, ctx.exit
         except CloudtrainError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {escape_controls(str(exc))}", err=True)  # it may quote a node
             ctx.exit(exit_code(exc))
         except KeyboardInterrupt:
             click.echo("\ninterrupted", err=True)
@@ -174,7 +174,8 @@ class Group(click.Group):
         except Exception as exc:
             app = ctx.find_object(App)
             argv = ctx.meta.get(_ARGV) or ["cloudtrain"]
-            click.echo(report_crash(exc, argv, app.home if app else None), err=True)
+            line = report_crash(exc, argv, app.home if app else None)
+            click.echo(escape_controls(line), err=True)
             ctx.exit(EXIT_CRASH)
         finally:
             app = ctx.find_object(App)

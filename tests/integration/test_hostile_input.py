@@ -93,3 +93,20 @@ def test_a_script_in_the_home_folder_is_not_copied_with_the_home_folder(
     assert "pass --workdir with the project's folder" in done.stderr
     assert not list((sh.home / "local").rglob("credentials"))
     assert sh("down", "c1").returncode == 0
+
+
+def test_control_sequences_a_node_prints_arrive_escaped(sh: Shell, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "noisy.py").write_text(
+        "import sys\n"
+        "sys.stdout.write('clip\\x1b]52;c;ZXZpbA==\\x07 title\\x1b]0;pwned\\x07 '\n"
+        "                 'csi\\x9b2J end\\n')\n"
+    )
+    assert sh("up", "--name", "c1", "--no-setup").returncode == 0
+    done = sh("train", "-c", "c1", "--nproc-per-node", "1", str(work / "noisy.py"))
+    assert done.returncode == 0, done.stderr
+    assert "\x1b]" not in done.stdout
+    assert "\x9b" not in done.stdout
+    assert "clip\\x1b]52;c;ZXZpbA==\\x07 title\\x1b]0;pwned\\x07 csi\\x9b2J end" in done.stdout
+    assert sh("down", "c1").returncode == 0

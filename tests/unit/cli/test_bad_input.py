@@ -123,6 +123,7 @@ CASES = [
         ],
         "max_hours inf: give hours between 0.01 and 2880",
     ),
+    (["up", "--name", "de\x1b]0;x\x07mo"], "name 'de\\x1b]0;x\\x07mo' is not a valid"),
     (["up", "--name", "Demo"], "name 'Demo' is not a valid cluster name"),
     (["up", "--name", "my cluster"], "name 'my cluster' is not a valid cluster name"),
     (["up", "--name", "a" * 64], "is not a valid cluster name: use 1 to 40 characters"),
