@@ -222,6 +222,42 @@ def down(
         return _down(state, home, name, provider_name, options, on_event)
 
 
+def forget(state: State, home: Path, name: str, on_event: OnEvent = ignore_event) -> str:
+    """Drop the record of cluster `name` when its provider confirms nothing of it is left, or
+    cannot reach any of it (an ssh cluster whose hosts refuse us): what `down` cannot remove.
+    Returns why it was forgotten. Raises `NotFoundError` for no record, `ConfigError` when the
+    provider still finds nodes or resources (`down` removes them)."""
+    from cloudtrain import locks
+
+    with locks.cluster_lock(home, name, "down", on_wait=_waiting(on_event)):
+        record = state.cluster(name)
+        if record is None:
+            raise NotFoundError(f"no cluster named {name!r} is recorded here; nothing to forget")
+        try:
+            prov = provider_for(record.spec, home)
+            found = prov.describe(name)
+            left = [] if found else prov.leftovers(name)
+        except ProviderError as exc:  # what is left, if anything, is still found by its tags
+            why = (f"{record.provider} cannot reach it ({exc}); whatever of it remains, "
+                   f"`cloudtrain down {name} --provider {record.provider}` finds by "
+                   "tag")  # fmt: skip
+        else:
+            live = [n for n in found if n.state != "unreachable"]
+            if live or left:
+                what = f"{len(live)} node(s)" if live else ", ".join(left)
+                raise ConfigError(
+                    f"cluster {name!r} still has {what} on {record.provider}; "
+                    f"`cloudtrain down {name}` removes them"
+                )
+            why = (f"{record.provider} has none of its nodes reachable" if found
+                   else f"{record.provider} has nothing of it")  # fmt: skip
+        for intent in state.open_intents(name):
+            state.end_intent(intent.id, "forgotten")
+        state.delete_cluster(name)
+        state.add_event(name, "down", f"record of {name!r} forgotten: {why}")
+        return why
+
+
 def _down(
     state: State,
     home: Path,

@@ -197,6 +197,12 @@ def up(
 )
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before --all.")
 @click.option(
+    "--forget",
+    is_flag=True,
+    help="Drop the record of NAME when its provider finds nothing of it, or can reach none "
+    "of it (what plain `down` cannot remove); deletes nothing.",
+)
+@click.option(
     "--owner",
     help="Whose clusters (default $CLOUDTRAIN_OWNER, else user@host): to clean up from "
     "another machine what you made on one.",
@@ -210,6 +216,7 @@ def down(
     provider: str | None,
     every: bool,
     yes: bool,
+    forget: bool,
     owner: str | None,
     **flags: Any,
 ) -> None:
@@ -227,6 +234,12 @@ def down(
     options = {**given, **({"owner": owner} if owner else {})} or None
     if every == bool(name):
         raise ConfigError("give a cluster NAME, or --all (not both)")
+    if forget:
+        if every:
+            raise ConfigError("--forget takes one cluster NAME, not --all")
+        why = api.forget(app.state, app.home, str(name), on_event=app.event)
+        app.out.print(f"cluster {name} is forgotten here: {why}", markup=False)
+        return
     targets = [(name, provider, options)] if name else _every_cluster(app, provider, options)
     if every:
         if not targets:

@@ -223,3 +223,14 @@ def test_dry_run_prints_the_plan_and_creates_nothing(run_cli: Cli, home: Path) -
     assert local.exit_code == 0
     assert "$0.00/h" in local.output
     assert nothing_created(home)
+
+
+def test_forget_refuses_a_cluster_that_still_has_nodes(run_cli: Cli, home: Path) -> None:
+    assert run_cli("up", "--provider", "fake", "--name", "kept", "--nodes", "2").exit_code == 0
+    refused = run_cli("down", "kept", "--forget")
+    assert refused.exit_code == 2
+    assert "cluster 'kept' still has 2 node(s) on fake; `cloudtrain down kept` removes them" in (
+        refused.output
+    )
+    assert run_cli("down", "nosuch", "--forget").exit_code != 0
+    assert run_cli("down", "kept").exit_code == 0
