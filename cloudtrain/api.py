@@ -28,6 +28,9 @@ from cloudtrain.state import State
 
 log = logging.getLogger(__name__)
 
+#: A cluster whose nodes run but whose bootstrap nobody watched to the end (Ctrl-C in `up`).
+UNWATCHED = "unwatched"
+
 
 def provider(name: str, home: Path, options: Mapping[str, Any] | None = None) -> Provider:
     """The provider called `name`, built for this home folder."""
@@ -164,7 +167,12 @@ def _up(
     state.set_cluster_status(spec.name, "bootstrapping")
     state.add_event(spec.name, "up", f"{len(nodes)} node(s) running")
     if bootstrap_timeout_s is not None:
-        wait_bootstrap(state, home, prov, spec.name, nodes, on_event, bootstrap_timeout_s)
+        try:
+            wait_bootstrap(state, home, prov, spec.name, nodes, on_event, bootstrap_timeout_s)
+        except KeyboardInterrupt:  # the nodes run on; say so, rather than "bootstrapping"
+            state.set_cluster_status(spec.name, UNWATCHED)
+            state.add_event(spec.name, "bootstrap", "the wait for the bootstrap was interrupted")
+            raise
     state.set_cluster_status(spec.name, "up")
     return nodes
 

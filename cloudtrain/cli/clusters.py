@@ -297,6 +297,7 @@ def _every_cluster(
 @pass_app
 def status(app: App, as_json: bool, cluster: str | None, refresh: bool) -> None:
     """Clusters, their nodes, and jobs (running jobs are read from their nodes)."""
+    from cloudtrain import api
     from cloudtrain.cli import render
     from cloudtrain.errors import CloudtrainError
 
@@ -311,6 +312,11 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool) -> None:
             f"interrupted ({render.ago(intent.ts)}); `cloudtrain up` it again to finish "
             f"it, or `cloudtrain down {intent.cluster}` to remove what it made"
         )
+    for c in clusters:
+        if c.status == api.UNWATCHED:
+            app.note(f"warning: the wait for the bootstrap of {c.name!r} was interrupted; its "
+                     "nodes run, ready or not: `cloudtrain up` it again to wait, or "
+                     f"`cloudtrain down {c.name}`")  # fmt: skip
     refreshed = {}
     for c in clusters:
         running = [j for j in state.jobs(c.name) if not j.finished]

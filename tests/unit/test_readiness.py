@@ -97,6 +97,28 @@ def test_up_reports_a_failed_bootstrap_and_exits_3(run_cli: Cli, home: Path) -> 
         del _HANDLERS[home]
 
 
+def test_ctrl_c_in_the_bootstrap_wait_says_so(run_cli: Cli, home: Path) -> None:
+    """The nodes run on; the record says nobody watched them get ready, and status says what
+    to run, instead of "bootstrapping" forever."""
+    _CLOUDS[home] = FakeCloud()
+
+    def interrupted(call: Call) -> RunResult:
+        raise KeyboardInterrupt
+
+    _HANDLERS[home] = interrupted
+    try:
+        stopped = run_cli("up", "--provider", "fake", "--name", "c1")
+        assert stopped.exit_code == 130
+    finally:
+        del _HANDLERS[home]
+    shown = run_cli("status")
+    assert "the wait for the bootstrap of 'c1' was interrupted" in shown.output
+    assert "unwatched" in shown.output
+    assert run_cli("up", "--provider", "fake", "--name", "c1").exit_code == 0
+    assert "interrupted" not in run_cli("status").output
+    assert run_cli("down", "c1").exit_code == 0
+
+
 def waiting_for_wheel(started: str | None = None) -> str:
     phases = [{"name": "cloudtrain", "state": "failed", "started": started, "finished": None,
                "exit_code": 75, "log": "/r0/bootstrap/logs/cloudtrain.log"}]  # fmt: skip
