@@ -67,6 +67,23 @@ def _workdir(node: NodeInfo) -> str:
     return f"{node.root}/workdir"
 
 
+#: Runs "$2" with the folder "$1" (the node's Python's) first on PATH, and VIRTUAL_ENV set
+#: when that folder is a venv's: `setup: pip install ...` installs where the job imports from.
+_IN_PYTHON_ENV = (
+    'if [ -f "$1/../pyvenv.cfg" ]; then VIRTUAL_ENV=$(cd "$1/.." && pwd); export VIRTUAL_ENV; '
+    'fi; PATH="$1:$PATH"; export PATH; exec /bin/sh -c "$2"'
+)
+
+
+def in_python_env(node: NodeInfo, script: str) -> list[str]:
+    """The argv that runs the shell `script` on `node` with its Python's environment (the one
+    the job runs under) first; as it is when that Python is a bare name."""
+    if "/" not in node.python:
+        return ["/bin/sh", "-c", script]
+    bindir = node.python.rsplit("/", 1)[0] or "/"
+    return ["/bin/sh", "-c", _IN_PYTHON_ENV, "sh", bindir, script]
+
+
 class Coordinator:
     """Jobs on the clusters in `state`, reached through `provider`'s executors."""
 
@@ -193,7 +210,8 @@ class Coordinator:
         if ex.run(["cat", marker]).stdout.strip() == digest:
             return
         emit = (lambda line: on_line(node.index, line)) if on_line else None
-        ex.run(["/bin/sh", "-c", setup], cwd=_workdir(node), env=dict(envs), on_output=emit).check()
+        ex.run(in_python_env(node, setup), cwd=_workdir(node), env=dict(envs),
+               on_output=emit).check()  # fmt: skip
         ex.run(["/bin/sh", "-c", 'printf "%s\\n" "$1" > "$2"', "sh", digest, marker]).check()
 
     def _env(

@@ -110,3 +110,24 @@ def test_control_sequences_a_node_prints_arrive_escaped(sh: Shell, tmp_path: Pat
     assert "\x9b" not in done.stdout
     assert "clip\\x1b]52;c;ZXZpbA==\\x07 title\\x1b]0;pwned\\x07 csi\\x9b2J end" in done.stdout
     assert sh("down", "c1").returncode == 0
+
+
+def test_setup_runs_with_the_jobs_python_first_on_path(sh: Shell, tmp_path: Path) -> None:
+    """`setup: pip install ...` must install where the job imports from: the node's Python
+    (here this venv) comes first on PATH even when the caller's PATH does not have it."""
+    import sys
+
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "ok.py").write_text("print('job ran')\n")
+    (work / "task.yaml").write_text(
+        "name: setupenv\nworkdir: .\nrun: ok.py\n"
+        'setup: python -c \'import sys; print("prefix", sys.prefix)\'; echo "venv=$VIRTUAL_ENV"\n'
+    )
+    sh.env["PATH"] = "/usr/bin:/bin"
+    done = sh("launch", str(work / "task.yaml"), "--down")
+    assert done.returncode == 0, done.stderr
+    assert f"prefix {sys.prefix}" in done.stdout
+    assert "job ran" in done.stdout
+    if Path(sys.prefix, "pyvenv.cfg").is_file():
+        assert f"venv={Path(sys.prefix).resolve()}" in done.stdout
