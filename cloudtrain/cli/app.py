@@ -30,17 +30,17 @@ def _console(stream: TextIO) -> Console:
 NODE_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
 
 
-#: C0 (but tab), DEL and C1 control characters, each to its Python escape (``\\x1b``); a
-#: carriage return (a progress bar redrawing itself) is dropped, as rich would.
+#: C0 (but tab and newline), DEL and C1 control characters, each to its Python escape
+#: (``\\x1b``); a carriage return (a progress bar redrawing itself) is dropped, as rich would.
 _CONTROLS: dict[int, str] = {
-    c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0A, 0x20), 0x7F, *range(0x80, 0xA0))
+    c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0))
 }
 _CONTROLS[0x0D] = ""
 
 
 def escape_controls(text: str) -> str:
-    """`text` with every control character but tab written as its escape, so what a node
-    prints cannot reach the terminal as a command."""
+    """`text` with every control character but tab and newline written as its escape, so
+    what a node prints cannot reach the terminal as a command (a log tail keeps its lines)."""
     return text.translate(_CONTROLS)
 
 
