@@ -152,7 +152,7 @@ def test_multi_card_nodes_are_reached_through_the_head_s_elastic_ip(
     assert "ProxyCommand" not in " ".join(head._options)
     assert other.host == nodes[2].private_ip
     proxy = next(o for o in other._options if o.startswith("ProxyCommand="))
-    assert proxy.endswith(f"-W %h:%p cloudtrain@{address['PublicIp']}")
+    assert proxy.endswith(f"-W %h:%p -- cloudtrain@{address['PublicIp']}")
     assert "StrictHostKeyChecking=yes" in proxy
     assert "known_hosts" in proxy
     assert provider.apply(provider.plan(a100(nodes=3))) == provider.describe("exp1")
