@@ -26,6 +26,8 @@ def nothing_created(home: Path) -> bool:
     )
 
 
+GCP_A100 = ["up", "-n", "x", "-p", "gcp", "--gpus", "A100:8", "--ssh-cidr", "10.0.0.0/8"]
+
 CASES = [
     (["up", "--name", "x", "--nodes", "0"], "num_nodes 0 is out of range; allowed: 1 to 1024"),
     (["up", "--name", "x", "--nodes", "-3"], "num_nodes -3 is out of range"),
@@ -91,37 +93,9 @@ CASES = [
         ["train", "-c", "x", "--env", "--split-string=sh=1", "examples/digits_ddp.py"],
         "'--split-string' is not a valid environment variable name",
     ),
-    (
-        [
-            "up",
-            "-n",
-            "x",
-            "-p",
-            "gcp",
-            "--gpus",
-            "A100:8",
-            "--ssh-cidr",
-            "10.0.0.0/8",
-            "--max-hours",
-            "nan",
-        ],
-        "max_hours nan: give hours between 0.01 and 2880",
-    ),
-    (
-        [
-            "up",
-            "-n",
-            "x",
-            "-p",
-            "gcp",
-            "--gpus",
-            "A100:8",
-            "--ssh-cidr",
-            "10.0.0.0/8",
-            "--max-hours",
-            "inf",
-        ],
-        "max_hours inf: give hours between 0.01 and 2880",
+    *(
+        ([*GCP_A100, "--max-hours", bad], f"max_hours {bad}: give hours between 0.01 and 2880")
+        for bad in ("nan", "inf")
     ),
     (["up", "--name", "de\x1b]0;x\x07mo"], "name 'de\\x1b]0;x\\x07mo' is not a valid"),
     (["up", "--name", "Demo"], "name 'Demo' is not a valid cluster name"),
