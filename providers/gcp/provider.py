@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -57,6 +58,21 @@ from cloudtrain.spec import ClusterSpec
 log = logging.getLogger(__name__)
 
 
+#: A GCE resource name (RFC 1035): what a network's name may be, so that it is one path
+#: segment of the API's URLs and nothing else.
+NETWORK_RE = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def network_name(value: object) -> str:
+    """The ``network`` option, checked: `ConfigError` naming what a GCE name allows."""
+    if not isinstance(value, str) or not NETWORK_RE.fullmatch(value):
+        raise ConfigError(
+            f"--network {value!r} is not a GCE network name (1 to 63 lowercase letters, digits "
+            "and '-', starting with a letter, not ending with '-')"
+        )
+    return value
+
+
 class GcpProvider(Engine):
     """Compute Engine instance groups. Options: ``project``, ``owner``, ``network`` (default
     ``default``), ``max_hours``, ``clients`` (a `Clients`, for tests), ``wait_timeout_s``,
@@ -74,7 +90,7 @@ class GcpProvider(Engine):
         self.settings = opts
         self.clients: Clients = opts.get("clients") or Clients(project=opts.get("project"))
         self.owner = str(opts.get("owner") or default_owner())
-        self.network = str(opts.get("network") or "default")
+        self.network = network_name(opts.get("network") or "default")
         self.wait_timeout_s = float(opts.get("wait_timeout_s", 900))
         self.poll_s = float(opts.get("poll_s", 2.0))
 

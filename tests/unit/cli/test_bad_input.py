@@ -98,6 +98,10 @@ CASES = [
         for bad in ("nan", "inf")
     ),
     (["up", "--name", "de\x1b]0;x\x07mo"], "name 'de\\x1b]0;x\\x07mo' is not a valid"),
+    (
+        [*GCP_A100, "--network", "../../projects/other/global/networks/x"],
+        "--network '../../projects/other/global/networks/x' is not a GCE network name",
+    ),
     (["up", "--name", "Demo"], "name 'Demo' is not a valid cluster name"),
     (["up", "--name", "my cluster"], "name 'my cluster' is not a valid cluster name"),
     (["up", "--name", "a" * 64], "is not a valid cluster name: use 1 to 40 characters"),
