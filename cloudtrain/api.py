@@ -6,6 +6,7 @@ callback, never to the terminal. Jobs are the `Coordinator`'s business.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -19,7 +20,15 @@ from cloudtrain.errors import (
     NotFoundError,
     ProviderError,
 )
-from cloudtrain.model import Capability, Event, NodeInfo, OnEvent, Plan, ignore_event
+from cloudtrain.model import (
+    Capability,
+    Event,
+    NodeInfo,
+    OnEvent,
+    Plan,
+    ignore_event,
+    new_cluster_id,
+)
 from cloudtrain.provision import registry
 from cloudtrain.provision.engine import Engine
 from cloudtrain.provision.provider import Provider, ProviderContext
@@ -132,6 +141,11 @@ def _up(
     bootstrap_timeout_s: float | None,
 ) -> list[NodeInfo]:
     check_existing(state, spec)
+    current = state.cluster(spec.name)
+    # a new record is a new incarnation of the name; a recorded one keeps its id
+    spec = dataclasses.replace(
+        spec, cluster_id=current.spec.cluster_id if current else new_cluster_id()
+    )
     prov = provider_for(spec, home)  # built once for the command
     the_plan = plan(spec, home, prov=prov)  # validates against the catalog first
     state.put_cluster(
@@ -150,7 +164,7 @@ def _up(
             nodes = prov.apply(the_plan, on_event)
     except BaseException:
         try:
-            left: list[NodeInfo] | None = prov.describe(spec.name)
+            left: list[NodeInfo] | None = prov.describe(spec.name, spec.cluster_id)
         except Exception:  # cannot tell what exists: keep the record, so `down` can clean
             log.warning("could not list what the failed up of %s left", spec.name)
             left = None
@@ -243,8 +257,8 @@ def forget(state: State, home: Path, name: str, on_event: OnEvent = ignore_event
             raise NotFoundError(f"no cluster named {name!r} is recorded here; nothing to forget")
         try:
             prov = provider_for(record.spec, home)
-            found = prov.describe(name)
-            left = [] if found else prov.leftovers(name)
+            found = prov.describe(name, record.spec.cluster_id)
+            left = [] if found else prov.leftovers(name, record.spec.cluster_id)
         except ProviderError as exc:  # what is left, if anything, is still found by its tags
             why = (f"{record.provider} cannot reach it ({exc}); whatever of it remains, "
                    f"`cloudtrain down {name} --provider {record.provider}` finds by "
@@ -284,8 +298,9 @@ def _down(
         )
     # the recorded account, with what the caller said on top (e.g. another owner)
     prov = provider(pname, home, {**(record.spec.extra if record else {}), **(options or {})})
-    found = prov.describe(name)
-    left = [] if found else prov.leftovers(name)  # every instance gone, its resources not
+    cid = record.spec.cluster_id if record else None  # no record: every incarnation of the name
+    found = prov.describe(name, cid)
+    left = [] if found else prov.leftovers(name, cid)  # every instance gone, its resources not
     if record is None and not found and not left:
         return False
     if record is not None and state.nodes(name):
@@ -309,7 +324,7 @@ def _down(
                                     f"remains: {', '.join(left)}"))  # fmt: skip
     earlier = state.open_intents(name)
     with state.intent(name, "terminate", {"provider": pname}):
-        prov.terminate(name)
+        prov.terminate(name, cid)
     for intent in earlier:
         state.end_intent(intent.id, "cleaned by down")
     if record is not None:

@@ -21,6 +21,17 @@ if TYPE_CHECKING:
 TAG_CLUSTER = "cloudtrain:cluster"
 TAG_NODE = "cloudtrain:node"
 TAG_OWNER = "cloudtrain:owner"
+#: The random id of one incarnation of a cluster name (`new_cluster_id`): what `describe` and
+#: `terminate` of a recorded cluster match besides the name and the owner, so a record never
+#: acts on a cluster of the same name made from another machine or after it was dropped.
+TAG_CLUSTER_ID = "cloudtrain:cluster-id"
+
+
+def new_cluster_id() -> str:
+    """12 random lowercase hex digits: legal in every cloud's tags, labels and names."""
+    import secrets
+
+    return secrets.token_hex(6)
 
 
 class Capability(enum.Enum):

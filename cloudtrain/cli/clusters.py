@@ -368,7 +368,7 @@ def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
     state = app.state
     for c in clusters:
         prov = api.provider_for(c.spec, app.home)  # the account the cluster was made in
-        found = prov.describe(c.name)
+        found = prov.describe(c.name, c.spec.cluster_id)
         known = {n.node_id: n for n in state.nodes(c.name)}
         found = [  # a node that does not answer keeps what was known of it
             dataclasses.replace(known[n.node_id], state=n.state)
@@ -383,7 +383,7 @@ def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
         state.set_nodes(c.name, found)
         live = sum(n.state == "running" for n in found)
         status = "up" if live >= c.spec.num_nodes else "partial" if found else "gone"
-        left = [] if found else prov.leftovers(c.name)
+        left = [] if found else prov.leftovers(c.name, c.spec.cluster_id)
         if left:
             status = "leftovers"
             app.note(f"{c.name}: no node is left, but {', '.join(left)} remain; "

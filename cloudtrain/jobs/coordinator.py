@@ -181,7 +181,8 @@ class Coordinator:
 
     def _live_nodes(self, cluster: str, expected: int) -> list[NodeInfo]:
         """The cluster's nodes as the provider sees them now (its tags are the truth)."""
-        nodes = self.provider.describe(cluster)
+        record = self.state.cluster(cluster)
+        nodes = self.provider.describe(cluster, record.spec.cluster_id if record else None)
         running = [n for n in nodes if n.state == "running"]
         if len(running) < expected:
             others = "".join(f", node {n.index} {n.state}" for n in nodes if n.state != "running")

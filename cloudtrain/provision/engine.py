@@ -6,8 +6,9 @@ live here once::
 
     apply(plan)
       │ warn when SSH is open wider than a /8
-      │ describe(cluster)                     this owner's nodes, from the cloud's tags
-      │ other_owners(cluster)                 a name held by another owner: refuse, nothing made
+      │ holders(cluster)                      a name held by another owner, or by this owner
+      │                                       under another cluster id: refuse, nothing made
+      │ describe(cluster, id)                 this incarnation's nodes, from the cloud's tags
       │ repair(nodes)                         e.g. Azure deletes VMs whose allocation failed
       │ more nodes than asked                 refuse (a silent second bill is worse than an error)
       │ offers pinned to the existing nodes' region and zone (a half-made cluster is completed
@@ -76,15 +77,22 @@ class Engine(abc.ABC):
     home: Path
     owner: str
 
+    @property
+    def owner_key(self) -> str:
+        """The owner as the cloud's tags write it (`holders` reports it so)."""
+        return self.owner
+
     # -- hooks ------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def describe(self, cluster: str) -> list[NodeInfo]:
-        """This owner's live nodes of `cluster`, from the cloud's tags, by index."""
+    def describe(self, cluster: str, cluster_id: str | None = None) -> list[NodeInfo]:
+        """This owner's live nodes of `cluster` (of the incarnation `cluster_id`, when given),
+        from the cloud's tags, by index."""
 
     @abc.abstractmethod
-    def other_owners(self, cluster: str) -> set[str]:
-        """Owners other than this one whose resources carry the name `cluster`."""
+    def holders(self, cluster: str) -> set[tuple[str, str]]:
+        """Who holds the name `cluster` in the account: (owner as tagged, cluster id or ""
+        when untagged) of every live resource that carries it, whoever made it."""
 
     @abc.abstractmethod
     def prepare(
@@ -117,9 +125,10 @@ class Engine(abc.ABC):
     def wait(self, spec: ClusterSpec, region: str, on_event: OnEvent) -> list[NodeInfo]:
         """Block until every node of the cluster runs with its addresses; pin its host key."""
 
-    def leftovers(self, cluster: str) -> list[str]:
-        """What of the cluster besides its nodes exists (security groups, firewall rules,
-        resource groups ...), in words: `down` removes a cluster that has only these."""
+    def leftovers(self, cluster: str, cluster_id: str | None = None) -> list[str]:
+        """What of the cluster (of `cluster_id`, when given) besides its nodes exists (security
+        groups, firewall rules, resource groups ...), in words: `down` removes a cluster that
+        has only these."""
         return []
 
     def requests(self, spec: ClusterSpec, offer: Offer) -> Sequence[Mapping[str, Any]]:
@@ -181,13 +190,8 @@ class Engine(abc.ABC):
         elif wide_cidr(spec.ssh_cidr):
             on_event(Event("warning", f"SSH is open to {spec.ssh_cidr}, wider than a "
                                       f"/{WIDEST_QUIET_PREFIX}, as asked"))  # fmt: skip
-        others = self.other_owners(spec.name)
-        if others:
-            raise ConfigError(
-                f"cluster name {spec.name!r} is taken on {self.name} by another owner "
-                f"({', '.join(sorted(others))}); nothing was created; choose another --name"
-            )
-        nodes = self.repair(spec, self.describe(spec.name), on_event)
+        self._refuse_held(spec)
+        nodes = self.repair(spec, self.describe(spec.name, spec.cluster_id), on_event)
         if len(nodes) > spec.num_nodes:
             raise ConfigError(
                 f"cluster {spec.name!r} has {len(nodes)} nodes, more than the "
@@ -210,6 +214,26 @@ class Engine(abc.ABC):
             f"no zone had {len(missing)} × {offers[0].instance_type}: {'; '.join(attempts)}; "
             f"{kept}",
         )  # fmt: skip
+
+    def _refuse_held(self, spec: ClusterSpec) -> None:
+        """`ConfigError` when the name is held by another owner, or by this owner under
+        another cluster id (a record of an older version, with no id, takes what it finds)."""
+        held = self.holders(spec.name)
+        others = {owner for owner, _ in held if owner != self.owner_key}
+        if others:
+            raise ConfigError(
+                f"cluster name {spec.name!r} is taken on {self.name} by another owner "
+                f"({', '.join(sorted(others))}); nothing was created; choose another --name"
+            )
+        ids = {cid or "none" for owner, cid in held if cid != spec.cluster_id}
+        if spec.cluster_id is not None and ids:
+            raise ConfigError(
+                f"cluster name {spec.name!r} is held on {self.name} by another cluster of "
+                f"owner {self.owner} (id {', '.join(sorted(ids))}), made from another machine "
+                "or no longer recorded here, so its keys are not here; nothing was created; "
+                f"`cloudtrain down {spec.name} --provider {self.name}` removes it, or choose "
+                "another --name"
+            )
 
     def _pinned(
         self, spec: ClusterSpec, offers: Sequence[Offer], nodes: list[NodeInfo]

@@ -20,6 +20,15 @@ verb           side effect  blocks       guarantees
 ``executor``   none         no           how to run commands on one node
 =============  ==========  ===========  ================================================
 
+**Owner and incarnation.** Every resource carries the owner tag and, since the random cluster
+ids, the id of its incarnation (`ClusterSpec.cluster_id`, `model.TAG_CLUSTER_ID`). `apply`
+refuses a name that another owner holds, or that this owner holds under another id (a cluster
+made from another machine, or whose record was dropped: its keys are not here), before any
+write. `describe`, `terminate` and `leftovers` take the id of a recorded cluster and touch
+only that incarnation; without one (``down NAME --provider P`` with no record, ``down --all``)
+they act on every incarnation of the name this owner has. Providers whose resources are the
+user's own machine (local, ssh) have one incarnation per name and ignore the id.
+
 A provider also declares what it takes beyond the spec (`options`: an account, a network, a
 host list ...) and what it can give (`capabilities`); the CLI builds its flags from the first
 and the core consults the second, so no provider's name is written outside its own package.
@@ -95,12 +104,14 @@ class Provider(Protocol):
         """Create or complete the cluster; blocks until every node runs. Idempotent."""
         ...
 
-    def describe(self, cluster: str) -> list[NodeInfo]:
-        """The cluster's live nodes from the provider's own tags, by index; [] when none."""
+    def describe(self, cluster: str, cluster_id: str | None = None) -> list[NodeInfo]:
+        """The cluster's live nodes from the provider's own tags, by index; [] when none.
+        With `cluster_id`, only those of that incarnation (see the module docstring)."""
         ...
 
-    def terminate(self, cluster: str) -> None:
-        """Remove every node and per-cluster resource; blocks until gone. Idempotent."""
+    def terminate(self, cluster: str, cluster_id: str | None = None) -> None:
+        """Remove every node and per-cluster resource (of the incarnation `cluster_id`, when
+        given); blocks until gone. Idempotent."""
         ...
 
     def clusters(self) -> list[str]:
@@ -109,10 +120,11 @@ class Provider(Protocol):
         other resources remain is one of them."""
         ...
 
-    def leftovers(self, cluster: str) -> list[str]:
-        """What of this owner's `cluster` besides its nodes exists (a security group,
-        firewall rules, a resource group ...), in words; [] when nothing. `terminate` removes
-        them; `down` uses this to act on a cluster whose nodes are all gone."""
+    def leftovers(self, cluster: str, cluster_id: str | None = None) -> list[str]:
+        """What of this owner's `cluster` (of `cluster_id`, when given) besides its nodes
+        exists (a security group, firewall rules, a resource group ...), in words; [] when
+        nothing. `terminate` removes them; `down` uses this to act on a cluster whose nodes
+        are all gone."""
         ...
 
     def executor(self, node: NodeInfo) -> Executor:

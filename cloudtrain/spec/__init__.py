@@ -66,6 +66,10 @@ class Resources:
         return f"{self.accelerator}:{self.count}" if self.accelerator else None
 
 
+#: What `up` resolves into a spec and records, not what the user asks: never a difference.
+_RESOLVED = frozenset({"ssh_cidr", "cluster_id"})
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """A cluster: a name, where, how many nodes and what each node has."""
@@ -76,6 +80,9 @@ class ClusterSpec:
     resources: Resources = field(default_factory=Resources)
     ssh_cidr: str | None = None
     extra: Mapping[str, Any] = field(default_factory=_empty)
+    #: this incarnation of the name, on every resource's tags (`cloudtrain.model.new_cluster_id`):
+    #: given by `up` to a new record and kept with it; None for records of older versions
+    cluster_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form, stable across versions; `from_dict` reads it back."""
@@ -86,6 +93,7 @@ class ClusterSpec:
             "resources": dataclasses.asdict(self.resources),
             "ssh_cidr": self.ssh_cidr,
             "extra": dict(self.extra),
+            "cluster_id": self.cluster_id,
         }
 
     @classmethod
@@ -98,17 +106,18 @@ class ClusterSpec:
             resources=res,
             ssh_cidr=data.get("ssh_cidr"),
             extra=MappingProxyType(dict(data.get("extra", {}))),
+            cluster_id=data.get("cluster_id"),
         )
 
     def differences(self, other: ClusterSpec) -> list[str]:
         """Readable differences (``num_nodes: 2 → 3``); empty when both describe one cluster.
         Where SSH is allowed from is not one: `up` changes the rule in place (and the caller's
-        address, the default, moves)."""
+        address, the default, moves); nor is the cluster id, which a request never carries."""
         mine, theirs = _flatten(self.to_dict()), _flatten(other.to_dict())
         return [
             f"{key}: {mine.get(key)!r} → {theirs.get(key)!r}"
             for key in sorted(set(mine) | set(theirs))
-            if mine.get(key) != theirs.get(key) and key != "ssh_cidr"
+            if mine.get(key) != theirs.get(key) and key not in _RESOLVED
         ]
 
 

@@ -58,7 +58,7 @@ def run_request(
     zone: str,
     indices: Sequence[int],
     *,
-    owner: str,
+    scope: res.Scope,
     sg: str,
     subnet: str,
     token: str,
@@ -66,7 +66,7 @@ def run_request(
     keys: bootstrap.NodeKeys,
 ) -> dict[str, Any]:
     """The exact RunInstances request for `indices` in `zone` (the dry run prints it)."""
-    cluster, itype = spec.name, offer.instance_type
+    itype = offer.instance_type
     batch = {TAG_NODES: compact(indices)}
     request: dict[str, Any] = {
         "ImageId": offer.extra["image"],
@@ -74,7 +74,7 @@ def run_request(
         "MinCount": len(indices),
         "MaxCount": len(indices),
         "ClientToken": token,
-        "KeyName": res.resource_name(cluster),
+        "KeyName": scope.key_name,
         "UserData": user_data(
             bootstrap.NodeShape("aws", offer.accelerator, offer.accelerator_count, itype), keys
         )["UserData"],
@@ -93,8 +93,8 @@ def run_request(
         "InstanceInitiatedShutdownBehavior": "terminate",
         "Placement": {"AvailabilityZone": zone},
         "TagSpecifications": [
-            res.tag_spec("instance", cluster, owner, **batch),
-            res.tag_spec("volume", cluster, owner),
+            scope.tag_spec("instance", **batch),
+            scope.tag_spec("volume"),
         ],
     }
     efa = res.EFA_INTERFACES.get(itype, 0) if spec.num_nodes > 1 else 0
@@ -113,7 +113,7 @@ def run_request(
             }
             for card in range(efa)
         ]
-        request["TagSpecifications"].append(res.tag_spec("network-interface", cluster, owner))
+        request["TagSpecifications"].append(scope.tag_spec("network-interface"))
     else:
         request["SecurityGroupIds"] = [sg]
     if offer.spot:

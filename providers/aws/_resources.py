@@ -2,20 +2,25 @@
 (for multi-node clusters of types that support it) a cluster placement group, and (for
 multi-card types, which get no public IPv4) an Elastic IP for the head.
 
-Each is tagged with the cluster and its owner and found again by both tags (never by name
-alone: a second user of the account must not adopt or delete the first one's), so `ensure_*` is
-idempotent and `delete_all` works with no local state. Names are ``cloudtrain-<cluster>``.
+Each is tagged with the cluster, its owner and its cluster id, and found again by those tags
+(never by name alone: a second user of the account must not adopt or delete the first one's;
+a record must not act on another incarnation of its name), so `ensure_*` is idempotent and
+`delete_all` works with no local state. Names are ``cloudtrain-<cluster>``: a security group's
+and a placement group's name is unique in the VPC/region, so two incarnations of one name can
+never both make theirs (the loser of a race sees the other's and stops). The key pair's name
+carries the cluster id too, so a key pair left by an earlier incarnation is never in the way.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from cloudtrain.errors import ProviderError
-from cloudtrain.model import TAG_CLUSTER, TAG_OWNER
+from cloudtrain.errors import ConfigError, ProviderError
+from cloudtrain.model import TAG_CLUSTER, TAG_CLUSTER_ID, TAG_OWNER
 from cloudtrain.providers.aws._client import paginate
 from cloudtrain.providers.aws._errors import code_of
 
@@ -35,23 +40,41 @@ def resource_name(cluster: str) -> str:
     return f"cloudtrain-{cluster}"
 
 
-def tags(cluster: str, owner: str, **extra: str) -> list[dict[str, str]]:
-    pairs = {TAG_CLUSTER: cluster, TAG_OWNER: owner, "Name": resource_name(cluster), **extra}
-    return [{"Key": k, "Value": v} for k, v in pairs.items()]
-
-
-def tag_spec(kind: str, cluster: str, owner: str, **extra: str) -> dict[str, Any]:
-    return {"ResourceType": kind, "Tags": tags(cluster, owner, **extra)}
-
-
 def cluster_filter(cluster: str) -> dict[str, Any]:
     return {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}
 
 
-def scope(cluster: str, owner: str | None) -> list[dict[str, Any]]:
-    """Filters for the resources of `cluster` made by `owner` (None: by anyone)."""
-    owned = [{"Name": f"tag:{TAG_OWNER}", "Values": [owner]}] if owner is not None else []
-    return [cluster_filter(cluster), *owned]
+@dataclass(frozen=True)
+class Scope:
+    """Whose resources a call makes or finds: the `cluster`'s, made by `owner` (None: by
+    anyone), of the incarnation `cluster_id` (None: of every one; what is made is tagged with
+    it when set)."""
+
+    cluster: str
+    owner: str | None = None
+    cluster_id: str | None = None
+
+    def filters(self) -> list[dict[str, Any]]:
+        pairs = [(TAG_OWNER, self.owner), (TAG_CLUSTER_ID, self.cluster_id)]
+        return [
+            cluster_filter(self.cluster),
+            *({"Name": f"tag:{k}", "Values": [v]} for k, v in pairs if v is not None),
+        ]
+
+    def tags(self, **extra: str) -> list[dict[str, str]]:
+        pairs = {TAG_CLUSTER: self.cluster, TAG_OWNER: str(self.owner),
+                 **({TAG_CLUSTER_ID: self.cluster_id} if self.cluster_id else {}),
+                 "Name": resource_name(self.cluster), **extra}  # fmt: skip
+        return [{"Key": k, "Value": v} for k, v in pairs.items()]
+
+    def tag_spec(self, kind: str, **extra: str) -> dict[str, Any]:
+        return {"ResourceType": kind, "Tags": self.tags(**extra)}
+
+    @property
+    def key_name(self) -> str:
+        """The key pair's name: unique per incarnation."""
+        name = resource_name(self.cluster)
+        return f"{name}-{self.cluster_id}" if self.cluster_id else name
 
 
 def default_vpc(ec2: Any) -> str:
@@ -76,27 +99,27 @@ def default_subnet(ec2: Any, zone: str) -> str:
     return str(subnets[0]["SubnetId"])
 
 
-def _security_group(ec2: Any, cluster: str, owner: str) -> dict[str, Any] | None:
-    groups = ec2.describe_security_groups(Filters=scope(cluster, owner))["SecurityGroups"]
+def _security_group(ec2: Any, scope: Scope) -> dict[str, Any] | None:
+    groups = ec2.describe_security_groups(Filters=scope.filters())["SecurityGroups"]
     return dict(groups[0]) if groups else None
 
 
-def find_security_group(ec2: Any, cluster: str, owner: str) -> str | None:
-    group = _security_group(ec2, cluster, owner)
+def find_security_group(ec2: Any, scope: Scope) -> str | None:
+    group = _security_group(ec2, scope)
     return str(group["GroupId"]) if group else None
 
 
-def ensure_security_group(ec2: Any, cluster: str, owner: str, cidr: str) -> tuple[str, list[str]]:
+def ensure_security_group(ec2: Any, scope: Scope, cidr: str) -> tuple[str, list[str]]:
     """SSH (22/tcp) from `cidr` only; all traffic between members of the group. Idempotent,
     also after a crash between creating the group and adding its rules. The SSH rule follows
     `cidr` when it changed (the caller's address moved): the new one is added before the old
     is revoked. Returns the group id and what changed, in words."""
-    found = _security_group(ec2, cluster, owner)
+    found = _security_group(ec2, scope)
     if found and found.get("IpPermissions"):
         return str(found["GroupId"]), _follow(ec2, found, cidr)
     from botocore.exceptions import ClientError
 
-    group_id = str(found["GroupId"]) if found else _create_group(ec2, cluster, owner, cidr)
+    group_id = str(found["GroupId"]) if found else _create_group(ec2, scope, cidr)
     try:
         ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=rules(group_id, cidr))
     except ClientError as exc:  # the other `up` of the cluster added them just now
@@ -105,24 +128,31 @@ def ensure_security_group(ec2: Any, cluster: str, owner: str, cidr: str) -> tupl
     return group_id, []
 
 
-def _create_group(ec2: Any, cluster: str, owner: str, cidr: str) -> str:
+def _create_group(ec2: Any, scope: Scope, cidr: str) -> str:
     """Create the group; when another `up` of the same cluster made it a moment ago (its name
-    is unique in the VPC), use that one: both then send the same ``ClientToken``."""
+    is unique in the VPC), use that one: both then send the same ``ClientToken``. When another
+    incarnation of the name made it, stop: the name is taken."""
     from botocore.exceptions import ClientError
 
+    cluster = scope.cluster
     try:
         return str(
             ec2.create_security_group(
                 GroupName=resource_name(cluster),
                 Description=f"cloudtrain cluster {cluster}: SSH from {cidr}, all within the group",
                 VpcId=default_vpc(ec2),
-                TagSpecifications=[tag_spec("security-group", cluster, owner)],
+                TagSpecifications=[scope.tag_spec("security-group")],
             )["GroupId"]
         )
     except ClientError as exc:
-        found = _security_group(ec2, cluster, owner)
-        if code_of(exc) != "InvalidGroup.Duplicate" or found is None:
+        if code_of(exc) != "InvalidGroup.Duplicate":
             raise
+        found = _security_group(ec2, scope)
+        if found is None:
+            raise ConfigError(
+                f"cluster name {cluster!r} was taken on aws just now by another cluster (its "
+                f"security group {resource_name(cluster)} exists); choose another --name"
+            ) from None
         return str(found["GroupId"])
 
 
@@ -164,10 +194,10 @@ def rules(group_id: str, cidr: str) -> list[dict[str, Any]]:
     return [ssh, within]
 
 
-def ensure_key_pair(ec2: Any, cluster: str, owner: str, public_key: str) -> str:
+def ensure_key_pair(ec2: Any, scope: Scope, public_key: str) -> str:
     """Import the cluster's public key (made locally; AWS never sees the private half)."""
-    name = resource_name(cluster)
-    if ec2.describe_key_pairs(Filters=scope(cluster, owner))["KeyPairs"]:
+    name = scope.key_name
+    if _key_pairs(ec2, scope):
         return name
     from botocore.exceptions import ClientError
 
@@ -175,39 +205,37 @@ def ensure_key_pair(ec2: Any, cluster: str, owner: str, public_key: str) -> str:
         ec2.import_key_pair(
             KeyName=name,
             PublicKeyMaterial=public_key.encode(),
-            TagSpecifications=[tag_spec("key-pair", cluster, owner)],
+            TagSpecifications=[scope.tag_spec("key-pair")],
         )
     except ClientError as exc:  # another `up` of the cluster imported the same key just now
-        if code_of(exc) != "InvalidKeyPair.Duplicate" or not _key_pairs(ec2, cluster, owner):
+        if code_of(exc) != "InvalidKeyPair.Duplicate" or not _key_pairs(ec2, scope):
             raise
     return name
 
 
-def find_placement_group(ec2: Any, cluster: str, owner: str) -> str | None:
-    groups = ec2.describe_placement_groups(Filters=scope(cluster, owner))["PlacementGroups"]
+def find_placement_group(ec2: Any, scope: Scope) -> str | None:
+    groups = ec2.describe_placement_groups(Filters=scope.filters())["PlacementGroups"]
     return str(groups[0]["GroupName"]) if groups else None
 
 
-def ensure_placement_group(ec2: Any, cluster: str, owner: str) -> str:
+def ensure_placement_group(ec2: Any, scope: Scope) -> str:
     """A `cluster` placement group: the nodes share a low-latency network segment."""
-    found = find_placement_group(ec2, cluster, owner)
+    found = find_placement_group(ec2, scope)
     if found:
         return found
-    name = resource_name(cluster)
+    name = resource_name(scope.cluster)
     ec2.create_placement_group(
-        GroupName=name,
-        Strategy="cluster",
-        TagSpecifications=[tag_spec("placement-group", cluster, owner)],
+        GroupName=name, Strategy="cluster", TagSpecifications=[scope.tag_spec("placement-group")]
     )
     return name
 
 
-def ensure_head_address(ec2: Any, cluster: str, owner: str, interface_id: str) -> str:
+def ensure_head_address(ec2: Any, scope: Scope, interface_id: str) -> str:
     """The cluster's Elastic IP, on the head's primary interface: how the coordinator reaches
     a cluster of multi-card nodes (the others through the head). Idempotent; returns it."""
-    found = ec2.describe_addresses(Filters=scope(cluster, owner))["Addresses"]
+    found = _addresses(ec2, scope)
     address = found[0] if found else ec2.allocate_address(
-        Domain="vpc", TagSpecifications=[tag_spec("elastic-ip", cluster, owner)]
+        Domain="vpc", TagSpecifications=[scope.tag_spec("elastic-ip")]
     )  # fmt: skip
     if address.get("NetworkInterfaceId") != interface_id:
         ec2.associate_address(
@@ -218,9 +246,9 @@ def ensure_head_address(ec2: Any, cluster: str, owner: str, interface_id: str) -
     return str(address["PublicIp"])
 
 
-def live_instances(ec2: Any, cluster: str, owner: str | None) -> list[dict[str, Any]]:
-    """The cluster's instances of `owner` (None: of anyone) in this region that are not
-    terminated (one paginated call)."""
+def live_instances(ec2: Any, scope: Scope) -> list[dict[str, Any]]:
+    """The instances of `scope` in this region that are not terminated (one paginated
+    call)."""
     states = ["pending", "running", "stopping", "stopped", "shutting-down"]
     return [
         instance
@@ -228,63 +256,63 @@ def live_instances(ec2: Any, cluster: str, owner: str | None) -> list[dict[str, 
             ec2,
             "describe_instances",
             "Reservations",
-            Filters=[*scope(cluster, owner), {"Name": "instance-state-name", "Values": states}],
+            Filters=[*scope.filters(), {"Name": "instance-state-name", "Values": states}],
         )
         for instance in reservation["Instances"]
     ]
 
 
-def owners(ec2: Any, cluster: str) -> set[str]:
-    """The owners of the cluster's security groups in this region (one call). Every owner's
-    cluster has one before anything else of it exists (its instances need it, and it cannot
-    be deleted while they exist), so this is who holds the name here."""
-    groups = ec2.describe_security_groups(Filters=scope(cluster, None))["SecurityGroups"]
-    return {t["Value"] for g in groups for t in g.get("Tags", []) if t["Key"] == TAG_OWNER}
+def holders(ec2: Any, cluster: str) -> set[tuple[str, str]]:
+    """(owner, cluster id or "") of the cluster's security groups in this region (one call).
+    Every incarnation has one before anything else of it exists (its instances need it, and
+    it cannot be deleted while they exist), so this is who holds the name here."""
+    groups = ec2.describe_security_groups(Filters=[cluster_filter(cluster)])["SecurityGroups"]
+    return {(_tag(g, TAG_OWNER), _tag(g, TAG_CLUSTER_ID)) for g in groups}
 
 
-def leftovers(ec2: Any, cluster: str, owner: str) -> list[str]:
+def _tag(resource: dict[str, Any], key: str) -> str:
+    return next((t["Value"] for t in resource.get("Tags", []) if t["Key"] == key), "")
+
+
+def leftovers(ec2: Any, scope: Scope) -> list[str]:
     """What of the cluster, besides instances, exists in this region (for `down` of a cluster
     whose instances are gone)."""
     return [
-        *(f"elastic IP {a['PublicIp']}" for a in _addresses(ec2, cluster, owner)),
-        *(f"placement group {n}" for n in [find_placement_group(ec2, cluster, owner)] if n),
-        *(f"security group {g}" for g in [find_security_group(ec2, cluster, owner)] if g),
-        *(f"key pair {k}" for k in _key_pairs(ec2, cluster, owner)),
+        *(f"elastic IP {a['PublicIp']}" for a in _addresses(ec2, scope)),
+        *(f"placement group {n}" for n in [find_placement_group(ec2, scope)] if n),
+        *(f"security group {g}" for g in [find_security_group(ec2, scope)] if g),
+        *(f"key pair {k}" for k in _key_pairs(ec2, scope)),
     ]
 
 
-def _addresses(ec2: Any, cluster: str, owner: str) -> list[dict[str, Any]]:
-    return list(ec2.describe_addresses(Filters=scope(cluster, owner))["Addresses"])
+def _addresses(ec2: Any, scope: Scope) -> list[dict[str, Any]]:
+    return list(ec2.describe_addresses(Filters=scope.filters())["Addresses"])
 
 
-def _key_pairs(ec2: Any, cluster: str, owner: str) -> list[str]:
-    return sorted(
-        k["KeyName"] for k in ec2.describe_key_pairs(Filters=scope(cluster, owner))["KeyPairs"]
-    )
+def _key_pairs(ec2: Any, scope: Scope) -> list[str]:
+    return sorted(k["KeyName"] for k in ec2.describe_key_pairs(Filters=scope.filters())["KeyPairs"])
 
 
-def delete_all(
-    ec2: Any, cluster: str, owner: str, *, timeout_s: float = 600, poll_s: float = 2
-) -> list[str]:
+def delete_all(ec2: Any, scope: Scope, *, timeout_s: float = 600, poll_s: float = 2) -> list[str]:
     """Release the Elastic IP and delete the placement group, security group and key pair of
-    `owner`'s `cluster` in this region, once no instance of it is left (a group in use cannot
-    be deleted). Idempotent; returns what was deleted."""
+    `scope` in this region, once no instance of it is left (a group in use cannot be deleted).
+    Idempotent; returns what was deleted."""
     deleted: list[str] = []
-    for address in _addresses(ec2, cluster, owner):
+    for address in _addresses(ec2, scope):
         if address.get("AssociationId"):  # EC2 drops it with the instance; be sure
             _ignore_gone(partial(ec2.disassociate_address, AssociationId=address["AssociationId"]))
         release = partial(ec2.release_address, AllocationId=address["AllocationId"])
         _retry_in_use(release, timeout_s, poll_s)
         deleted.append(f"elastic IP {address['PublicIp']}")
-    name = find_placement_group(ec2, cluster, owner)
+    name = find_placement_group(ec2, scope)
     if name:
         _retry_in_use(lambda: ec2.delete_placement_group(GroupName=name), timeout_s, poll_s)
         deleted.append(f"placement group {name}")
-    group_id = find_security_group(ec2, cluster, owner)
+    group_id = find_security_group(ec2, scope)
     if group_id:
         _retry_in_use(lambda: ec2.delete_security_group(GroupId=group_id), timeout_s, poll_s)
         deleted.append(f"security group {group_id}")
-    for key_name in _key_pairs(ec2, cluster, owner):
+    for key_name in _key_pairs(ec2, scope):
         ec2.delete_key_pair(KeyName=key_name)
         deleted.append(f"key pair {key_name}")
     return deleted

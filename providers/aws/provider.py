@@ -63,12 +63,13 @@ def _tag(resource: dict[str, Any], key: str) -> str:
     return next((t["Value"] for t in resource.get("Tags", []) if t["Key"] == key), "")
 
 
-def client_token(group_id: str, zone: str, indices: Sequence[int]) -> str:
-    """The ``ClientToken`` of one attempt (at most 64 characters). The cluster's security group
-    stands for this incarnation of the cluster (one per name and owner in a region, made
-    again after a `down`), so the same attempt always sends the same token and EC2 makes its
-    instances once, while a cluster made again after `down` gets new ones."""
-    digest = hashlib.sha256(f"{group_id}\0{zone}\0{compact(indices)}".encode())
+def client_token(incarnation: str, owner: str, zone: str, indices: Sequence[int]) -> str:
+    """The ``ClientToken`` of one attempt (at most 64 characters), from the cluster id (the
+    security group's id for a cluster of an older version: it too is made again after a
+    `down`), the owner, the zone and the indices: the same attempt always sends the same
+    token, so EC2 makes its instances once, even when two machines send it; a cluster made
+    again after `down` gets new ones."""
+    digest = hashlib.sha256(f"{incarnation}\0{owner}\0{zone}\0{compact(indices)}".encode())
     return f"cloudtrain-{digest.hexdigest()[:40]}"
 
 
@@ -135,7 +136,8 @@ class AwsProvider(Engine):
         """The RunInstances request of the first attempt, what the cloud resolves as named
         placeholders, the user-data elided."""
         request = run_request(
-            spec, offer, offer.zones[0], list(range(spec.num_nodes)), owner=self.owner,
+            spec, offer, offer.zones[0], list(range(spec.num_nodes)),
+            scope=self._scope(spec.name, spec.cluster_id),
             sg=f"<security group cloudtrain-{spec.name}>", subnet="<default subnet>",
             token="<client token>", placement_group="<placement group>",
             keys=bootstrap.NodeKeys.placeholders(),
@@ -186,25 +188,28 @@ class AwsProvider(Engine):
 
     # -- the engine's hooks (the algorithm is `Engine.apply`) -----------------------------------
 
-    def other_owners(self, cluster: str) -> set[str]:
-        found: set[str] = set()
+    def _scope(self, cluster: str, cluster_id: str | None) -> res.Scope:
+        return res.Scope(cluster, self.owner, cluster_id)
+
+    def holders(self, cluster: str) -> set[tuple[str, str]]:
+        found: set[tuple[str, str]] = set()
         for region in self.regions():
             with aws_errors(region):
-                found |= res.owners(self.clients.ec2(region), cluster)
-        return found - {self.owner}
+                found |= res.holders(self.clients.ec2(region), cluster)
+        return found
 
     def prepare(
         self, spec: ClusterSpec, offer: Offer, keys: bootstrap.NodeKeys, on_event: OnEvent
     ) -> Any:
         """The security group (its SSH rule follows the caller), the key pair, and for
         multi-node EFA types the placement group, in the offer's region."""
-        cluster, ec2 = spec.name, self.clients.ec2(offer.region)
+        scope, ec2 = self._scope(spec.name, spec.cluster_id), self.clients.ec2(offer.region)
         with aws_errors(offer.region):
-            sg, changes = res.ensure_security_group(ec2, cluster, self.owner, str(spec.ssh_cidr))
-            res.ensure_key_pair(ec2, cluster, self.owner, keys.user_public)
+            sg, changes = res.ensure_security_group(ec2, scope, str(spec.ssh_cidr))
+            res.ensure_key_pair(ec2, scope, keys.user_public)
             group = None
             if spec.num_nodes > 1 and offer.instance_type in res.EFA_INTERFACES:
-                group = res.ensure_placement_group(ec2, cluster, self.owner)
+                group = res.ensure_placement_group(ec2, scope)
         for change in changes:
             on_event(Event("resource", change))
         return sg, group
@@ -219,7 +224,7 @@ class AwsProvider(Engine):
         prepared: Any,
     ) -> None:
         """One ``RunInstances`` of every missing node (``MinCount = MaxCount``). Its
-        ``ClientToken`` is derived from the cluster's security group, the zone and the indices,
+        ``ClientToken`` is derived from the cluster id, the owner, the zone and the indices,
         so a retried or repeated call (two `up`s at once, even from two machines) cannot
         create a second set."""
         sg, group = prepared
@@ -229,70 +234,75 @@ class AwsProvider(Engine):
             subnet = "" if offer.instance_type not in res.EFA_INTERFACES else (
                 res.default_subnet(ec2, zone))  # fmt: skip
             request = run_request(
-                spec, offer, zone, indices, owner=self.owner, sg=sg, subnet=subnet,
-                token=client_token(sg, zone, indices),
-                placement_group=group, keys=keys,
+                spec, offer, zone, indices, scope=self._scope(spec.name, spec.cluster_id),
+                sg=sg, subnet=subnet, placement_group=group, keys=keys,
+                token=client_token(spec.cluster_id or sg, self.owner, zone, indices),
             )  # fmt: skip
             ec2.run_instances(**request)
 
     def clean(self, spec: ClusterSpec, offer: Offer) -> None:
-        ec2 = self.clients.ec2(offer.region)
+        ec2, scope = self.clients.ec2(offer.region), self._scope(spec.name, spec.cluster_id)
         with aws_errors(offer.region):
-            if not res.live_instances(ec2, spec.name, self.owner):
-                res.delete_all(ec2, spec.name, self.owner, timeout_s=60, poll_s=self.poll_s)
+            if not res.live_instances(ec2, scope):
+                res.delete_all(ec2, scope, timeout_s=60, poll_s=self.poll_s)
 
     def wait(self, spec: ClusterSpec, region: str, on_event: OnEvent) -> list[NodeInfo]:
-        return self._wait(spec.name, region, spec.num_nodes, on_event)
+        return self._wait(self._scope(spec.name, spec.cluster_id), region, spec.num_nodes,
+                          on_event)  # fmt: skip
 
-    def leftovers(self, cluster: str) -> list[str]:
-        found: list[str] = []
+    def leftovers(self, cluster: str, cluster_id: str | None = None) -> list[str]:
+        scope, found = self._scope(cluster, cluster_id), []
         for region in self.regions():
             with aws_errors(region):
-                found += [
-                    f"{region}: {r}"
-                    for r in res.leftovers(self.clients.ec2(region), cluster, self.owner)
-                ]
+                found += [f"{region}: {r}" for r in res.leftovers(self.clients.ec2(region), scope)]
         return found
 
-    def _wait(self, cluster: str, region: str, count: int, on_event: OnEvent) -> list[NodeInfo]:
+    def _wait(self, scope: res.Scope, region: str, count: int, on_event: OnEvent) -> list[NodeInfo]:
         """Block until `count` nodes run with addresses; one paginated describe per poll."""
 
         def settle(nodes: list[NodeInfo]) -> bool:
             if nodes[0].public_ip or not res.multi_card(nodes[0].instance_type):
                 return False
-            self._address_head(cluster, region, nodes[0], on_event)
+            self._address_head(scope, region, nodes[0], on_event)
             return True
 
         return wait_for_nodes(
-            "aws", cluster, count, lambda: self._describe_region(cluster, region),
+            "aws", scope.cluster, count, lambda: self._describe_region(scope, region),
             home=self.home, timeout_s=self.wait_timeout_s, poll_s=self.poll_s,
             on_event=on_event, settle=settle,
         )  # fmt: skip
 
-    def _address_head(self, cluster: str, region: str, head: NodeInfo, on_event: OnEvent) -> None:
+    def _address_head(
+        self, scope: res.Scope, region: str, head: NodeInfo, on_event: OnEvent
+    ) -> None:
         """Multi-card nodes get no public IPv4: give the head an Elastic IP (the others are
         reached through it, see `executor`)."""
         if head.index != 0 or not head.extra.get("interface"):
-            raise ProviderError("aws", "NoHead", f"cluster {cluster!r} has no node 0 to address")
+            raise ProviderError(
+                "aws", "NoHead", f"cluster {scope.cluster!r} has no node 0 to address"
+            )
         with aws_errors(region):
             address = res.ensure_head_address(
-                self.clients.ec2(region), cluster, self.owner, str(head.extra["interface"])
+                self.clients.ec2(region), scope, str(head.extra["interface"])
             )
         on_event(Event("node", f"Elastic IP {address} for the head", node=0))
 
     # -- describe / terminate -------------------------------------------------------------
 
-    def _describe_region(self, cluster: str, region: str) -> list[NodeInfo]:
+    def _describe_region(self, scope: res.Scope, region: str) -> list[NodeInfo]:
         with aws_errors(region):
-            instances = res.live_instances(self.clients.ec2(region), cluster, self.owner)
-        nodes = sorted((self._node(cluster, region, i) for i in instances), key=lambda n: n.index)
+            instances = res.live_instances(self.clients.ec2(region), scope)
+        nodes = sorted(
+            (self._node(scope.cluster, region, i) for i in instances), key=lambda n: n.index
+        )
         head = nodes[0].public_ip if nodes and nodes[0].index == 0 else None
         if head:  # nodes without a public address are reached through the head
             nodes = [n if n.public_ip else dataclasses.replace(n, jump=head) for n in nodes]
         return nodes
 
-    def describe(self, cluster: str) -> list[NodeInfo]:
-        nodes = [n for region in self.regions() for n in self._describe_region(cluster, region)]
+    def describe(self, cluster: str, cluster_id: str | None = None) -> list[NodeInfo]:
+        scope = self._scope(cluster, cluster_id)
+        nodes = [n for region in self.regions() for n in self._describe_region(scope, region)]
         return sorted(nodes, key=lambda n: n.index)
 
     def _node(self, cluster: str, region: str, inst: dict[str, Any]) -> NodeInfo:
@@ -329,29 +339,28 @@ class AwsProvider(Engine):
             ),
         )
 
-    def terminate(self, cluster: str) -> None:
+    def terminate(self, cluster: str, cluster_id: str | None = None) -> None:
         """Terminate the instances found by tag in every region, wait until they are gone, then
         delete the placement group, security group and key pair. Idempotent."""
+        scope = self._scope(cluster, cluster_id)
         for region in self.regions():
             ec2 = self.clients.ec2(region)
             with aws_errors(region):
-                ids = [i["InstanceId"] for i in res.live_instances(ec2, cluster, self.owner)]
+                ids = [i["InstanceId"] for i in res.live_instances(ec2, scope)]
                 for start in range(0, len(ids), 1000):
                     ec2.terminate_instances(InstanceIds=ids[start : start + 1000])
-                self._wait_gone(ec2, cluster, region)
-                res.delete_all(
-                    ec2, cluster, self.owner, timeout_s=self.wait_timeout_s, poll_s=self.poll_s
-                )
+                self._wait_gone(ec2, scope, region)
+                res.delete_all(ec2, scope, timeout_s=self.wait_timeout_s, poll_s=self.poll_s)
         access.forget_key(self.home, cluster)
 
-    def _wait_gone(self, ec2: Any, cluster: str, region: str) -> None:
+    def _wait_gone(self, ec2: Any, scope: res.Scope, region: str) -> None:
         deadline = time.monotonic() + self.wait_timeout_s
-        while res.live_instances(ec2, cluster, self.owner):
+        while res.live_instances(ec2, scope):
             if time.monotonic() > deadline:
                 raise ProviderError(
                     "aws", "WaitTimeout",
-                    f"instances of {cluster!r} in {region} still not terminated after "
-                    f"{self.wait_timeout_s:.0f} s; run `cloudtrain down {cluster}` again",
+                    f"instances of {scope.cluster!r} in {region} still not terminated after "
+                    f"{self.wait_timeout_s:.0f} s; run `cloudtrain down {scope.cluster}` again",
                 )  # fmt: skip
             time.sleep(self.poll_s)
 

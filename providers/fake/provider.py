@@ -26,6 +26,7 @@ from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call, FakeExecutor, Handler, succeed
 from cloudtrain.model import (
     TAG_CLUSTER,
+    TAG_CLUSTER_ID,
     TAG_NODE,
     TAG_OWNER,
     Capability,
@@ -74,7 +75,13 @@ class FakeCloud:
         ]
 
     def create(
-        self, cluster: str, indices: list[int], zone: str, itype: str, owner: str | None = None
+        self,
+        cluster: str,
+        indices: list[int],
+        zone: str,
+        itype: str,
+        owner: str | None = None,
+        cluster_id: str | None = None,
     ) -> None:
         """All of `indices` or none (gang semantics), like one RunInstances call."""
         with self.lock:
@@ -96,16 +103,26 @@ class FakeCloud:
                         TAG_CLUSTER: cluster,
                         TAG_NODE: str(index),
                         TAG_OWNER: owner or default_owner(),
+                        **({TAG_CLUSTER_ID: cluster_id} if cluster_id else {}),
                     },
                     f"10.0.0.{n % 250 + 2}",
                 )
 
-    def terminate(self, cluster: str, owner: str | None = None) -> None:
+    def terminate(
+        self, cluster: str, owner: str | None = None, cluster_id: str | None = None
+    ) -> None:
         with self.lock:
             self.requests.append({"action": "terminate", "cluster": cluster})
             for inst in self.live(cluster):
-                if inst.tags[TAG_OWNER] == (owner or default_owner()):
+                if mine(inst, owner or default_owner(), cluster_id):
                     inst.state = "terminated"
+
+
+def mine(inst: FakeInstance, owner: str, cluster_id: str | None) -> bool:
+    """Made by `owner`, and of the incarnation `cluster_id` when one is given."""
+    return inst.tags[TAG_OWNER] == owner and (
+        cluster_id is None or inst.tags.get(TAG_CLUSTER_ID) == cluster_id
+    )
 
 
 _CLOUDS: dict[Path, FakeCloud] = {}
@@ -160,8 +177,10 @@ class FakeProvider(Engine):
 
     # -- the engine's hooks: the fake cloud has no per-region resources ---------------------
 
-    def other_owners(self, cluster: str) -> set[str]:
-        return {i.tags[TAG_OWNER] for i in self.cloud.live(cluster)} - {self.owner}
+    def holders(self, cluster: str) -> set[tuple[str, str]]:
+        return {
+            (i.tags[TAG_OWNER], i.tags.get(TAG_CLUSTER_ID, "")) for i in self.cloud.live(cluster)
+        }
 
     def prepare(
         self, spec: ClusterSpec, offer: Offer, keys: bootstrap.NodeKeys, on_event: OnEvent
@@ -177,18 +196,20 @@ class FakeProvider(Engine):
         keys: bootstrap.NodeKeys,
         prepared: Any,
     ) -> None:
-        self.cloud.create(spec.name, list(indices), str(zone), offer.instance_type, self.owner)
+        self.cloud.create(
+            spec.name, list(indices), str(zone), offer.instance_type, self.owner, spec.cluster_id
+        )
 
     def clean(self, spec: ClusterSpec, offer: Offer) -> None:
         return None
 
     def wait(self, spec: ClusterSpec, region: str, on_event: OnEvent) -> list[NodeInfo]:
-        return self.describe(spec.name)
+        return self.describe(spec.name, spec.cluster_id)
 
     def region_of(self, node: NodeInfo) -> str:
         return REGION
 
-    def describe(self, cluster: str) -> list[NodeInfo]:
+    def describe(self, cluster: str, cluster_id: str | None = None) -> list[NodeInfo]:
         nodes = [
             NodeInfo(
                 cluster=cluster,
@@ -202,12 +223,12 @@ class FakeProvider(Engine):
                 root=f"/fake/{inst.instance_id}",
             )
             for inst in self.cloud.live(cluster)
-            if inst.tags[TAG_OWNER] == self.owner
+            if mine(inst, self.owner, cluster_id)
         ]
         return sorted(nodes, key=lambda n: n.index)
 
-    def terminate(self, cluster: str) -> None:
-        self.cloud.terminate(cluster, self.owner)
+    def terminate(self, cluster: str, cluster_id: str | None = None) -> None:
+        self.cloud.terminate(cluster, self.owner, cluster_id)
 
     def clusters(self) -> list[str]:
         return sorted(

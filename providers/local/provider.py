@@ -104,7 +104,7 @@ class LocalProvider:
             job_dir=str(root / "bootstrap" / "run"),
         )
 
-    def describe(self, cluster: str) -> list[NodeInfo]:
+    def describe(self, cluster: str, cluster_id: str | None = None) -> list[NodeInfo]:
         nodes = []
         for tag_file in sorted(self._cluster_dir(cluster).glob("node-*/node.json")):
             try:
@@ -129,7 +129,7 @@ class LocalProvider:
             )
         return sorted(nodes, key=lambda n: n.index)
 
-    def terminate(self, cluster: str) -> None:
+    def terminate(self, cluster: str, cluster_id: str | None = None) -> None:
         cdir = self._cluster_dir(cluster)
         if not cdir.exists():
             return
@@ -140,7 +140,7 @@ class LocalProvider:
     def clusters(self) -> list[str]:
         return sorted({p.parent.parent.name for p in self._root.glob("*/node-*/node.json")})
 
-    def leftovers(self, cluster: str) -> list[str]:
+    def leftovers(self, cluster: str, cluster_id: str | None = None) -> list[str]:
         """The cluster's folder when it holds no node any more (a crash mid-`terminate`)."""
         folder = self._cluster_dir(cluster)
         if folder.is_dir() and not any(folder.glob("node-*/node.json")):

@@ -204,13 +204,13 @@ class SshProvider:
             }),
         )  # fmt: skip
 
-    def describe(self, cluster: str) -> list[NodeInfo]:
+    def describe(self, cluster: str, cluster_id: str | None = None) -> list[NodeInfo]:
         """The hosts that hold a node of `cluster`, and (state ``unreachable``) those that do
         not answer: the cluster's host list says they may."""
         found = fan_out(lambda p: self._node(cluster, p[0], p[1]), list(enumerate(self.hosts)))
         return [n for n in found if n is not None]
 
-    def terminate(self, cluster: str) -> None:
+    def terminate(self, cluster: str, cluster_id: str | None = None) -> None:
         """Stop every cloudtrain process of the cluster on each host and remove its files;
         the machines stay. Raises naming the hosts it could not clean."""
         failed: list[str] = []
@@ -233,7 +233,7 @@ class SshProvider:
         if failed:
             raise ProviderError("ssh", "NotCleaned", "could not clean " + ", ".join(failed))
 
-    def leftovers(self, cluster: str) -> list[str]:
+    def leftovers(self, cluster: str, cluster_id: str | None = None) -> list[str]:
         """Nothing: a node's folder is all the ssh provider makes on a host, and `describe`
         finds it."""
         return []

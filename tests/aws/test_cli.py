@@ -4,11 +4,13 @@ finds the stand-in through AWS_ENDPOINT_URL, as any AWS tool would."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from cloudtrain.model import TAG_CLUSTER_ID
 from tests.aws.standin import StandIn, assert_empty, leftovers, put_dlami_parameter, register_dlami
 from tests.integration.conftest import Shell
 
@@ -189,3 +191,45 @@ def test_down_owner_cleans_up_from_another_machine(
     assert down.returncode == 0, down.stderr
     assert "cluster exp1 is down" in down.stdout
     assert_empty(aws.client("ec2"), "exp1")
+
+
+def test_one_owner_on_two_machines_never_acts_on_the_other_machines_cluster(
+    cli: Shell, aws: StandIn, tmp_path: Path
+) -> None:
+    """Two machines share an owner (``CLOUDTRAIN_OWNER=team``). Every resource carries its
+    cluster's random id; the second machine's `up` of a name the first holds is refused
+    before any write (the first's keys are not there to reach its nodes). Once the second
+    machine removed it and made its own, the first machine's stale record neither describes
+    nor deletes the new one."""
+    ec2 = aws.client("ec2")
+    cli.env["CLOUDTRAIN_OWNER"] = "team"
+    assert cli(*SMALL, "--name", "exp1").returncode == 0
+    first_id = cli.status()["clusters"][0]["spec"]["cluster_id"]
+    assert re.fullmatch(r"[0-9a-f]{12}", first_id)
+    made = leftovers(ec2, "exp1")
+    assert leftovers(ec2, first_id, tag_key=TAG_CLUSTER_ID) == made, "all carry the id"
+    assert made["key_pairs"] == [f"cloudtrain-exp1-{first_id}"]
+
+    laptop = Shell(tmp_path / "laptop")
+    laptop.env["CLOUDTRAIN_OWNER"] = "team"
+    before = len(aws.app.calls())
+    refused = laptop(*SMALL, "--name", "exp1")
+    assert refused.returncode == 2, refused.stderr
+    assert f"held on aws by another cluster of owner team (id {first_id})" in refused.stderr
+    writes = [c.action for c in aws.app.calls()[before:]]
+    assert not [a for a in writes if a.startswith(("Create", "Run", "Import", "Authorize"))]
+    assert laptop.status()["clusters"] == []
+
+    assert laptop("down", "exp1", "--provider", "aws").returncode == 0  # no record: any id
+    assert laptop(*SMALL, "--name", "exp1").returncode == 0
+    second_id = laptop.status()["clusters"][0]["spec"]["cluster_id"]
+    assert second_id != first_id
+    theirs = leftovers(ec2, "exp1")
+    assert len(theirs["instances"]) == 2
+
+    refreshed = cli("status", "--refresh", "--json")
+    assert refreshed.returncode == 0, refreshed.stderr
+    assert json.loads(refreshed.stdout)["clusters"][0]["nodes"] == []
+    assert cli("down", "exp1").returncode == 0
+    assert leftovers(ec2, "exp1") == theirs, "the stale record removed nothing of the laptop's"
+    assert laptop("down", "exp1").returncode == 0

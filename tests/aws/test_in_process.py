@@ -55,36 +55,36 @@ def tagged(ec2: Any, kind: str, cluster: str) -> list[Any]:
 
 
 def test_per_cluster_resources_are_made_once_and_deleted_by_tag(ec2: Any, tmp_path: Path) -> None:
-    group, changes = res.ensure_security_group(ec2, "c1", "me", CIDR)
+    group, changes = res.ensure_security_group(ec2, res.Scope("c1", "me"), CIDR)
     assert changes == []
-    assert res.ensure_security_group(ec2, "c1", "me", CIDR) == (group, [])
+    assert res.ensure_security_group(ec2, res.Scope("c1", "me"), CIDR) == (group, [])
     _, public = access.cluster_key(tmp_path, "c1")
-    res.ensure_key_pair(ec2, "c1", "me", public)
-    res.ensure_key_pair(ec2, "c1", "me", public)
+    res.ensure_key_pair(ec2, res.Scope("c1", "me"), public)
+    res.ensure_key_pair(ec2, res.Scope("c1", "me"), public)
     image = ec2.describe_images()["Images"][0]["ImageId"]
     eni = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1)["Instances"][0][
         "NetworkInterfaces"
     ][0]["NetworkInterfaceId"]
-    address = res.ensure_head_address(ec2, "c1", "me", eni)
-    assert res.ensure_head_address(ec2, "c1", "me", eni) == address
+    address = res.ensure_head_address(ec2, res.Scope("c1", "me"), eni)
+    assert res.ensure_head_address(ec2, res.Scope("c1", "me"), eni) == address
     assert [len(tagged(ec2, k, "c1")) for k in ("groups", "keys", "addresses")] == [1, 1, 1]
     assert tagged(ec2, "groups", "other") == []
-    assert res.delete_all(ec2, "c1", "someone else", poll_s=0.01) == []
-    deleted = res.delete_all(ec2, "c1", "me", poll_s=0.01)
+    assert res.delete_all(ec2, res.Scope("c1", "someone else"), poll_s=0.01) == []
+    deleted = res.delete_all(ec2, res.Scope("c1", "me"), poll_s=0.01)
     assert deleted == [f"elastic IP {address}", f"security group {group}", "key pair cloudtrain-c1"]
     assert [len(tagged(ec2, k, "c1")) for k in ("groups", "keys", "addresses")] == [0, 0, 0]
-    assert res.delete_all(ec2, "c1", "me", poll_s=0.01) == []
+    assert res.delete_all(ec2, res.Scope("c1", "me"), poll_s=0.01) == []
 
 
 def test_the_ssh_rule_follows_the_callers_address(ec2: Any) -> None:
-    group, _ = res.ensure_security_group(ec2, "c1", "me", CIDR)
-    _, changes = res.ensure_security_group(ec2, "c1", "me", "198.51.100.9/32")
+    group, _ = res.ensure_security_group(ec2, res.Scope("c1", "me"), CIDR)
+    _, changes = res.ensure_security_group(ec2, res.Scope("c1", "me"), "198.51.100.9/32")
     assert changes == [f"SSH to security group {group} now from 198.51.100.9/32 only (was {CIDR})"]
     found = ec2.describe_security_groups(GroupIds=[group])["SecurityGroups"][0]
     ssh = [p for p in found["IpPermissions"] if p.get("FromPort") == 22]
     assert [r["CidrIp"] for p in ssh for r in p["IpRanges"]] == ["198.51.100.9/32"]
     assert len(found["IpPermissions"]) == 2, "the rule within the group stays"
-    assert res.ensure_security_group(ec2, "c1", "me", "198.51.100.9/32") == (group, [])
+    assert res.ensure_security_group(ec2, res.Scope("c1", "me"), "198.51.100.9/32") == (group, [])
 
 
 def test_a_capacity_error_from_an_event_hook_moves_to_the_next_zone(

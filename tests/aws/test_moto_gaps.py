@@ -30,10 +30,11 @@ IMAGE = str(AMIS[0]["ami_id"])
 
 
 def launch(ec2: Any, cluster: str, owner: str, count: int) -> list[str]:
+    scope = res.Scope(cluster, owner)
     out = ec2.run_instances(
         ImageId=IMAGE, InstanceType="m5.large", MinCount=count, MaxCount=count,
-        TagSpecifications=[res.tag_spec("instance", cluster, owner, **{"cloudtrain:nodes": "0-2"}),
-                           res.tag_spec("volume", cluster, owner)],
+        TagSpecifications=[scope.tag_spec("instance", **{"cloudtrain:nodes": "0-2"}),
+                           scope.tag_spec("volume")],
     )  # fmt: skip
     return [i["InstanceId"] for i in out["Instances"]]
 
@@ -53,8 +54,8 @@ def test_the_indexed_lookup_answers_what_the_scan_answers(ec2: Any) -> None:
     untagged = ec2.run_instances(
         ImageId=IMAGE, InstanceType="m5.large", MinCount=1, MaxCount=1
     )["Instances"][0]["InstanceId"]  # fmt: skip
-    res.ensure_security_group(ec2, "c1", "me", "203.0.113.7/32")
-    ec2.create_key_pair(KeyName="k", TagSpecifications=[res.tag_spec("key-pair", "c1", "me")])
+    res.ensure_security_group(ec2, res.Scope("c1", "me"), "203.0.113.7/32")
+    ec2.create_key_pair(KeyName="k", TagSpecifications=[res.Scope("c1", "me").tag_spec("key-pair")])
     ec2.delete_tags(Resources=[mine[0]], Tags=[{"Key": "Name"}])
     ec2.create_tags(Resources=[theirs[0]], Tags=[{"Key": "extra", "Value": "x"}])
     ec2.terminate_instances(InstanceIds=[theirs[1]])
@@ -78,7 +79,7 @@ def test_describes_by_tag_find_the_same_instances_either_way(ec2: Any, owner: st
     def described() -> list[tuple[str, list[dict[str, str]]]]:
         return [
             (i["InstanceId"], sorted(i.get("Tags", []), key=lambda t: t["Key"]))
-            for i in res.live_instances(ec2, "c1", owner)
+            for i in res.live_instances(ec2, res.Scope("c1", owner))
         ]
 
     moto_gaps.index_tag_lookups(False)

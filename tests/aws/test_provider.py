@@ -42,14 +42,18 @@ def make(aws: StandIn, tmp_path: Path) -> Make:
     return build
 
 
+#: the id `up` would have given these clusters' records
+CLUSTER_ID = "0123456789ab"
+
+
 def a100(nodes: int = 4, **resources: Any) -> ClusterSpec:
     res = Resources(accelerator="A100", count=8, **resources)
-    return ClusterSpec("exp1", "aws", nodes, res, ssh_cidr=CIDR)
+    return ClusterSpec("exp1", "aws", nodes, res, ssh_cidr=CIDR, cluster_id=CLUSTER_ID)
 
 
 def v100(nodes: int = 1, **resources: Any) -> ClusterSpec:
     res = Resources(accelerator="V100", count=1, **resources)
-    return ClusterSpec("small", "aws", nodes, res, ssh_cidr=CIDR)
+    return ClusterSpec("small", "aws", nodes, res, ssh_cidr=CIDR, cluster_id=CLUSTER_ID)
 
 
 def mutations(aws: StandIn) -> list[str]:
@@ -95,10 +99,8 @@ def test_apply_makes_a_gang_in_one_call_with_the_exact_request(make: Make, aws: 
     run = aws.app.calls("RunInstances")[0]
     p = run.params
     assert (p["MinCount"], p["MaxCount"]) == ("4", "4")
-    group = aws.client("ec2").describe_security_groups(
-        Filters=[{"Name": "group-name", "Values": ["cloudtrain-exp1"]}]
-    )["SecurityGroups"][0]["GroupId"]
-    assert p["ClientToken"] == client_token(group, "us-east-1a", [0, 1, 2, 3])
+    assert p["ClientToken"] == client_token(CLUSTER_ID, "tester", "us-east-1a", [0, 1, 2, 3])
+    assert p["KeyName"] == f"cloudtrain-exp1-{CLUSTER_ID}"
     assert len(p["ClientToken"]) <= 64
     assert p["InstanceType"] == "p4d.24xlarge"
     assert p["MetadataOptions.HttpTokens"] == "required"

@@ -5,6 +5,7 @@ or a user would (remove one node behind cloudtrain's back)."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from cloudtrain.errors import ConfigError
 from cloudtrain.model import Capability, Event
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 from cloudtrain.providers.local.provider import LocalProvider
+from cloudtrain.provision.engine import Engine
 from cloudtrain.provision.provider import Provider, ProviderContext
 from cloudtrain.spec import ClusterSpec, Resources
 
@@ -233,3 +235,26 @@ def test_capabilities_and_executor(harness: Harness) -> None:
     result = executor.run(["true"])
     assert result.returncode == 0
     executor.close()
+
+
+def test_a_recorded_incarnation_acts_only_on_itself(harness: Harness) -> None:
+    """A cloud on the engine tags everything with the cluster id: a record's id finds and
+    removes only its own incarnation, and `apply` of another id of the same owner is refused
+    before any write. Without an id, every incarnation of the name is this owner's."""
+    if not isinstance(harness.provider, Engine):
+        pytest.skip("one incarnation per name: the nodes are this machine or the user's hosts")
+    prov = harness.provider
+    spec = dataclasses.replace(harness.spec("c1", 2), cluster_id="aaaaaaaaaaaa")
+    nodes = prov.apply(prov.plan(spec))
+    assert prov.describe("c1", "aaaaaaaaaaaa") == nodes == prov.describe("c1")
+    assert prov.describe("c1", "bbbbbbbbbbbb") == []
+    assert prov.leftovers("c1", "bbbbbbbbbbbb") == []
+    prov.terminate("c1", "bbbbbbbbbbbb")
+    assert prov.describe("c1", "aaaaaaaaaaaa") == nodes, "another id's terminate left it"
+    other = dataclasses.replace(spec, cluster_id="bbbbbbbbbbbb")
+    with pytest.raises(ConfigError, match=r"another cluster of owner .* \(id aaaaaaaaaaaa\)"):
+        prov.apply(prov.plan(other))
+    assert prov.describe("c1") == nodes, "the refused apply made nothing"
+    prov.terminate("c1", "aaaaaaaaaaaa")
+    assert prov.describe("c1") == []
+    assert harness.is_empty()
