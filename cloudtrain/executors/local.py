@@ -37,7 +37,9 @@ class LocalExecutor:
         cwd: str | None = None,
         timeout: float | None = None,
         on_output: Callable[[str], None] | None = None,
+        stdin: str | None = None,
     ) -> RunResult:
+        """As `Executor.run`; `stdin` is written to the command's input (else /dev/null)."""
         args = tuple(argv)
         try:
             if on_output is None:
@@ -48,11 +50,12 @@ class LocalExecutor:
                     timeout=timeout,
                     capture_output=True,
                     text=True,
-                    stdin=subprocess.DEVNULL,
+                    input=stdin,
+                    stdin=None if stdin is not None else subprocess.DEVNULL,
                     check=False,
                 )
                 return RunResult(args, done.returncode, done.stdout, done.stderr)
-            return self._stream(args, env, cwd, timeout, on_output)
+            return self._stream(args, env, cwd, timeout, on_output, stdin)
         except subprocess.TimeoutExpired:
             raise CommandError(124, args, f"timed out after {timeout} s") from None
         except OSError as exc:
@@ -65,6 +68,7 @@ class LocalExecutor:
         cwd: str | None,
         timeout: float | None,
         on_output: Callable[[str], None],
+        stdin: str | None = None,
     ) -> RunResult:
         proc = subprocess.Popen(
             args,
@@ -72,10 +76,16 @@ class LocalExecutor:
             cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             text=True,
             bufsize=1,
         )
+        if proc.stdin is not None:
+            try:
+                with proc.stdin:
+                    proc.stdin.write(stdin or "")
+            except BrokenPipeError:  # it exited before reading it all: its exit code says why
+                pass
         timed_out = threading.Event()
 
         def expire() -> None:

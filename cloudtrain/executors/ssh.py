@@ -51,20 +51,26 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def remote_command(
+def remote_script(
     argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None
 ) -> str:
-    """One shell command line running `argv` with `env` in `cwd`, every value quoted."""
-    parts = []
+    """The script ``sh -s`` on the node reads from ssh's stdin: `env` exported, into `cwd`,
+    then `argv` in the shell's place (stdin from /dev/null), every value quoted. Carried on
+    stdin, not in the command line, so no value shows in any process list: not in the local
+    ssh's argv, not in the node's shell's."""
+    lines = []
+    for key, value in (env or {}).items():
+        if not ENV_NAME_RE.fullmatch(key):  # the shell would read it as code
+            raise ConfigError(f"{key!r} is not a valid environment variable name")
+        lines.append(f"export {key}={shlex.quote(value)}")
     if cwd:
-        parts.append(f"cd {shlex.quote(cwd)} &&")
-    if env:
-        bad = [k for k in env if not ENV_NAME_RE.fullmatch(k)]
-        if bad:  # `env` would read it as an option, or as the command
-            raise ConfigError(f"{bad[0]!r} is not a valid environment variable name")
-        parts.append("env -- " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()))
-    parts.append(shlex.join(argv))
-    return " ".join(parts)
+        lines.append(f"cd {shlex.quote(cwd)} || exit 1")
+    lines.append(f"exec {shlex.join(argv)} < /dev/null")
+    return "\n".join(lines) + "\n"
+
+
+#: The command line every command runs under: the script comes on stdin.
+REMOTE_SHELL = "sh -s"
 
 
 class SshExecutor:
@@ -172,8 +178,9 @@ class SshExecutor:
     ) -> RunResult:
         self._connect()
         done = self._local.run(
-            self._ssh(remote_command(argv, env, cwd)), timeout=timeout, on_output=on_output
-        )
+            self._ssh(REMOTE_SHELL), timeout=timeout, on_output=on_output,
+            stdin=remote_script(argv, env, cwd),
+        )  # fmt: skip
         return RunResult(tuple(argv), done.returncode, done.stdout, done.stderr)
 
     def start_detached(
@@ -181,8 +188,8 @@ class SshExecutor:
     ) -> int:
         self._connect()
         inner = ["setsid", "sh", "-c", DETACH_SCRIPT, "cloudtrain-detach", job_dir, *argv]
-        command = f"mkdir -p {shlex.quote(job_dir)} && {remote_command(inner, env, cwd)}"
-        done = self._local.run(self._ssh(command), timeout=120)
+        script = f"mkdir -p {shlex.quote(job_dir)} || exit 1\n{remote_script(inner, env, cwd)}"
+        done = self._local.run(self._ssh(REMOTE_SHELL), timeout=120, stdin=script)
         pid = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
         if done.returncode != 0 or not pid.isdigit():
             raise CommandError(done.returncode, argv, done.stderr or done.stdout)

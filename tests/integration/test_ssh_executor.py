@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +59,50 @@ def test_argv_env_and_cwd_arrive_verbatim_and_nothing_else_runs(
         assert not Path("/tmp/ct-pwned").exists()
         assert ex.run(["pwd"], cwd=str(tmp_path)).stdout.strip() == str(tmp_path)
         assert ex.run(["sh", "-c", "exit 7"]).returncode == 7
+    finally:
+        ex.close()
+
+
+def command_lines() -> str:
+    """Every process's command line on this machine, which is both laptop and node here."""
+    return "\n".join(
+        (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and (p / "cmdline").exists()
+    )
+
+
+def test_env_values_show_in_no_command_line_on_either_side(
+    hosts: tuple[Path, list[SshHost]], tmp_path: Path
+) -> None:
+    """An env value (a token) travels in the script on ssh's stdin: while the command runs,
+    neither the local ssh nor the node's shell nor the command shows it in `ps`."""
+    home, (host, _) = hosts
+    ex = executor(home, host)
+    secret = "hf_" + os.urandom(8).hex()
+    flag = tmp_path / "running"
+    lines: list[str] = []
+    try:
+        waiting = f"touch {flag}; sleep 2; echo ${{TOKEN:+seen}}"
+        runner = threading.Thread(
+            target=lambda: lines.append(
+                ex.run(["sh", "-c", waiting], env={"TOKEN": secret}).stdout.strip()
+            )
+        )
+        runner.start()
+        deadline = time.monotonic() + 30
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert flag.exists()
+        assert secret not in command_lines()
+        runner.join(30)
+        assert lines == ["seen"], "the command still got it"
+        job = tmp_path / "job"
+        ex.start_detached(["sh", "-c", f"touch {flag}.d; sleep 2"], env={"TOKEN": secret},
+                          cwd=str(tmp_path), job_dir=str(job))  # fmt: skip
+        while not Path(f"{flag}.d").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert secret not in command_lines()
     finally:
         ex.close()
 

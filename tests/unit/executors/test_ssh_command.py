@@ -1,26 +1,37 @@
-"""The one shell line an SshExecutor sends: every value quoted, `env` told where its options
-end, and no name that `env` would read as an option or as the command."""
+"""The script an SshExecutor sends on ssh's stdin: every value quoted, no name the shell would
+read as code, and nothing of it in any command line."""
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 
 import pytest
 
 from cloudtrain.errors import ConfigError
-from cloudtrain.executors.ssh import remote_command
+from cloudtrain.executors.ssh import REMOTE_SHELL, remote_script
 
 
-def test_the_line_runs_argv_with_env_in_cwd_as_given(tmp_path: object) -> None:
-    line = remote_command(["sh", "-c", 'echo "$A|$(pwd)"'], {"A": "x y;$(id)"}, cwd="/")
-    done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True)
-    assert done.stdout == "x y;$(id)|/\n"
-    assert shlex.split(line)[3] == "env"
-    assert shlex.split(line)[4] == "--"
+def test_the_script_runs_argv_with_env_in_cwd_as_given() -> None:
+    script = remote_script(["sh", "-c", 'echo "$A|$(pwd)"'], {"A": "x y;$(id)\n'"}, cwd="/")
+    done = subprocess.run(REMOTE_SHELL.split(), input=script, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "x y;$(id)\n'|/\n")
 
 
-@pytest.mark.parametrize("name", ["--split-string=sh", "-i", "A B", "1A", "A=B", ""])
-def test_a_name_env_would_misread_is_refused(name: str) -> None:
+def test_the_exit_code_is_the_commands_and_a_missing_cwd_stops_it() -> None:
+    run = lambda script: subprocess.run(REMOTE_SHELL.split(), input=script,  # noqa: E731
+                                        capture_output=True, text=True)  # fmt: skip
+    assert run(remote_script(["sh", "-c", "exit 7"])).returncode == 7
+    missing = run(remote_script(["touch", "never"], cwd="/no/such/folder"))
+    assert missing.returncode == 1
+
+
+def test_the_command_gets_no_input_but_dev_null() -> None:
+    script = remote_script(["cat"]) + "echo this line must not reach cat\n"
+    done = subprocess.run(REMOTE_SHELL.split(), input=script, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "")
+
+
+@pytest.mark.parametrize("name", ["--split-string=sh", "-i", "A B", "1A", "A=B", "", "A;id"])
+def test_a_name_the_shell_would_misread_is_refused(name: str) -> None:
     with pytest.raises(ConfigError, match="is not a valid environment variable name"):
-        remote_command(["true"], {name: "1"})
+        remote_script(["true"], {name: "1"})
