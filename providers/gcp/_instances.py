@@ -130,7 +130,7 @@ def bulk_insert_body(
 ) -> dict[str, Any]:
     """The exact ``BulkInsertInstanceResource`` JSON for `indices`."""
     shape = Shape.of(offer)
-    labels = res.labels(spec.name, owner)
+    labels = res.labels(spec.name, owner, spec.cluster_id)
     boot = user_data(
         bootstrap.NodeShape("gcp", offer.accelerator, offer.accelerator_count, offer.instance_type),
         keys,
@@ -198,10 +198,12 @@ def dry_run(
     fast = fast_network(spec, offer)
     requests: list[dict[str, Any]] = [
         {"firewalls.insert": body}
-        for body in res.firewall_bodies(spec.name, owner, str(spec.ssh_cidr), network)
+        for body in res.firewall_bodies(
+            spec.name, owner, str(spec.ssh_cidr), network, spec.cluster_id
+        )
     ]
     if fast:
-        policy = {"region": offer.region, **res.policy_body(spec.name, owner)}
+        policy = {"region": offer.region, **res.policy_body(spec.name, owner, spec.cluster_id)}
         requests.append({"resourcePolicies.insert": policy})
     body = bulk_insert_body(
         spec,

@@ -2,8 +2,13 @@
 
 GCE firewall rules and resource policies carry no labels, so they are found by **name**
 (``cloudtrain-<cluster>-ssh``, ``-internal`` and ``-deny``; the policy ``cloudtrain-<cluster>``)
-and their description records the cluster and owner (for `clusters()`). Label values allow only
-``[a-z0-9_-]``: the owner (``user@host``) is written in that alphabet (`owner_label`).
+and their description records what the instances' labels (``cloudtrain-cluster``,
+``cloudtrain-owner``, ``cloudtrain-cluster-id``) do: ``cloudtrain cluster=X owner=Y
+cluster-id=Z`` (older ones lack the id). Named by the cluster alone, they are shared by every
+incarnation of the name: the provider deletes them only when no one else holds it. Label values
+allow only ``[a-z0-9_-]``: the owner (``user@host``) is written in that alphabet (`owner_label`),
+and every value pasted into a ``filter`` is checked to be in it (`label_value`), so none can
+close the quoted string early.
 
 **Firewall rules.** GCE takes the network's ingress rules that apply to an instance (its network
 tag is a target, or the rule has none) and whose sources match, lowest priority number first; at
@@ -40,9 +45,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cloudtrain.errors import ProviderError
+from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.providers.gcp._client import Clients, gcp_errors, import_compute, last
 
 if TYPE_CHECKING:
@@ -50,8 +55,14 @@ if TYPE_CHECKING:
 
 LABEL_CLUSTER = "cloudtrain-cluster"
 LABEL_OWNER = "cloudtrain-owner"
+LABEL_CLUSTER_ID = "cloudtrain-cluster-id"
 PREFIX = "cloudtrain-"
-_DESCRIPTION = re.compile(r"^cloudtrain cluster=([a-z0-9-]+) owner=([a-z0-9_-]*)$")
+_DESCRIPTION = re.compile(
+    r"^cloudtrain cluster=([a-z0-9-]+) owner=([a-z0-9_-]*)(?: cluster-id=([a-z0-9_-]+))?$"
+)
+#: A label value (GCE allows at most 63 of ``[a-z0-9_-]``), here never empty: every value
+#: labelled or filtered by is a cluster name, an owner label, a cluster id or a GCE name.
+_LABEL_VALUE = re.compile(r"[a-z0-9_-]{1,63}")
 ALLOW_PRIORITY = 900
 DENY_PRIORITY = 999
 ANYWHERE = "0.0.0.0/0"
@@ -95,32 +106,67 @@ def owner_label(owner: str) -> str:
     return re.sub(r"[^a-z0-9_-]", "-", owner.lower())[:63]
 
 
-def labels(cluster: str, owner: str) -> dict[str, str]:
-    return {LABEL_CLUSTER: cluster, LABEL_OWNER: owner_label(owner)}
+class Holder(NamedTuple):
+    """Who made a resource, as it records it: the cluster, the owner label, and the cluster
+    id ("" for a resource of an older version, made without one)."""
+
+    cluster: str
+    owner: str
+    cluster_id: str
 
 
-def description(cluster: str, owner: str) -> str:
-    return f"cloudtrain cluster={cluster} owner={owner_label(owner)}"
+def label_value(value: str, what: str) -> str:
+    """`value`, refused with a `ConfigError` naming it unless it is in the label alphabet: what
+    may be labelled, written in a description, or pasted between the quotes of a ``filter``."""
+    if not _LABEL_VALUE.fullmatch(value):
+        raise ConfigError(
+            f"{what} {value!r} is not in GCE's label alphabet (1 to 63 lowercase letters, "
+            "digits, '_' and '-'); refused before it is sent"
+        )
+    return value
 
 
-def parse_description(text: str) -> tuple[str, str] | None:
-    """(cluster, owner label) from a description written by `description`."""
+def labels(cluster: str, owner: str, cluster_id: str | None = None) -> dict[str, str]:
+    found = {LABEL_CLUSTER: cluster, LABEL_OWNER: owner_label(owner)}
+    if cluster_id is not None:
+        found[LABEL_CLUSTER_ID] = label_value(cluster_id, "cluster id")
+    return found
+
+
+def description(cluster: str, owner: str, cluster_id: str | None = None) -> str:
+    text = f"cloudtrain cluster={cluster} owner={owner_label(owner)}"
+    if cluster_id is None:
+        return text
+    return f"{text} cluster-id={label_value(cluster_id, 'cluster id')}"
+
+
+def parse_description(text: str) -> Holder | None:
+    """Who made the resource, from a description written by `description` (one of an older
+    version, without the id, reads with the id "")."""
     found = _DESCRIPTION.match(text or "")
-    return (found.group(1), found.group(2)) if found else None
+    return Holder(found.group(1), found.group(2), found.group(3) or "") if found else None
 
 
 def label_filter(key: str, value: str) -> str:
-    return f'labels.{key} = "{value}"'
+    """The ``filter`` of resources whose label `key` is `value` (checked: `label_value`)."""
+    return f'labels.{key} = "{label_value(value, key)}"'
 
 
-def firewall_bodies(cluster: str, owner: str, cidr: str, network: str) -> list[dict[str, Any]]:
+def name_filter(name: str) -> str:
+    """The ``filter`` of resources named `name` (checked: `label_value`)."""
+    return f'name = "{label_value(name, "name")}"'
+
+
+def firewall_bodies(
+    cluster: str, owner: str, cidr: str, network: str, cluster_id: str | None = None
+) -> list[dict[str, Any]]:
     """Three rules (see the module docstring), in the order they are to be made: SSH from
     `cidr` only; everything between the cluster's instances (by network tag); then a deny of
     everything else (last: an older cluster's allows at 1000 reach 900 before it exists). The
     allows are two rules because one rule's ``allowed`` applies to all of its sources."""
     ssh, internal, deny = firewall_names(cluster)
     common = {
-        "description": description(cluster, owner),
+        "description": description(cluster, owner, cluster_id),
         "network": f"global/networks/{network}",
         "direction": "INGRESS",
         "targetTags": [resource_name(cluster)],
@@ -150,11 +196,11 @@ def firewall_bodies(cluster: str, owner: str, cidr: str, network: str) -> list[d
     ]
 
 
-def policy_body(cluster: str, owner: str) -> dict[str, Any]:
+def policy_body(cluster: str, owner: str, cluster_id: str | None = None) -> dict[str, Any]:
     """A compact placement policy: the cluster's VMs on nearby hosts (fast all-reduce)."""
     return {
         "name": resource_name(cluster),
-        "description": description(cluster, owner),
+        "description": description(cluster, owner, cluster_id),
         "groupPlacementPolicy": {"collocation": "COLLOCATED"},
     }
 
@@ -345,7 +391,7 @@ def live_instances(clients: Clients, key: str, value: str) -> list[compute_v1.In
 def accelerator_zones(clients: Clients, accelerator_type: str) -> dict[str, int]:
     """Zone → the most cards of `accelerator_type` one instance may have there (one paged
     aggregated list: every zone of the project)."""
-    request = {"project": clients.project, "filter": f'name = "{accelerator_type}"'}
+    request = {"project": clients.project, "filter": name_filter(accelerator_type)}
     with gcp_errors("acceleratorTypes.aggregatedList"):
         pager = clients.accelerator_types().aggregated_list(request=request)
         return {
@@ -356,16 +402,29 @@ def accelerator_zones(clients: Clients, accelerator_type: str) -> dict[str, int]
         }
 
 
-def policies(clients: Clients, cluster: str) -> list[tuple[str, str]]:
-    """(region, name) of the cluster's placement policies, wherever they are."""
-    request = {"project": clients.project, "filter": f'name = "{resource_name(cluster)}"'}
+class Policy(NamedTuple):
+    """A placement policy of the cluster's name; `holder` None when its description is not
+    one cloudtrain writes."""
+
+    region: str
+    name: str
+    holder: Holder | None
+
+
+def policies(clients: Clients, cluster: str) -> list[Policy]:
+    """The placement policies of the cluster's name, wherever they are, whoever made them."""
+    request = {"project": clients.project, "filter": name_filter(resource_name(cluster))}
     with gcp_errors("resourcePolicies.aggregatedList"):
         pager = clients.resource_policies().aggregated_list(request=request)
-        return [(last(scope), p.name) for scope, scoped in pager for p in scoped.resource_policies]
+        return [
+            Policy(last(scope), p.name, parse_description(p.description))
+            for scope, scoped in pager
+            for p in scoped.resource_policies
+        ]
 
 
-def firewall_owners(clients: Clients) -> list[tuple[str, str]]:
-    """(cluster, owner label) of every cloudtrain firewall rule of the project."""
+def firewall_holders(clients: Clients) -> list[Holder]:
+    """Who made each cloudtrain firewall rule of the project (one entry per rule)."""
     with gcp_errors("firewalls.list"):
         rules = clients.firewalls().list(request={"project": clients.project})
         found = [parse_description(r.description) for r in rules if r.name.startswith(PREFIX)]
@@ -374,7 +433,8 @@ def firewall_owners(clients: Clients) -> list[tuple[str, str]]:
 
 def delete_all(clients: Clients, cluster: str, timeout_s: float) -> None:
     """Delete the cluster's firewall rules and placement policies (after its instances: a
-    policy in use cannot go). Idempotent."""
+    policy in use cannot go); named by the cluster alone, they are every incarnation's, so the
+    caller first checks that no one else holds the name. Idempotent."""
     for name in firewall_names(cluster):
         _call_and_wait(
             clients,
@@ -386,7 +446,7 @@ def delete_all(clients: Clients, cluster: str, timeout_s: float) -> None:
             project=clients.project,
             firewall=name,
         )
-    for region, name in policies(clients, cluster):
+    for region, name, _ in policies(clients, cluster):
         _call_and_wait(
             clients,
             "resourcePolicies.delete",

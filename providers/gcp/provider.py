@@ -10,11 +10,14 @@ per-region GPU quota) for the shape.
 user's CIDR only; everything between the cluster's instances, by network tag), for multi-node
 A100 (A2) clusters a compact placement policy (and gVNIC on the instances), and then all N
 instances in **one** ``instances.bulkInsert`` (``count = minCount = N``: all or nothing).
-Instances carry the labels ``cloudtrain-cluster`` and ``cloudtrain-owner``; the node index is
-in the name (see `_instances`). Boot disks are deleted with their instance; spot nodes are
-``SPOT`` and deleted when preempted; ``max_hours`` sets ``maxRunDuration`` so a forgotten
-cluster deletes itself. OS Login is off for the node and the cluster's public key is in the
-instance metadata for the ``cloudtrain`` user; no service account is attached to the nodes.
+Instances carry the labels ``cloudtrain-cluster``, ``cloudtrain-owner`` and (for a cluster of
+this version) ``cloudtrain-cluster-id``; the node index is in the name (see `_instances`). The
+firewall rules and the policy, named by the cluster alone, record the same in their description
+and are deleted only when no other owner, and no other incarnation of the name, holds it. Boot
+disks are deleted with their instance; spot nodes are ``SPOT`` and deleted when preempted;
+``max_hours`` sets ``maxRunDuration`` so a forgotten cluster deletes itself. OS Login is off
+for the node and the cluster's public key is in the instance metadata for the ``cloudtrain``
+user; no service account is attached to the nodes.
 Capacity errors (``ZONE_RESOURCE_POOL_EXHAUSTED``, ``UNSUPPORTED_OPERATION``), whether in the
 call's answer or in its finished operation, move to the next zone; quota and auth errors stop
 at once; a failed attempt leaves nothing behind.
@@ -146,11 +149,28 @@ class GcpProvider(Engine):
 
     # -- the engine's hooks (the algorithm is `Engine.apply`) -----------------------------------
 
-    def other_owners(self, cluster: str) -> set[str]:
+    @property
+    def owner_key(self) -> str:
+        """The owner as labels and descriptions write it (`res.owner_label`)."""
+        return res.owner_label(self.owner)
+
+    def holders(self, cluster: str) -> set[tuple[str, str]]:
+        """(owner label, cluster id or "") of the name's instances (by label), firewall rules
+        and placement policies (by description), whoever made them."""
         labelled = res.live_instances(self.clients, res.LABEL_CLUSTER, cluster)
-        found = {str(i.labels.get(res.LABEL_OWNER, "")) for i in labelled}
-        found |= {owner for c, owner in res.firewall_owners(self.clients) if c == cluster}
-        return found - {res.owner_label(self.owner)}
+        described = [h for h in res.firewall_holders(self.clients) if h.cluster == cluster]
+        described += [p.holder for p in res.policies(self.clients, cluster) if p.holder]
+        return {_holder(i) for i in labelled} | {(h.owner, h.cluster_id) for h in described}
+
+    def _is_mine(self, holder: tuple[str, str], cluster_id: str | None) -> bool:
+        """Made by this owner, and of the incarnation `cluster_id` when one is given."""
+        owner, found_id = holder
+        return owner == self.owner_key and (cluster_id is None or found_id == cluster_id)
+
+    def _only_mine(self, cluster: str, cluster_id: str | None) -> bool:
+        """Whether every holder of the name is this owner (of `cluster_id`, when given): only
+        then are the rules and policy, named by the cluster alone, this one's to delete."""
+        return all(self._is_mine(h, cluster_id) for h in self.holders(cluster))
 
     def prepare(
         self, spec: ClusterSpec, offer: Offer, keys: bootstrap.NodeKeys, on_event: OnEvent
@@ -158,12 +178,15 @@ class GcpProvider(Engine):
         """The cluster's firewall rules (SSH from the caller's CIDR follows it) and, for
         multi-node A2, the compact placement policy of the region; the policy's name."""
         cluster, timeout = spec.name, self.wait_timeout_s
-        bodies = res.firewall_bodies(cluster, self.owner, str(spec.ssh_cidr), self.network)
+        bodies = res.firewall_bodies(
+            cluster, self.owner, str(spec.ssh_cidr), self.network, spec.cluster_id
+        )
         for change in res.ensure_firewalls(self.clients, bodies, timeout) or []:
             on_event(Event("resource", change))
         if not fast_network(spec, offer):
             return None
-        res.ensure_policy(self.clients, offer.region, res.policy_body(cluster, self.owner), timeout)
+        policy = res.policy_body(cluster, self.owner, spec.cluster_id)
+        res.ensure_policy(self.clients, offer.region, policy, timeout)
         return res.resource_name(cluster)
 
     def create(
@@ -180,37 +203,35 @@ class GcpProvider(Engine):
             image=str(offer.extra["image"]), network=self.network,
             max_run_s=max_run_seconds(self._max_hours(spec)), policy=prepared,
         )  # fmt: skip
-        self._bulk_insert(spec.name, str(zone), body)
+        self._bulk_insert(spec, str(zone), body)
 
     def clean(self, spec: ClusterSpec, offer: Offer) -> None:
-        """Remove the firewall rules and placement policy when no instance of the cluster
-        exists (a half-made cluster keeps them for `up`)."""
-        if not self._instances(spec.name):
-            res.delete_all(self.clients, spec.name, timeout_s=60)
+        """Remove the firewall rules and placement policy when no instance of this incarnation
+        exists (a half-made cluster keeps them for `up`) and no one else holds the name."""
+        name, cid = spec.name, spec.cluster_id
+        if not self._instances(name, cid) and self._only_mine(name, cid):
+            res.delete_all(self.clients, name, timeout_s=60)
 
     def wait(self, spec: ClusterSpec, region: str, on_event: OnEvent) -> list[NodeInfo]:
         """Block until every node runs with both addresses; one paged list per poll."""
         return wait_for_nodes(
-            "gcp", spec.name, spec.num_nodes, lambda: self.describe(spec.name),
+            "gcp", spec.name, spec.num_nodes, lambda: self.describe(spec.name, spec.cluster_id),
             home=self.home, timeout_s=self.wait_timeout_s, poll_s=self.poll_s,
             on_event=on_event,
             ready=lambda n: n.state == "running" and bool(n.private_ip and n.public_ip),
         )  # fmt: skip
 
-    def leftovers(self, cluster: str) -> list[str]:
-        """The cluster's firewall rules and placement policies (never another owner's)."""
-        if self.other_owners(cluster):
+    def leftovers(self, cluster: str, cluster_id: str | None = None) -> list[str]:
+        """The cluster's firewall rules and placement policies, when `terminate` would delete
+        them: never while another owner or another incarnation holds the name."""
+        if not self._only_mine(cluster, cluster_id):
             return []
-        mine = res.owner_label(self.owner)
-        rules = [
-            c for c, owner in res.firewall_owners(self.clients) if (c, owner) == (cluster, mine)
-        ]
+        rules = [h for h in res.firewall_holders(self.clients) if h.cluster == cluster]
         return [f"firewall rules of cluster {cluster}" for _ in rules[:1]] + [
-            f"placement policy {name} in {region}"
-            for region, name in res.policies(self.clients, cluster)
+            f"placement policy {p.name} in {p.region}" for p in res.policies(self.clients, cluster)
         ]
 
-    def _bulk_insert(self, cluster: str, zone: str, body: dict[str, Any]) -> None:
+    def _bulk_insert(self, spec: ClusterSpec, zone: str, body: dict[str, Any]) -> None:
         """One all-or-nothing bulkInsert, waited on; on any error, delete whatever of it GCE
         left in the zone (it should leave nothing: ``minCount``) before raising."""
         compute = import_compute()
@@ -227,27 +248,28 @@ class GcpProvider(Engine):
             self.clients.wait(op, zone, self.wait_timeout_s)
         except ProviderError:
             names = set(body["perInstanceProperties"])
-            self._delete([i for i in self._instances(cluster) if i.name in names])
+            made = self._instances(spec.name, spec.cluster_id)
+            self._delete([i for i in made if i.name in names and last(i.zone) == zone])
             raise
 
     # -- describe / terminate -------------------------------------------------------------
 
-    def _instances(self, cluster: str) -> list[Any]:
-        """This owner's instances of `cluster`."""
-        mine = res.owner_label(self.owner)
+    def _instances(self, cluster: str, cluster_id: str | None = None) -> list[Any]:
+        """This owner's instances of `cluster` (of the incarnation `cluster_id`, when given)."""
         found = res.live_instances(self.clients, res.LABEL_CLUSTER, cluster)
-        return [i for i in found if i.labels.get(res.LABEL_OWNER) == mine]
+        return [i for i in found if self._is_mine(_holder(i), cluster_id)]
 
-    def describe(self, cluster: str) -> list[NodeInfo]:
-        nodes = [node_info(cluster, i) for i in self._instances(cluster)]
+    def describe(self, cluster: str, cluster_id: str | None = None) -> list[NodeInfo]:
+        nodes = [node_info(cluster, i) for i in self._instances(cluster, cluster_id)]
         return sorted((n for n in nodes if n is not None), key=lambda n: n.index)
 
-    def terminate(self, cluster: str) -> None:
+    def terminate(self, cluster: str, cluster_id: str | None = None) -> None:
         """Delete the instances found by label (their boot disks go with them), wait until they
-        are gone, then the firewall rules and placement policy. Idempotent."""
-        self._delete(self._instances(cluster))
+        are gone, then the firewall rules and placement policy unless someone else holds the
+        name (another owner, or another incarnation when `cluster_id` is given). Idempotent."""
+        self._delete(self._instances(cluster, cluster_id))
         deadline = time.monotonic() + self.wait_timeout_s
-        while self._instances(cluster):
+        while self._instances(cluster, cluster_id):
             if time.monotonic() > deadline:
                 raise ProviderError(
                     "gcp",
@@ -256,7 +278,7 @@ class GcpProvider(Engine):
                     f"{self.wait_timeout_s:.0f} s; run `cloudtrain down {cluster}` again",
                 )
             time.sleep(self.poll_s)
-        if not self.other_owners(cluster):  # the rules' names are the cluster's: never another's
+        if self._only_mine(cluster, cluster_id):  # the rules' names are every incarnation's
             res.delete_all(self.clients, cluster, timeout_s=self.wait_timeout_s)
         access.forget_key(self.home, cluster)
 
@@ -293,7 +315,7 @@ class GcpProvider(Engine):
             i.labels.get(res.LABEL_CLUSTER, "")
             for i in res.live_instances(self.clients, res.LABEL_OWNER, mine)
         }
-        names |= {c for c, owner in res.firewall_owners(self.clients) if owner == mine}
+        names |= {h.cluster for h in res.firewall_holders(self.clients) if h.owner == mine}
         return sorted(names - {""})
 
     def executor(self, node: NodeInfo) -> SshExecutor:
@@ -306,3 +328,9 @@ class GcpProvider(Engine):
             address, user=bootstrap.NODE_USER, options=access.ssh_options(self.home, node.cluster),
             loopback_only=access.local_endpoint(self.clients.endpoint),
         )  # fmt: skip
+
+
+def _holder(inst: Any) -> tuple[str, str]:
+    """(owner label, cluster id or "") of an instance, from its labels."""
+    found = inst.labels
+    return str(found.get(res.LABEL_OWNER, "")), str(found.get(res.LABEL_CLUSTER_ID, ""))
