@@ -169,7 +169,7 @@ def vm_body(
         props.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": -1})
     body: dict[str, Any] = {
         "location": offer.region,
-        "tags": res.tags(spec.name, owner, **{res.NODE: str(index)}),
+        "tags": res.tags(spec.name, owner, spec.cluster_id, **{res.NODE: str(index)}),
         "properties": props,
     }
     if zone is not None:
@@ -222,6 +222,7 @@ def plan_requests(spec: ClusterSpec, offer: Offer, owner: str) -> tuple[dict[str
     """The requests the dry run shows: those of the first offer, keys and ids as placeholders."""
     region, cluster = offer.region, spec.name
     group = res.group_name(cluster)
+    labels = res.tags(cluster, owner, spec.cluster_id)
     ids = {"nsg": f"<{res.NSG} in {group}>", "subnet": f"<{res.VNET}/{res.SUBNET}>"}
     if spec.num_nodes > 1:
         ids["ppg"] = f"<{res.PPG} in {group}>"
@@ -240,18 +241,12 @@ def plan_requests(spec: ClusterSpec, offer: Offer, owner: str) -> tuple[dict[str
         f"{spec.resources.gpus}` shows it>"
     )
     requests: list[dict[str, Any]] = [
-        {f"PUT resourceGroups/{group}": res.group_body(region, cluster, owner)},
-        {
-            f"PUT networkSecurityGroups/{res.NSG}": res.nsg_body(
-                region, cluster, owner, str(spec.ssh_cidr)
-            )
-        },
-        {f"PUT virtualNetworks/{res.VNET}": res.vnet_body(region, cluster, owner, ids["nsg"])},
+        {f"PUT resourceGroups/{group}": res.group_body(region, labels)},
+        {f"PUT networkSecurityGroups/{res.NSG}": res.nsg_body(region, labels, str(spec.ssh_cidr))},
+        {f"PUT virtualNetworks/{res.VNET}": res.vnet_body(region, labels, ids["nsg"])},
     ]
     if spec.num_nodes > 1:
-        requests.append(
-            {f"PUT proximityPlacementGroups/{res.PPG}": res.ppg_body(region, cluster, owner)}
-        )
+        requests.append({f"PUT proximityPlacementGroups/{res.PPG}": res.ppg_body(region, labels)})
     requests.append({f"PUT virtualMachines/{vm_name(cluster, 0)} (one per node)": vm})
     return tuple(requests)
 

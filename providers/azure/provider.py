@@ -1,16 +1,20 @@
 """The Azure provider: one resource group per cluster, its VMs found again by their tags.
 
 `apply` makes, in the first region of the plan that can give the size: the resource group
-``cloudtrain-<cluster>`` (tagged with cluster and owner), an NSG (SSH from the user's CIDR only,
-everything within the subnet), a VNet/subnet, a proximity placement group for multi-node
-clusters, then the N VMs (all started, then all awaited: ARM has no one-call gang create outside
-scale sets). When any VM of an attempt fails — ``AllocationFailed`` in its operation, or
-``SkuNotAvailable`` on its PUT — every VM of the attempt is deleted (a ``Failed`` VM too) and the
-next zone, then region, is tried, each attempt reported; quota and auth errors stop at once. A
-region that gave nothing has its resource group deleted, so a failed `up` leaves nothing.
+``cloudtrain-<cluster>`` (tagged with cluster, owner and cluster id, as is everything in it),
+an NSG (SSH from the user's CIDR only, everything within the subnet), a VNet/subnet, a proximity
+placement group for multi-node clusters, then the N VMs (all started, then all awaited: ARM has
+no one-call gang create outside scale sets). When any VM of an attempt fails —
+``AllocationFailed`` in its operation, or ``SkuNotAvailable`` on its PUT — every VM of the
+attempt is deleted (a ``Failed`` VM too) and the next zone, then region, is tried, each attempt
+reported; quota and auth errors stop at once. A region that gave nothing has its resource group
+deleted, so a failed `up` leaves nothing.
 
 Everything is created inside the tagged group, so a crash at any point leaves nothing that
-`terminate` (delete the groups found by tag) cannot remove.
+`terminate` (delete the groups found by tag) cannot remove. With a cluster id, `describe`,
+`terminate` and `leftovers` keep to the resources tagged with it; as the group's name is the
+cluster's, a subscription holds one incarnation of a name, and a group that holds a VM of
+another (made by hand, or by an older version) is kept: only this incarnation's VMs go.
 """
 
 from __future__ import annotations
@@ -98,7 +102,7 @@ class AzureProvider(Engine):
                 skus = [
                     s.as_dict()
                     for s in self.clients.compute().resource_skus.list(
-                        filter=f"location eq '{offer.region}'"
+                        filter=f"location eq {res.odata(offer.region)}"
                     )
                 ]
             zones, why = inst.sku_zones(skus, offer.instance_type, offer.region, offer.zones)
@@ -135,14 +139,12 @@ class AzureProvider(Engine):
 
     # -- the engine's hooks (the algorithm is `Engine.apply`) -----------------------------------
 
-    def other_owners(self, cluster: str) -> set[str]:
-        """Owners of the cluster's resource group (its name is the cluster's: one per
-        subscription) and of VMs tagged with the cluster."""
+    def holders(self, cluster: str) -> set[tuple[str, str]]:
+        """(owner, cluster id) of the cluster's resource group (its name is the cluster's: one
+        per subscription) and of every VM tagged with the cluster, whoever made them."""
         with azure_errors():
             groups = res.cluster_groups(self.clients, res.CLUSTER, cluster)
-        found = {str((g.get("tags") or {}).get(res.OWNER, "")) for g in groups}
-        found |= {str((vm.get("tags") or {}).get(res.OWNER, "")) for vm in self._vms(cluster)}
-        return found - {self.owner}
+        return {res.holder(r) for r in [*groups, *self._vms(cluster)]}
 
     def repair(self, spec: ClusterSpec, nodes: list[NodeInfo], on_event: OnEvent) -> list[NodeInfo]:
         """A Failed VM (allocation failed before a crash) is deleted, to be made again."""
@@ -156,18 +158,18 @@ class AzureProvider(Engine):
         self, spec: ClusterSpec, offer: Offer, keys: bootstrap.NodeKeys, on_event: OnEvent
     ) -> Any:
         """The resource group in the offer's region (one left elsewhere by an earlier failed
-        `up` is deleted first) with its NSG (PUT again: the SSH rule follows the caller), VNet
-        and placement group; the ids the VMs refer to, and their custom data."""
+        `up` of this incarnation is deleted first) with its NSG (PUT again: the SSH rule follows
+        the caller), VNet and placement group; the ids the VMs refer to, and their custom data."""
         region, cluster = offer.region, spec.name
+        labels = res.tags(cluster, self.owner, spec.cluster_id)
         with azure_errors(region):
             where = res.group_location(self.clients, cluster)
             if where is not None and where != region:
-                self._clean_group(cluster)
+                self._delete_groups(cluster, spec.cluster_id)
             on_event(Event("resource", f"{region}: resource group {res.group_name(cluster)}"))
             ids = res.ensure_network(
-                self.clients, cluster, self.owner, region, str(spec.ssh_cidr),
-                ppg=spec.num_nodes > 1,
-            )  # fmt: skip
+                self.clients, cluster, labels, region, str(spec.ssh_cidr), ppg=spec.num_nodes > 1
+            )
         return ids, inst.custom_data(offer, keys)
 
     def create(
@@ -200,27 +202,40 @@ class AzureProvider(Engine):
         )
 
     def clean(self, spec: ClusterSpec, offer: Offer) -> None:
-        """Delete the cluster's group unless it holds live VMs (a half-made cluster keeps
+        """Delete this incarnation's group unless it holds live VMs (a half-made cluster keeps
         them for the next `up`)."""
-        if not [n for n in self.describe(spec.name) if n.state != "failed"]:
-            self._clean_group(spec.name)
+        if not [n for n in self.describe(spec.name, spec.cluster_id) if n.state != "failed"]:
+            self._delete_groups(spec.name, spec.cluster_id)
 
     def wait(self, spec: ClusterSpec, region: str, on_event: OnEvent) -> list[NodeInfo]:
         """Block until every VM runs with addresses; then pin the host key for them."""
         return wait_for_nodes(
-            "azure", spec.name, spec.num_nodes, lambda: self.describe(spec.name),
+            "azure", spec.name, spec.num_nodes, lambda: self.describe(spec.name, spec.cluster_id),
             home=self.home, timeout_s=self.wait_timeout_s, poll_s=self.poll_s,
             on_event=on_event,
         )  # fmt: skip
 
-    def leftovers(self, cluster: str) -> list[str]:
-        return [f"resource group {g['name']}" for g in self._groups(cluster)]
+    def leftovers(self, cluster: str, cluster_id: str | None = None) -> list[str]:
+        return [f"resource group {g['name']}" for g in self._groups(cluster, cluster_id)]
 
-    def _groups(self, cluster: str) -> list[dict[str, Any]]:
-        """This owner's resource groups tagged with the cluster."""
+    def _groups(self, cluster: str, cluster_id: str | None) -> list[dict[str, Any]]:
+        """This owner's resource groups tagged with the cluster (and `cluster_id`, if given)."""
         with azure_errors():
             groups = res.cluster_groups(self.clients, res.CLUSTER, cluster)
-        return [g for g in groups if (g.get("tags") or {}).get(res.OWNER) == self.owner]
+        return [g for g in groups if res.mine(g, self.owner, cluster_id)]
+
+    def _delete_groups(self, cluster: str, cluster_id: str | None) -> None:
+        """Delete this owner's groups of the cluster (of `cluster_id`, if given) and all they
+        hold; blocks. Never a group that holds a VM of the name that is not of this owner and
+        incarnation: it would go with the group."""
+        names = {g["name"].lower(): g["name"] for g in self._groups(cluster, cluster_id)}
+        if names:
+            for vm in self._vms(cluster):
+                if not res.mine(vm, self.owner, cluster_id):
+                    names.pop(res.group_of(vm["id"]).lower(), None)
+        with azure_errors():
+            for name in sorted(names.values()):
+                res.delete_group(self.clients, name, self.wait_timeout_s)
 
     def _create(self, group: str, bodies: dict[str, dict[str, Any]], place: str) -> None:
         """Start every VM, then await every one; on any error delete them all (gang) and
@@ -263,10 +278,6 @@ class AzureProvider(Engine):
             for (_, name), poller in zip(vms, pollers, strict=True):
                 self._finish(poller, f"deleting VM {name}")
 
-    def _clean_group(self, cluster: str) -> None:
-        with azure_errors():
-            res.delete_group(self.clients, res.group_name(cluster), self.wait_timeout_s)
-
     # -- describe / terminate -------------------------------------------------------------
 
     def _vms(self, cluster: str) -> list[dict[str, Any]]:
@@ -275,10 +286,11 @@ class AzureProvider(Engine):
             vms = [vm.as_dict() for vm in self.clients.compute().virtual_machines.list_all()]
         return [vm for vm in vms if (vm.get("tags") or {}).get(res.CLUSTER) == cluster]
 
-    def describe(self, cluster: str) -> list[NodeInfo]:
-        """The cluster's VMs, by tag, across every resource group of the subscription; their
-        addresses from one NIC and one public-IP listing per group."""
-        vms = [v for v in self._vms(cluster) if (v.get("tags") or {}).get(res.OWNER) == self.owner]
+    def describe(self, cluster: str, cluster_id: str | None = None) -> list[NodeInfo]:
+        """This owner's VMs of the cluster (of `cluster_id`, if given), by tag, across every
+        resource group of the subscription; their addresses from one NIC and one public-IP
+        listing per group."""
+        vms = [v for v in self._vms(cluster) if res.mine(v, self.owner, cluster_id)]
         with azure_errors():
             network = self.clients.network()
             groups = sorted({res.group_of(vm["id"]) for vm in vms})
@@ -297,15 +309,15 @@ class AzureProvider(Engine):
         nodes = [inst.node_info(cluster, vm, nics, ips) for vm in vms]
         return sorted(nodes, key=lambda n: n.index)
 
-    def terminate(self, cluster: str) -> None:
-        """Delete every resource group tagged with the cluster, and with it everything it
-        holds; then any VM tagged with the cluster elsewhere (never a group cloudtrain did not
-        tag). Blocks until ARM reports them gone. Idempotent."""
-        names = {g["name"] for g in self._groups(cluster)}
-        with azure_errors():
-            for name in sorted(names):
-                res.delete_group(self.clients, name, self.wait_timeout_s)
-        stray = [(str(n.extra["resource_group"]), n.node_id) for n in self.describe(cluster)]
+    def terminate(self, cluster: str, cluster_id: str | None = None) -> None:
+        """Delete this owner's resource groups tagged with the cluster (and `cluster_id`, if
+        given), and with each everything it holds; then any VM so tagged elsewhere (never a
+        group cloudtrain did not tag, nor one holding a VM of another owner or incarnation).
+        Blocks until ARM reports them gone. Idempotent."""
+        self._delete_groups(cluster, cluster_id)
+        stray = [
+            (str(n.extra["resource_group"]), n.node_id) for n in self.describe(cluster, cluster_id)
+        ]
         if stray:
             self._delete_vms(stray)
         access.forget_key(self.home, cluster)

@@ -14,6 +14,8 @@ from urllib.parse import parse_qsl, urlencode
 from tests.azure.arm import LRO_TYPES, ArmError, Operation, Store
 
 SUBSCRIPTION = "00000000-0000-0000-0000-0000000c10d0"
+#: An OData string literal: quoted, a quote inside it doubled (an unescaped one ends it).
+LITERAL = r"'((?:[^']|'')*)'"
 CLIENT_SECRET = "standin-secret-not-for-logs"
 Answer = tuple[int, dict[str, str], Any]
 
@@ -115,12 +117,12 @@ class Routes:
     def _groups(self, query: dict[str, str]) -> list[dict[str, Any]]:
         groups = self.store.of_type("Microsoft.Resources/resourceGroups")
         wanted = re.fullmatch(
-            r"tagName eq '([^']*)' and tagValue eq '([^']*)'", query.get("$filter", "").strip()
+            rf"tagName eq {LITERAL} and tagValue eq {LITERAL}", query.get("$filter", "").strip()
         )
         if query.get("$filter") and not wanted:
             raise ArmError(400, "InvalidFilter", f"unsupported $filter {query['$filter']!r}")
         if wanted:
-            key, value = wanted.groups()
+            key, value = (_unquote(g) for g in wanted.groups())
             groups = [g for g in groups if (g.get("tags") or {}).get(key) == value]
         return groups
 
@@ -217,13 +219,20 @@ class Routes:
         return 200, {}, page
 
     def _skus(self, flt: str) -> list[dict[str, Any]]:
-        wanted = re.fullmatch(r"location eq '([^']*)'", flt.strip())
-        locations = [wanted.group(1)] if wanted else list(self.store.skus)
+        wanted = re.fullmatch(rf"location eq {LITERAL}", flt.strip())
+        if flt.strip() and not wanted:
+            raise ArmError(400, "InvalidFilter", f"unsupported $filter {flt!r}")
+        locations = [_unquote(wanted.group(1))] if wanted else list(self.store.skus)
         return [
             _sku(size, loc, zones, size not in self.store.no_accelerated_networking)
             for loc in locations
             for size, zones in self.store.skus.get(loc, {}).items()
         ]
+
+
+def _unquote(literal: str) -> str:
+    """The value of an OData string literal's inside (`LITERAL`'s group)."""
+    return literal.replace("''", "'")
 
 
 def _sku(size: str, location: str, zones: list[str] | None, accelerated: bool) -> dict[str, Any]:

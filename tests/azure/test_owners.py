@@ -41,3 +41,20 @@ def test_a_group_left_without_vms_is_found_and_removed(make: Make, azure: StandI
     assert fresh.leftovers("exp1") == ["resource group cloudtrain-exp1"]
     fresh.terminate("exp1")
     assert azure.leftovers() == {}
+
+
+def test_an_owner_with_a_quote_is_one_odata_literal_in_every_filter(
+    make: Make, azure: StandIn
+) -> None:
+    """The owner is free text (``$CLOUDTRAIN_OWNER``, ``user@host``): its quote is doubled in
+    the tag ``$filter``, never pasted in to end the literal."""
+    provider = make(owner="o'brien@host")
+    provider.apply(provider.plan(spec()))
+    assert provider.clusters() == ["exp1"]
+    assert azure.requests("GET", "resourceGroups")[-1].query["$filter"] == (
+        "tagName eq 'cloudtrain-owner' and tagValue eq 'o''brien@host'"
+    )
+    assert make(owner="o").clusters() == []
+    assert provider.leftovers("exp1") == ["resource group cloudtrain-exp1"]
+    provider.terminate("exp1")
+    assert azure.leftovers() == {}

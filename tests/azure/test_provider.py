@@ -125,6 +125,18 @@ def test_sku_restrictions_narrow_zones_and_skip_regions(make: Make, azure: Stand
     assert azure.leftovers() == {}
 
 
+def test_a_region_with_a_quote_is_one_odata_literal(make: Make, azure: StandIn) -> None:
+    shipped = catalog.load()
+    odd = tuple(
+        dataclasses.replace(r, region="east'us") for r in shipped.rows if r.provider == "azure"
+    )
+    with pytest.raises(ConfigError, match="east'us does not offer Standard_ND96asr_v4"):
+        make(catalog=catalog.Catalog(rows=odd, prices_read_on=shipped.prices_read_on)).plan(
+            spec(region="east'us")
+        )
+    assert azure.requests()[-1].query["$filter"] == "location eq 'east''us'"
+
+
 def test_apply_sends_the_exact_requests(make: Make, azure: StandIn, tmp_path: Path) -> None:
     events: list[Event] = []
     nodes = make().apply(make().plan(spec(spot=True, disk_gb=300)), events.append)

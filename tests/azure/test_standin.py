@@ -39,7 +39,9 @@ def vm_request(clients: Clients, *, zone: str = "1", delete: str = "Delete") -> 
         accelerator_count=1,
         extra={"image": inst.UBUNTU},
     )
-    ids = res.ensure_network(clients, "t", "me", "eastus", "203.0.113.7/32", ppg=False)
+    ids = res.ensure_network(
+        clients, "t", res.tags("t", "me", None), "eastus", "203.0.113.7/32", ppg=False
+    )
     keys = NodeKeys.placeholders()
     body = inst.vm_body(
         spec,
@@ -109,7 +111,8 @@ def test_groups_filter_by_tag_page_and_delete_everything_inside(
     clients: Clients, azure: StandIn
 ) -> None:
     for cluster in ("a", "b", "c"):
-        res.ensure_network(clients, cluster, "me", "eastus", "203.0.113.7/32", ppg=True)
+        labels = res.tags(cluster, "me", None)
+        res.ensure_network(clients, cluster, labels, "eastus", "203.0.113.7/32", ppg=True)
     azure.page_size = 1
     assert [g["name"] for g in res.cluster_groups(clients, res.OWNER, "me")] == [
         "cloudtrain-a",
@@ -121,6 +124,22 @@ def test_groups_filter_by_tag_page_and_delete_everything_inside(
     res.delete_group(clients, "cloudtrain-b", timeout_s=10)  # gone: nothing to do
     assert not [r for r in azure.store.resources if "cloudtrain-b" in r]
     assert azure.leftovers()["proximityPlacementGroups"] == ["cloudtrain-ppg"] * 2
+
+
+def test_a_filter_value_is_an_odata_literal_its_quotes_doubled(
+    clients: Clients, azure: StandIn
+) -> None:
+    labels = res.tags("q", "o'brien@host", None)
+    res.ensure_network(clients, "q", labels, "eastus", "203.0.113.7/32", ppg=False)
+    found = res.cluster_groups(clients, res.OWNER, "o'brien@host")
+    assert [g["name"] for g in found] == ["cloudtrain-q"]
+    assert azure.requests("GET", "resourceGroups")[-1].query["$filter"] == (
+        "tagName eq 'cloudtrain-owner' and tagValue eq 'o''brien@host'"
+    )
+    assert res.cluster_groups(clients, res.OWNER, "o'brien") == []
+    groups = clients.resources().resource_groups
+    with pytest.raises(HttpResponseError, match="InvalidFilter"):  # a quote pasted in: no literal
+        list(groups.list(filter="tagName eq 'cloudtrain-owner' and tagValue eq 'o'brien@host'"))
 
 
 def test_only_its_own_tokens_open_arm_and_only_over_tls(azure: StandIn) -> None:
