@@ -1,9 +1,11 @@
 """What cloudtrain knows about torchrun: the command for one node, and reading its failures.
 
 The command is the documented torchrun interface (``python -m torch.distributed.run``) with the
-c10d rendezvous hosted by the head node's agent. `--rdzv-conf is_host=` and `--local-addr` are
-given explicitly: agents that share a hostname (the local provider's nodes, or VMs with
-identical hostnames) otherwise guess the store host from the hostname and hang.
+c10d rendezvous hosted by the head node's agent, through cloudtrain's backend
+(`cloudtrain.jobs.rendezvous`), whose stores listen on the head's private address only.
+`--rdzv-conf is_host=` and `--local-addr` are given explicitly: agents that share a hostname
+(the local provider's nodes, or VMs with identical hostnames) otherwise guess the store host
+from the hostname and hang.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cloudtrain.errors import ConfigError
+from cloudtrain.jobs import rendezvous
 
 _PYTHON = re.compile(r"(.*/)?python(3(\.\d+)?)?")
 _AGENT_TRACEBACK_END = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
@@ -54,7 +57,7 @@ class Launch:
             self.python, "-m", "torch.distributed.run",
             "--nnodes", str(self.num_nodes),
             "--nproc-per-node", str(self.nproc_per_node),
-            "--rdzv-backend", "c10d",
+            "--rdzv-backend", rendezvous.BACKEND,
             "--rdzv-endpoint", self.head,
             "--rdzv-id", self.job_id,
             "--rdzv-conf", f"is_host={int(self.is_head)}",

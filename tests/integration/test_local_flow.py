@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -143,3 +144,30 @@ def test_launch_with_down_runs_the_task_file_and_tears_down(sh: Shell, tmp_path:
     assert "cluster launched is down" in done.stderr
     assert sh.status()["clusters"] == []
     assert sh.processes() == []
+
+
+def listeners(pids: list[int]) -> list[tuple[str, int]]:
+    """(local address, pid) of every TCP socket listening in one of `pids` (``ss``)."""
+    lines = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True).stdout
+    found = []
+    for line in lines.splitlines():
+        owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        if owners & set(pids):
+            found.append((line.split()[3], min(owners & set(pids))))
+    return found
+
+
+def test_a_running_job_listens_on_loopback_only(sh: Shell) -> None:
+    """The rendezvous store, the workers' store and gloo's pairs of a local job listen on
+    127.0.0.1, never on every interface (torch's c10d backend listens on ``*``)."""
+    assert sh("up", "--name", "lo", "--nodes", "2").returncode == 0
+    start = sh("train", "-c", "lo", "--detach", str(SCRIPTS / "grouped_sleeper.py"))
+    assert start.returncode == 0, start.stderr
+    jid = re.search(r"job (lo-\d+) running", start.stderr)
+    assert jid
+    wait_for(lambda: "grouped 2" in sh("logs", jid.group(1)).stdout, what="the process group")
+    found = listeners(sh.processes())
+    assert len(found) >= 4, found  # two stores on the head's agent, a gloo listener per worker
+    assert [a for a, _ in found if not a.startswith("127.0.0.1:")] == [], found
+    assert sh("cancel", jid.group(1)).returncode == 0
+    assert sh("down", "lo").returncode == 0

@@ -104,7 +104,7 @@ def test_submit_starts_one_torchrun_agent_per_node_with_the_env_contract(setup: 
             "--nproc-per-node",
             "8",
             "--rdzv-backend",
-            "c10d",
+            "cloudtrain",
             "--rdzv-endpoint",
             head,
             "--rdzv-id",

@@ -1,0 +1,126 @@
+"""torchrun's c10d rendezvous with its store listening on one address, not on every interface.
+
+torch's own ``c10d`` backend makes the head agent's `TCPStore` listen on ``*:PORT``, with no
+authentication, and the elastic rendezvous unpickles what it reads from that store: on a laptop
+on a shared network (the local provider), or a host of the ssh provider, anyone who reaches the
+port can join the job or worse. This backend is the same rendezvous (torch's
+`DynamicRendezvousHandler` over `C10dRendezvousBackend`), whose store listens only on the
+endpoint's own address: the head's private address, or loopback for local nodes; so does the
+second store torch's head agent hosts for the workers' process group (``--local-addr``). A job
+opens no other listening TCP port but its process group's transport's, which gloo and NCCL bind
+to ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.
+
+It runs on the node, inside torchrun's agent (which imported torch already); it lives here, not
+in `cloudtrain.runtime`, because torchrun loads every plugin of its group at start: importing
+this module costs nothing but itself.
+
+torchrun finds it through its documented plugin group (``torchrun.handlers`` in
+pyproject.toml): ``--rdzv-backend cloudtrain``. It needs ``--rdzv-conf is_host=0|1`` (cloudtrain
+always says which agent hosts the store) and takes torch's other c10d settings.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+
+log = logging.getLogger(__name__)
+
+#: The name torchrun knows it by (``--rdzv-backend``).
+BACKEND = "cloudtrain"
+DEFAULT_PORT = 29400
+
+#: The listening sockets of the stores this process hosts: a store owns the descriptor, the
+#: socket object must outlive it.
+_LISTENERS: list[socket.socket] = []
+
+
+def listener(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on `host` alone (an IPv4 or IPv6 address, or a name). An address
+    this machine does not have (an ssh host named by the public address of a NAT in front of
+    it) cannot be listened on: then every interface is, as torch's own backend does, and the
+    agent's log says so."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        if exc.errno != errno.EADDRNOTAVAIL:
+            sock.close()
+            raise
+        log.warning("%s is not an address of this machine (%s): the rendezvous store listens "
+                    "on every interface", host, exc)  # fmt: skip
+        sock.bind(("::" if family == socket.AF_INET6 else "", port))
+    sock.listen(socket.SOMAXCONN)
+    return sock
+
+
+def create_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """What torchrun calls for ``--rdzv-backend cloudtrain``."""
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+        C10dRendezvousBackend,
+    )
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        create_handler as dynamic_handler,
+    )
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
+    is_host = params.get_as_bool("is_host")
+    if is_host is None:
+        raise ValueError(f"--rdzv-backend {BACKEND} needs --rdzv-conf is_host=0 or 1")
+    timeout = timedelta(seconds=int(params.get_as_int("read_timeout", 60) or 60))
+    extra: dict[str, Any] = {}
+    try:
+        if is_host:
+            sock = listener(host, port)
+            _LISTENERS.append(sock)
+            extra = {"master_listen_fd": sock.fileno(), "wait_for_workers": False}
+        store = TCPStore(host, port, is_master=is_host, timeout=timeout, **extra)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise RendezvousConnectionError(
+            f"the rendezvous store at {host}:{port} could not be "
+            f"{'opened' if is_host else 'reached'}: {exc}"
+        ) from exc
+
+    class Backend(C10dRendezvousBackend):  # torch's, under the name torchrun asked for
+        @property
+        def name(self) -> str:
+            return BACKEND
+
+    handler = dynamic_handler(store, Backend(store, params.run_id), params)
+    # The rank-0 agent hosts a second store for the workers' process group (torch's store
+    # sharing), made by this method with no address to listen on: give it one.
+    if not hasattr(handler, SHARED_STORE_HOOK):
+        raise RuntimeError(f"this torch has no {SHARED_STORE_HOOK}; cloudtrain cannot bind its "
+                           "workers' store to one address")  # fmt: skip
+    setattr(handler, SHARED_STORE_HOOK, bound_store)
+    return handler
+
+
+#: The `DynamicRendezvousHandler` method (torch 2.4 and later) that makes the workers' store.
+SHARED_STORE_HOOK = "_create_tcp_store_server"
+
+
+def bound_store(host: str, port: int) -> Any:
+    """A master `TCPStore` listening on `host` alone (`port` 0: a free one)."""
+    from torch.distributed import TCPStore
+
+    sock = listener(host, port)
+    _LISTENERS.append(sock)
+    return TCPStore(host, sock.getsockname()[1], is_master=True, multi_tenant=True,
+                    master_listen_fd=sock.fileno(), wait_for_workers=False)  # fmt: skip
+
+
+def handler() -> Any:
+    """The entry point torchrun loads (``torchrun.handlers``): it returns the creator."""
+    return create_handler
