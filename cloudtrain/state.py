@@ -220,9 +220,11 @@ class IntentRecord:
 
 
 def _make_home(path: Path) -> None:
-    if not path.is_dir():
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path.chmod(0o700)  # mkdir's mode is masked by the umask
+    """Make the folder 0700, or tighten one that existed looser (made by hand, or by the shell's
+    umask before cloudtrain ran)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if stat.S_IMODE(path.stat().st_mode) & 0o077:
+        path.chmod(0o700)
 
 
 def _make_file(path: Path) -> None:

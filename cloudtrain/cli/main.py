@@ -51,6 +51,8 @@ from cloudtrain.errors import (
 
 EXIT_OK, EXIT_JOB, EXIT_INPUT, EXIT_PROVIDER, EXIT_STATE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_CRASH = 5
+#: Files 0600, folders 0700, for the CLI and what it starts (a local job's files too).
+PRIVATE_UMASK = 0o077
 
 #: a flag whose value is not written to a crash report
 _SECRET_FLAG = re.compile(r"^--?[\w-]*(secret|token|password)[\w-]*$", re.IGNORECASE)
@@ -209,6 +211,9 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
         logging.basicConfig(
             level=level, handlers=[RichHandler(show_path=False)], format="%(message)s"
         )
+    # what cloudtrain writes (state, keys, logs, crash files, local nodes) and what it starts is
+    # this user's alone, whatever the shell's umask or the modes of an older CLOUDTRAIN_HOME
+    os.umask(PRIVATE_UMASK)
     check_environment()
     ctx.obj = App(home=home())
 

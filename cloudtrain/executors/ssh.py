@@ -14,11 +14,13 @@ Every value placed in a remote command (argv, env, paths) is shell-quoted.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import logging
 import os
 import shlex
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,9 +40,30 @@ UNREACHABLE = ("Connection refused", "Connection timed out", "No route to host",
 
 
 def control_dir() -> Path:
-    """A short folder for ControlMaster sockets (a socket path must stay under 108 bytes)."""
+    """A short folder for ControlMaster sockets (a socket path must stay under 108 bytes), in
+    the shared temp folder: made 0700, and refused (`ConfigError`) when it is a symlink or
+    another user's, since whoever controls it could put a socket there that ssh would
+    reuse as a connection to the nodes."""
     folder = Path(tempfile.gettempdir()) / f"cloudtrain-ssh-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
+    with contextlib.suppress(FileExistsError):  # whatever it is, it is looked at next
+        folder.mkdir(mode=0o700)
+    found = os.lstat(folder)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+        what = (
+            "a symlink"
+            if stat.S_ISLNK(found.st_mode)
+            else (
+                "not a folder"
+                if not stat.S_ISDIR(found.st_mode)
+                else f"owned by uid {found.st_uid}"
+            )
+        )
+        raise ConfigError(
+            f"ssh control folder {folder} is {what}, not this user's own folder: remove it, or "
+            "set TMPDIR to a folder only you can write"
+        )  # fmt: skip
+    if stat.S_IMODE(found.st_mode) & 0o077:
+        folder.chmod(0o700)
     return folder
 
 

@@ -98,7 +98,7 @@ def _read(text: str, source: str) -> tuple[dict[Any, Any], dict[str, int]]:
                     f"({', '.join(TASK_FIELDS)}), got {kind}"
                 )
             lines: dict[str, int] = {}
-            _index(node, "", lines, source, frozenset())
+            _index(node, "", lines, source, set())
             data: dict[Any, Any] = loader.construct_document(node)
         finally:
             loader.dispose()
@@ -114,9 +114,12 @@ def _index(
     prefix: str,
     lines: dict[str, int],
     source: str,
-    ancestors: frozenset[int],
+    walked: set[int],
 ) -> None:
-    """Record each key's line under its dotted path; raise on a key given twice."""
+    """Record each key's line under its dotted path; raise on a key given twice. Each node is
+    walked once: an alias of a mapping already walked (or of one it is inside) is not walked
+    again, so nested aliases (a "billion laughs" file) cost their size, not their expansion."""
+    walked.add(id(node))
     seen: dict[tuple[str, str], int] = {}
     for key, value in node.value:
         if not isinstance(key, yaml.ScalarNode) or key.tag == _MERGE_TAG:
@@ -128,8 +131,8 @@ def _index(
                 f"{source}:{_line(key)}: duplicate key {path!r} (first on line {first})"
             )
         seen[key.tag, key.value] = lines[path] = _line(key)
-        if isinstance(value, yaml.MappingNode) and id(value) not in ancestors:
-            _index(value, path + ".", lines, source, ancestors | {id(node)})
+        if isinstance(value, yaml.MappingNode) and id(value) not in walked:
+            _index(value, path + ".", lines, source, walked)
 
 
 def _line(node: yaml.Node) -> int:

@@ -131,3 +131,23 @@ def test_setup_runs_with_the_jobs_python_first_on_path(sh: Shell, tmp_path: Path
     assert "job ran" in done.stdout
     if Path(sys.prefix, "pyvenv.cfg").is_file():
         assert f"venv={Path(sys.prefix).resolve()}" in done.stdout
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """A task file of a few hundred bytes whose aliases expand to 9**levels nodes."""
+    keys = "abcdefghi"
+    lines = ["name: bomb", "envs:", "  L0: &l0 {" + ", ".join(f"{k}: 1" for k in keys) + "}"]
+    for n in range(1, levels):
+        refs = ", ".join(f"{k}: *l{n - 1}" for k in keys)
+        lines.append(f"  L{n}: &l{n} {{{refs}}}")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_task_file_of_nested_aliases_is_one_line_not_a_hang(sh: Shell, tmp_path: Path) -> None:
+    task = tmp_path / "task.yaml"
+    task.write_text(alias_bomb())
+    assert len(task.read_bytes()) < 1000
+    done = sh("up", str(task), timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"error: {task}:3: envs.L0 must be a string or number"
+    assert sh.status()["clusters"] == []

@@ -16,7 +16,18 @@ pytestmark = pytest.mark.integration
 EXAMPLE = REPO / "examples" / "digits_ddp.py"
 
 
+def loose(home: Path) -> list[str]:
+    """What under `home` another user could read or enter (symlinks and sockets aside)."""
+    return [
+        f"{oct(path.stat().st_mode & 0o777)} {path}"
+        for path in [home, *home.rglob("*")]
+        if not path.is_symlink() and not path.is_socket() and path.stat().st_mode & 0o077
+    ]
+
+
 def test_two_node_ddp_trains_streams_both_nodes_and_leaves_nothing(sh: Shell) -> None:
+    sh.home.mkdir(mode=0o755)  # a home made by hand, as loose as the shell's umask makes it
+    sh.home.chmod(0o755)
     up = sh("up", "--provider", "local", "--nodes", "2", "--name", "demo")
     assert up.returncode == 0, up.stderr
     assert "cluster demo is up: 2 node(s)" in up.stdout
@@ -53,6 +64,7 @@ def test_two_node_ddp_trains_streams_both_nodes_and_leaves_nothing(sh: Shell) ->
     assert "epoch 6/6" in again.stdout
     assert "epoch 5/6" not in again.stdout
 
+    assert loose(sh.home) == [], "every file 0600, every folder 0700"
     down = sh("down", "demo")
     assert down.returncode == 0
     assert "is down" in down.stdout
