@@ -11,6 +11,7 @@ import click
 from cloudtrain.cli.app import App
 from cloudtrain.cli.options import (
     account,
+    cluster_name,
     given_options,
     listed,
     loose_settings,
@@ -183,7 +184,7 @@ def up(
 
 
 @click.command()
-@click.argument("name", required=False)
+@click.argument("name", required=False, callback=cluster_name)
 @click.option(
     "--provider",
     "-p",
@@ -292,7 +293,7 @@ def _every_cluster(
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--cluster", "-c", help="Only this cluster's jobs.")
+@click.option("--cluster", "-c", callback=cluster_name, help="Only this cluster's jobs.")
 @click.option("--refresh", is_flag=True, help="Ask each provider which nodes really exist.")
 @pass_app
 def status(app: App, as_json: bool, cluster: str | None, refresh: bool) -> None:

@@ -16,6 +16,8 @@ import click
 
 from cloudtrain.cli.app import App
 from cloudtrain.cli.clusters import bring_up, cluster_options, load_task
+from cloudtrain.cli.options import cluster_name
+from cloudtrain.cli.options import job_id as job_id_arg
 
 if TYPE_CHECKING:
     from cloudtrain.jobs.coordinator import Coordinator, JobSpec
@@ -188,7 +190,12 @@ def _train_and_maybe_down(app: App, cluster: str, job: JobSpec, detach: bool, do
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
-@click.option("--cluster", "-c", help="The cluster to run on (default: the task file's name).")
+@click.option(
+    "--cluster",
+    "-c",
+    callback=cluster_name,
+    help="The cluster to run on (default: the task file's name).",
+)
 @click.option(
     "--workdir",
     type=click.Path(file_okay=False, exists=True, path_type=Path),
@@ -245,7 +252,7 @@ def launch(app: App, /, task_file: Path, detach: bool, down: bool, **flags: Any)
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", callback=job_id_arg)
 @click.option("--follow", "-f", is_flag=True, help="Keep streaming until the job ends.")
 @pass_app
 def logs(app: App, job_id: str, follow: bool) -> None:
@@ -264,7 +271,7 @@ def logs(app: App, job_id: str, follow: bool) -> None:
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", callback=job_id_arg)
 @pass_app
 def cancel(app: App, job_id: str) -> None:
     """Stop every rank of JOB_ID on every node; nothing of it keeps running."""

@@ -147,3 +147,21 @@ def account(extra: Mapping[str, Any], provider: str | None = None) -> dict[str, 
     """The account a cluster was made in, from its recorded options."""
     keys = account_keys(provider)
     return {k: v for k, v in extra.items() if k in keys and v}
+
+
+# -- names on the command line --------------------------------------------------------------------
+
+
+def cluster_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: a cluster name given to any command is checked the one way `up` checks
+    it, before it reaches a path, a lock, a filter or a record."""
+    from cloudtrain.spec import validate_name
+
+    return None if value is None else validate_name(value, "cluster")
+
+
+def job_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A click callback: a job id, checked before it is looked up."""
+    from cloudtrain.spec import validate_job_id
+
+    return validate_job_id(value)

@@ -153,6 +153,21 @@ def validate_name(name: object, field: str = "name") -> str:
     return name
 
 
+#: A job's id: its cluster's name and a sequence number (``exp1-3``).
+JOB_ID_RE = re.compile(r"[a-z][a-z0-9-]{0,39}-[0-9]{1,9}")
+
+
+def validate_job_id(value: object, field: str = "job id") -> str:
+    """A job id as `State` makes them; anything else is refused before it is looked up."""
+    if not isinstance(value, str) or not JOB_ID_RE.fullmatch(value):
+        raise SpecError(
+            field,
+            f"{field} {value!r} is not a job id: a cluster name, '-' and a number (e.g. "
+            "'exp1-3'); `cloudtrain status` lists jobs",
+        )
+    return value
+
+
 def parse_gpus(
     value: str, known: Sequence[str], field: str = "resources.accelerator"
 ) -> tuple[str, int]:

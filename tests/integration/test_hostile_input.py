@@ -151,3 +151,31 @@ def test_a_task_file_of_nested_aliases_is_one_line_not_a_hang(sh: Shell, tmp_pat
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"error: {task}:3: envs.L0 must be a string or number"
     assert sh.status()["clusters"] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["down", "../../victim"], "cluster '../../victim' is not a valid cluster name"),
+        (["down", "../../victim", "--forget"], "is not a valid cluster name"),
+        (["status", "-c", "../../victim"], "is not a valid cluster name"),
+        (["train", "-c", "../../victim", "x.py"], "is not a valid cluster name"),
+        (["logs", "../../victim-1"], "job id '../../victim-1' is not a job id"),
+        (["cancel", "x-1; touch pwned"], "is not a job id"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and " " not in v else None,
+)
+def test_a_name_that_is_no_name_is_refused_by_every_command(
+    sh: Shell, tmp_path: Path, args: list[str], message: str
+) -> None:
+    """`down ../../victim` once deleted <home>/local/../../victim; every command that takes a
+    cluster name or a job id checks it the one way `up` does, before anything reads it."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep")
+    done = sh(*args)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert message in done.stderr
+    assert (victim / "precious").read_text() == "keep"
+    assert not (sh.home / "state.db").exists(), "refused before the state was opened"
