@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 #: A cluster whose nodes run but whose bootstrap nobody watched to the end (Ctrl-C in `up`).
 UNWATCHED = "unwatched"
+#: A node's state when its host does not answer (the ssh provider's hosts).
+UNREACHABLE = "unreachable"
 
 
 def provider(name: str, home: Path, options: Mapping[str, Any] | None = None) -> Provider:
@@ -168,6 +170,10 @@ def _up(
         except Exception:  # cannot tell what exists: keep the record, so `down` can clean
             log.warning("could not list what the failed up of %s left", spec.name)
             left = None
+        if left and current is None and all(n.state == UNREACHABLE for n in left):
+            # hosts this `up` could not reach (a refused host key, a host that is down) hold
+            # nothing it wrote: it writes only once every host answered
+            left = []
         if left:  # a half-made cluster: keep the record so `up` completes it, `down` removes it
             state.set_nodes(spec.name, left)
         if left is None or left:
@@ -264,7 +270,7 @@ def forget(state: State, home: Path, name: str, on_event: OnEvent = ignore_event
                    f"`cloudtrain down {name} --provider {record.provider}` finds by "
                    "tag")  # fmt: skip
         else:
-            live = [n for n in found if n.state != "unreachable"]
+            live = [n for n in found if n.state != UNREACHABLE]
             if live or left:
                 what = f"{len(live)} node(s)" if live else ", ".join(left)
                 raise ConfigError(
