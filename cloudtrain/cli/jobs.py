@@ -87,9 +87,29 @@ def job_from_script(
     )
 
 
+#: A workdir larger than this gets a warning before it is copied to every node.
+SYNC_WARN_BYTES = 200_000_000
+
+
+def show_sync_size(app: App, workdir: Path) -> None:
+    """Say what the sync copies to each node, and warn when it is large (data or outputs that
+    an ignore file should keep home)."""
+    from cloudtrain.executors.base import IGNORE_FILES, sync_size
+
+    size = sync_size(workdir)
+    app.note(f"syncing {workdir}: {size} to each node")
+    if size.bytes > SYNC_WARN_BYTES:
+        app.note(
+            f"warning: the workdir holds more than {SYNC_WARN_BYTES // 1_000_000} MB; name "
+            f"what the job does not need (data, outputs) in {' or '.join(IGNORE_FILES)}"
+        )
+
+
 def run_job(app: App, coord: Coordinator, cluster: str, job: JobSpec, detach: bool) -> JobRecord:
     """Submit, then follow until the end (unless `detach`). Ctrl-C while following leaves the
     job running and exits 130 after saying how to find it again."""
+    if job.workdir is not None:
+        show_sync_size(app, job.workdir)
     rec = coord.submit(cluster, job, on_line=app.node_line)
     app.note(f"job {rec.id} running on {rec.num_nodes} node(s) × {rec.nproc_per_node} process(es)")
     if detach:

@@ -7,8 +7,9 @@ non-zero exit: it returns the code, and `RunResult.check()` turns it into a `Com
 
 from __future__ import annotations
 
+import fnmatch
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ SECRET_EXCLUDES = (
     "id_dsa", "id_dsa.pub", "credentials.json", "application_default_credentials.json",
 )  # fmt: skip
 IGNORE_FILE = ".cloudtrainignore"
+#: Read at the top of a workdir: what they name stays home.
+IGNORE_FILES = (".gitignore", IGNORE_FILE)
 #: ssh's own exit status when it could not connect, or lost the connection (the remote command
 #: may still be running); no command cloudtrain runs on a node exits with it.
 SSH_FAILED = 255
@@ -100,15 +103,68 @@ class Executor(Protocol):
 
 def ignore_patterns(tree: Path, extra: Iterable[str] = ()) -> list[str]:
     """The glob patterns a sync of `tree` skips: credentials (always), defaults, `extra`, and
-    `.cloudtrainignore`."""
+    the lines of the tree's top `.gitignore` and `.cloudtrainignore`, as rsync's ``--exclude``
+    reads them (a leading '/' anchors at the top; '!' lines are not read: what they would
+    bring back stays home)."""
     patterns = [*SECRET_EXCLUDES, *DEFAULT_EXCLUDES, *extra]
-    ignore = tree / IGNORE_FILE
-    if ignore.is_file():
-        for line in ignore.read_text().splitlines():
-            line = line.strip()
-            if line and not line.startswith("#"):
-                patterns.append(line.rstrip("/"))
+    for name in IGNORE_FILES:
+        ignore = tree / name
+        if ignore.is_file():
+            for line in ignore.read_text(errors="replace").splitlines():
+                line = line.strip()
+                if line and not line.startswith(("#", "!")):
+                    patterns.append(line.rstrip("/"))
     return patterns
+
+
+def ignored(rel: Path, patterns: Sequence[str]) -> bool:
+    """As rsync's ``--exclude`` reads `patterns`: one without '/' matches a name anywhere, one
+    with a leading '/' the path from the top, any other one with '/' the end of the path."""
+    text = rel.as_posix()
+    return any(
+        fnmatch.fnmatch(text, p[1:])
+        if p.startswith("/")
+        else fnmatch.fnmatch(text, p) or fnmatch.fnmatch(text, "*/" + p)
+        if "/" in p
+        else fnmatch.fnmatch(rel.name, p)
+        for p in patterns
+    )
+
+
+def sync_listing(tree: Path, extra: Iterable[str] = ()) -> Iterator[tuple[Path, Path | None]]:
+    """What a sync of `tree` copies, top-down: (relative path, None) for each folder, then
+    (relative path, absolute path) for each file in it. The one walk both executors' `put`
+    and the size shown before a job's sync come from."""
+    patterns = ignore_patterns(tree, extra)
+    for dirpath, dirnames, filenames in os.walk(tree):
+        rel_dir = Path(dirpath).relative_to(tree)
+        dirnames[:] = sorted(d for d in dirnames if not ignored(rel_dir / d, patterns))
+        yield rel_dir, None
+        for name in sorted(filenames):
+            if not ignored(rel_dir / name, patterns):
+                yield rel_dir / name, Path(dirpath) / name
+
+
+@dataclass(frozen=True)
+class SyncSize:
+    """How much a sync of a workdir copies to each node."""
+
+    files: int
+    bytes: int
+
+    def __str__(self) -> str:
+        size = float(self.bytes)
+        for unit in ("B", "KB", "MB", "GB"):
+            if size < 1000 or unit == "GB":
+                break
+            size /= 1000
+        shown = f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        return f"{self.files} file(s), {shown}"
+
+
+def sync_size(tree: Path, extra: Iterable[str] = ()) -> SyncSize:
+    found = [f for _, f in sync_listing(tree, extra) if f is not None and not f.is_symlink()]
+    return SyncSize(len(found), sum(f.stat().st_size for f in found))
 
 
 T = TypeVar("T")

@@ -7,7 +7,6 @@ the same small shell wrapper as on remote nodes (`DETACH_SCRIPT`), so a job's fi
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import IO, cast
 
 from cloudtrain.errors import CommandError
-from cloudtrain.executors.base import DETACH_SCRIPT, RunResult, ignore_patterns
+from cloudtrain.executors.base import DETACH_SCRIPT, RunResult, sync_listing
 
 
 class LocalExecutor:
@@ -137,34 +136,17 @@ class LocalExecutor:
         if local.is_file():
             _copy_if_changed(local, target)
             return
-        patterns = ignore_patterns(local, excludes)
         wanted: set[Path] = set()
-        for dirpath, dirnames, filenames in os.walk(local):
-            rel_dir = Path(dirpath).relative_to(local)
-            dirnames[:] = [d for d in dirnames if not _ignored(rel_dir / d, patterns)]
-            (target / rel_dir).mkdir(parents=True, exist_ok=True)
-            wanted.add(rel_dir)
-            for name in filenames:
-                rel = rel_dir / name
-                if not _ignored(rel, patterns):
-                    wanted.add(rel)
-                    _copy_if_changed(Path(dirpath) / name, target / rel)
+        for rel, source in sync_listing(local, excludes):
+            wanted.add(rel)
+            if source is None:
+                (target / rel).mkdir(parents=True, exist_ok=True)
+            else:
+                _copy_if_changed(source, target / rel)
         _remove_stale(target, wanted)
 
     def close(self) -> None:
         """Nothing to release."""
-
-
-def _ignored(rel: Path, patterns: Sequence[str]) -> bool:
-    """As rsync's ``--exclude`` reads `patterns`: one without '/' matches a name anywhere; one
-    with '/' matches the end of the path."""
-    text = rel.as_posix()
-    return any(
-        fnmatch.fnmatch(text, p) or fnmatch.fnmatch(text, "*/" + p)
-        if "/" in p
-        else fnmatch.fnmatch(rel.name, p)
-        for p in patterns
-    )
 
 
 def _copy_if_changed(src: Path, dst: Path) -> None:

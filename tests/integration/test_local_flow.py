@@ -41,6 +41,7 @@ def test_two_node_ddp_trains_streams_both_nodes_and_leaves_nothing(sh: Shell) ->
     assert "[node 1] " in train.stdout
     job_id = re.search(r"job (demo-\d+) succeeded", train.stderr)
     assert job_id, train.stderr
+    assert re.search(r"syncing .*examples: \d+ file\(s\), [\d.]+ [KM]?B to each node", train.stderr)
 
     job = sh.job(job_id.group(1))
     assert job["status"] == "succeeded"
