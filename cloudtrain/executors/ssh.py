@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import ipaddress
 import logging
 import os
 import shlex
@@ -65,13 +64,6 @@ def control_dir() -> Path:
     if stat.S_IMODE(found.st_mode) & 0o077:
         folder.chmod(0o700)
     return folder
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def remote_script(
@@ -146,7 +138,7 @@ class SshExecutor:
         if self._connected:
             return
         by_env = os.environ.get("CLOUDTRAIN_SSH_LOOPBACK_ONLY") == "1"
-        if (by_env or self.loopback_only) and not _loopback(self.host):
+        if (by_env or self.loopback_only) and not access.is_loopback(self.host):
             why = (
                 "CLOUDTRAIN_SSH_LOOPBACK_ONLY=1 (set by test suites so that no packet leaves "
                 "the machine)" if by_env else "its provider's endpoint is a local stand-in, "

@@ -52,6 +52,19 @@ print(json.dumps({
 """
 
 
+def trust_warning(addresses: Sequence[str]) -> str:
+    """What a multi-node job opens on hosts cloudtrain has no firewall for, and the rule that
+    keeps it among them (clouds get theirs from `up`: only the cluster's nodes reach them)."""
+    listed = ", ".join(addresses)
+    sources = " ".join(f"'ufw allow proto tcp from {a}'" for a in addresses)
+    return (
+        f"a job on these hosts listens on {listed} (the rendezvous store and gloo/NCCL, on "
+        "ports chosen per job), which torch does not authenticate: whoever reaches those "
+        f"addresses can join it. Let only the hosts reach each other, e.g. on each host "
+        f"{sources}, with other incoming TCP refused but SSH"
+    )
+
+
 class SshProvider:
     """Clusters on machines you already have."""
 
@@ -137,6 +150,9 @@ class SshProvider:
             if spec.resources.count and fact["gpus"] < spec.resources.count:
                 raise ConfigError(f"{host} has {fact['gpus']} GPUs, not {spec.resources.count}")
         fan_out(lambda i: self._make_node(spec, i, hosts[i], facts[i]), list(range(len(hosts))))
+        exposed = [h.address for h in hosts if not access.is_loopback(h.address)]
+        if exposed and spec.num_nodes > 1:
+            on_event(Event("warning", trust_warning(exposed)))
         return self.describe(spec.name)
 
     def _facts(self, host: Host) -> dict[str, Any]:

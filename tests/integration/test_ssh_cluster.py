@@ -207,4 +207,41 @@ def test_without_python_each_node_gets_a_venv_with_torch_and_this_cloudtrain(
         assert done.stdout.startswith(str(venv)), "cloudtrain is the venv's own copy"
     train = sh("train", "-c", name, str(SCRIPTS / "countdown.py"))
     assert train.returncode == 0, train.stdout + train.stderr
+    # a SkyPilot user's first task: `setup: pip install ...`, then a job that imports it
+    work = tmp_path / "proj"
+    wheel = tiny_wheel(work)
+    (work / "uses_it.py").write_text("import tinyct\nprint('tinyct says', tinyct.VALUE)\n")
+    task = work / "task.yaml"
+    task.write_text(f"workdir: .\nsetup: pip install --no-index {wheel.name}\nrun: uses_it.py\n")
+    launch = sh("launch", str(task), *args[1:], "--torch-index", index.as_uri(), timeout=900)
+    assert launch.returncode == 0, launch.stdout + launch.stderr
+    assert "Successfully installed tinyct-1.0" in launch.stdout
+    assert launch.stdout.count("tinyct says 42") == 2, launch.stdout
     assert sh("down", name).returncode == 0
+
+
+def tiny_wheel(folder: Path) -> Path:
+    """A one-module wheel (``tinyct``) that pip installs with no index and no build step."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {
+        "tinyct.py": "VALUE = 42\n",
+        "tinyct-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinyct\nVersion: 1.0\n",
+        "tinyct-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: cloudtrain-tests\n"
+        "Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+
+    def digest(text: str) -> str:
+        raw = hashlib.sha256(text.encode()).digest()
+        return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    record = "".join(f"{n},{digest(t)},{len(t.encode())}\n" for n, t in files.items())
+    files["tinyct-1.0.dist-info/RECORD"] = record + "tinyct-1.0.dist-info/RECORD,,\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "tinyct-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return wheel

@@ -92,3 +92,12 @@ def test_what_the_bootstrap_may_install_on_your_machines(tmp_path: Path) -> None
     assert sudo.torch_index == "https://mirror.example/whl/cu126"
     with pytest.raises(ConfigError, match="give --hosts or --inventory, not both"):
         provider(inventory=str(tmp_path / "x.yaml"))
+
+
+def test_the_trust_warning_names_every_host_and_the_rule_to_add() -> None:
+    from cloudtrain.providers.ssh.provider import trust_warning
+
+    text = trust_warning(["10.0.0.5", "10.0.0.6"])
+    assert "listens on 10.0.0.5, 10.0.0.6" in text
+    assert "'ufw allow proto tcp from 10.0.0.5' 'ufw allow proto tcp from 10.0.0.6'" in text
+    assert "\n" not in text
