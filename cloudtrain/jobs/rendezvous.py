@@ -64,7 +64,7 @@ def listener(host: str, port: int) -> socket.socket:
 
 def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     """What torchrun calls for ``--rdzv-backend cloudtrain``."""
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported from torch._C
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
         C10dRendezvousBackend,
@@ -113,7 +113,7 @@ SHARED_STORE_HOOK = "_create_tcp_store_server"
 
 def bound_store(host: str, port: int) -> Any:
     """A master `TCPStore` listening on `host` alone (`port` 0: a free one)."""
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported from torch._C
 
     sock = listener(host, port)
     _LISTENERS.append(sock)
