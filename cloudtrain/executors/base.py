@@ -28,7 +28,7 @@ SECRET_EXCLUDES = (
     "id_dsa", "id_dsa.pub", "credentials.json", "application_default_credentials.json",
 )  # fmt: skip
 IGNORE_FILE = ".cloudtrainignore"
-#: Read at the top of a workdir: what they name stays home.
+#: What they name stays home: the workdir's own, and every folder's `.gitignore`.
 IGNORE_FILES = (".gitignore", IGNORE_FILE)
 #: ssh's own exit status when it could not connect, or lost the connection (the remote command
 #: may still be running); no command cloudtrain runs on a node exits with it.
@@ -102,46 +102,80 @@ class Executor(Protocol):
 
 
 def ignore_patterns(tree: Path, extra: Iterable[str] = ()) -> list[str]:
-    """The glob patterns a sync of `tree` skips: credentials (always), defaults, `extra`, and
-    the lines of the tree's top `.gitignore` and `.cloudtrainignore`, as rsync's ``--exclude``
-    reads them (a leading '/' anchors at the top; '!' lines are not read: what they would
-    bring back stays home)."""
+    """The patterns a sync of `tree` skips everywhere (rsync's ``--exclude``): credentials
+    (always), defaults, `extra`, and the lines of the tree's `.cloudtrainignore`. Each folder's
+    `.gitignore` is read too, for what is below it (`gitignore_rules`, rsync's
+    ``--filter=':- .gitignore'``)."""
     patterns = [*SECRET_EXCLUDES, *DEFAULT_EXCLUDES, *extra]
-    for name in IGNORE_FILES:
-        ignore = tree / name
-        if ignore.is_file():
-            for line in ignore.read_text(errors="replace").splitlines():
-                line = line.strip()
-                if line and not line.startswith(("#", "!")):
-                    patterns.append(line.rstrip("/"))
+    ignore = tree / IGNORE_FILE
+    if ignore.is_file():
+        for line in ignore.read_text(errors="replace").splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                patterns.append(line.rstrip("/"))
     return patterns
 
 
-def ignored(rel: Path, patterns: Sequence[str]) -> bool:
-    """As rsync's ``--exclude`` reads `patterns`: one without '/' matches a name anywhere, one
-    with a leading '/' the path from the top, any other one with '/' the end of the path."""
+#: rsync's filter rule that reads every folder's `.gitignore` as excludes for what is below it.
+GITIGNORE_FILTER = ":- .gitignore"
+
+
+def gitignore_rules(folder: Path) -> list[str]:
+    """The excludes of `folder`'s `.gitignore` as rsync's ``:-`` merge reads them: each line
+    a pattern (a leading '/' anchors at `folder`, a trailing '/' matches folders only), '#'
+    lines and blank ones skipped. A ``!pattern`` line is no negation there, only a name that
+    matches nothing: what git would bring back stays home."""
+    path = folder / ".gitignore"
+    if not path.is_file():
+        return []
+    lines = path.read_text(errors="replace").splitlines()
+    return [line for line in lines if line.strip() and not line.startswith("#")]
+
+
+def ignored(rel: Path, patterns: Sequence[str], *, folder: bool = False) -> bool:
+    """As rsync reads `patterns` for `rel` (a path below where they apply): one without '/'
+    matches a name anywhere, one with a leading '/' the path from the top, any other one with
+    '/' the end of the path; one ending in '/' only a `folder`."""
     text = rel.as_posix()
-    return any(
-        fnmatch.fnmatch(text, p[1:])
-        if p.startswith("/")
-        else fnmatch.fnmatch(text, p) or fnmatch.fnmatch(text, "*/" + p)
-        if "/" in p
-        else fnmatch.fnmatch(rel.name, p)
-        for p in patterns
-    )
+    for p in patterns:
+        if p.endswith("/"):
+            if not folder:
+                continue
+            p = p.rstrip("/")
+        if p.startswith("/"):
+            hit = fnmatch.fnmatch(text, p[1:])
+        elif "/" in p:
+            hit = fnmatch.fnmatch(text, p) or fnmatch.fnmatch(text, "*/" + p)
+        else:
+            hit = fnmatch.fnmatch(rel.name, p)
+        if hit:
+            return True
+    return False
 
 
 def sync_listing(tree: Path, extra: Iterable[str] = ()) -> Iterator[tuple[Path, Path | None]]:
     """What a sync of `tree` copies, top-down: (relative path, None) for each folder, then
     (relative path, absolute path) for each file in it. The one walk both executors' `put`
-    and the size shown before a job's sync come from."""
-    patterns = ignore_patterns(tree, extra)
+    and the size shown before a job's sync come from; rsync is told the same rules."""
+    everywhere = ignore_patterns(tree, extra)
+    scoped: dict[Path, list[str]] = {}  # a folder's .gitignore rules, for what is below it
+
+    def skipped(rel: Path, folder: bool) -> bool:
+        if ignored(rel, everywhere, folder=folder):
+            return True
+        return any(
+            ignored(rel.relative_to(base), rules, folder=folder)
+            for base, rules in scoped.items()
+            if rules and base in rel.parents
+        )
+
     for dirpath, dirnames, filenames in os.walk(tree):
         rel_dir = Path(dirpath).relative_to(tree)
-        dirnames[:] = sorted(d for d in dirnames if not ignored(rel_dir / d, patterns))
+        scoped[rel_dir] = gitignore_rules(Path(dirpath))
+        dirnames[:] = sorted(d for d in dirnames if not skipped(rel_dir / d, True))
         yield rel_dir, None
         for name in sorted(filenames):
-            if not ignored(rel_dir / name, patterns):
+            if not skipped(rel_dir / name, False):
                 yield rel_dir / name, Path(dirpath) / name
 
 

@@ -27,7 +27,12 @@ from pathlib import Path
 
 from cloudtrain import access
 from cloudtrain.errors import CommandError, ConfigError, ProviderError
-from cloudtrain.executors.base import DETACH_SCRIPT, RunResult, ignore_patterns
+from cloudtrain.executors.base import (
+    DETACH_SCRIPT,
+    GITIGNORE_FILTER,
+    RunResult,
+    ignore_patterns,
+)
 from cloudtrain.executors.local import LocalExecutor
 from cloudtrain.spec import ENV_NAME_RE
 
@@ -219,6 +224,7 @@ class SshExecutor:
         if local.is_dir():
             for pattern in ignore_patterns(local, excludes):
                 argv += ["--exclude", pattern]
+            argv += ["--filter", GITIGNORE_FILTER]  # after: the excludes above win
             source, parent = f"{local}/", remote
         else:
             source, parent = str(local), str(Path(remote).parent)

@@ -171,6 +171,30 @@ def test_put_never_copies_credentials(hosts: tuple[Path, list[SshHost]], tmp_pat
     ex.close()
 
 
+def test_put_copies_what_the_local_walk_lists(
+    hosts: tuple[Path, list[SshHost]], tmp_path: Path
+) -> None:
+    """Over ssh, rsync is told the ignore rules the local walk (and the size shown) use: every
+    folder's .gitignore, the .cloudtrainignore, the credentials."""
+    from tests.unit.executors.test_sync_listing import CLOUDTRAINIGNORE, COPIED, GITIGNORE, TREE
+
+    home, (host, _) = hosts
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    for rel, text in {
+        **TREE,
+        ".gitignore": GITIGNORE,
+        ".cloudtrainignore": CLOUDTRAINIGNORE,
+    }.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    ex = executor(home, host)
+    try:
+        ex.put(src, str(dst))
+    finally:
+        ex.close()
+    assert {p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file()} == COPIED
+
+
 def test_fan_out_over_hosts(hosts: tuple[Path, list[SshHost]]) -> None:
     home, up = hosts
     executors = [executor(home, h) for h in up]

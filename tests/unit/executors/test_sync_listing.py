@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.executors.base import ignore_patterns, sync_listing, sync_size
+from cloudtrain.executors.base import (
+    GITIGNORE_FILTER,
+    ignore_patterns,
+    sync_listing,
+    sync_size,
+)
 from cloudtrain.executors.local import LocalExecutor
 
 TREE = {
@@ -17,16 +22,29 @@ TREE = {
     "lib/model.py": "x = 1\n",
     "lib/build/out.o": "binary",
     "build/big.bin": "0" * 1000,
+    "src/build": "a file named like the folder pattern build/",
     "data/raw/a.csv": "1,2\n",
     "data/keep.txt": "k",
+    "data/cache/x.npy": "0",
+    "data/.gitignore": "/cache\n*.tmp\n",
+    "data/sub/y.tmp": "t",
+    "data/sub/z.txt": "z",
     "notes.log": "log",
     "docs/notes.log": "log",
+    "docs/.gitignore": "ignored.md\n!kept.md\n",
+    "docs/ignored.md": "stays home",
+    "docs/kept.md": "never ignored: the '!' line is a name, not a negation",
     ".env": "TOKEN=secret",
     "conf/.aws/credentials": "[default]",
     "!important": "a file whose name starts with '!'",
 }
-GITIGNORE = "# outputs\n/build/\n*.log\ndata/raw\n!data/raw/a.csv\n\n"
+GITIGNORE = "# outputs\nbuild/\n*.log\ndata/raw\n!data/raw/a.csv\n\n"
 CLOUDTRAINIGNORE = "lib/build\n"
+#: what is copied of TREE and the two ignore files
+COPIED = {
+    "train.py", "lib/model.py", "src/build", "data/keep.txt", "data/.gitignore", "data/sub/z.txt",
+    "docs/.gitignore", "docs/kept.md", "!important", ".gitignore", ".cloudtrainignore",
+}  # fmt: skip
 
 
 @pytest.fixture
@@ -44,21 +62,20 @@ def files(root: Path) -> set[str]:
     return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
 
 
-def test_the_gitignore_and_cloudtrainignore_keep_what_they_name_home(tree: Path) -> None:
+def test_every_folders_gitignore_and_the_cloudtrainignore_keep_what_they_name_home(
+    tree: Path,
+) -> None:
     listed = {rel.as_posix() for rel, source in sync_listing(tree) if source is not None}
-    assert listed == {
-        "train.py", "lib/model.py", "data/keep.txt", "!important", ".gitignore",
-        ".cloudtrainignore",
-    }  # fmt: skip
-    assert "!data/raw/a.csv" not in ignore_patterns(tree), "a negation is not an exclude"
+    assert listed == COPIED
 
 
 def test_the_local_walk_copies_what_rsync_copies(tree: Path, tmp_path: Path) -> None:
     if shutil.which("rsync") is None:
         pytest.skip("rsync is not installed")
     by_rsync = tmp_path / "rsync"
-    excludes = [a for p in ignore_patterns(tree) for a in ("--exclude", p)]
-    subprocess.run(["rsync", "-a", *excludes, "--", f"{tree}/", str(by_rsync)], check=True)
+    rules = [a for p in ignore_patterns(tree) for a in ("--exclude", p)]
+    rules += ["--filter", GITIGNORE_FILTER]  # as the ssh executor tells it
+    subprocess.run(["rsync", "-a", *rules, "--", f"{tree}/", str(by_rsync)], check=True)
     by_local = tmp_path / "local"
     LocalExecutor().put(tree, str(by_local))
     assert files(by_local) == files(by_rsync)
@@ -67,8 +84,6 @@ def test_the_local_walk_copies_what_rsync_copies(tree: Path, tmp_path: Path) -> 
 
 def test_the_size_shown_is_what_is_copied(tree: Path) -> None:
     size = sync_size(tree)
-    expected = [tree / "train.py", tree / "lib/model.py", tree / "data/keep.txt",
-                tree / "!important", tree / ".gitignore", tree / ".cloudtrainignore"]  # fmt: skip
-    assert size.files == len(expected)
-    assert size.bytes == sum(p.stat().st_size for p in expected)
-    assert str(size) == f"6 file(s), {size.bytes} B"
+    assert size.files == len(COPIED)
+    assert size.bytes == sum((tree / rel).stat().st_size for rel in COPIED)
+    assert str(size) == f"{len(COPIED)} file(s), {size.bytes} B"
