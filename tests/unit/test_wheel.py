@@ -21,7 +21,7 @@ def test_the_wheel_holds_every_package_tree_with_a_valid_record(tmp_path: Path) 
     assert wheel.build(tmp_path) == built  # cached by content
     with zipfile.ZipFile(built) as archive:
         names = set(archive.namelist())
-        for expected in ("cloudtrain/node.py", "cloudtrain/runtime/dist.py",
+        for expected in ("cloudtrain/node/__init__.py", "cloudtrain/runtime/dist.py",
                          "cloudtrain/providers/local/provider.py",
                          "cloudtrain/templates/bootstrap.sh"):  # fmt: skip
             assert expected in names

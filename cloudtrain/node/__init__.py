@@ -222,7 +222,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             spare = int(pid_text) if pid_text and pid_text.isdigit() else None
         print(json.dumps(kill_matching(match, args.grace, spare)))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
