@@ -8,6 +8,9 @@ Stdlib only and quick to start, because it runs on every node for every job::
     python -m cloudtrain.node status JOB_DIR          one JSON line: exit code, alive, pid
     python -m cloudtrain.node kill --match K=V ...    stop every process whose environment has
                      [--grace S] [--mark JOB_DIR]     all K=V (TERM, then KILL after S seconds)
+    python -m cloudtrain.node watch --source S        wait for the cloud's preemption notice
+                     --root ROOT [--endpoint URL]     (`cloudtrain.node.notices`); on one,
+                                                      record it in ROOT and tell the job
 
 Processes are found by environment variables the coordinator sets on every job
 (``CLOUDTRAIN_JOB_ID``, ``CLOUDTRAIN_NODE_ROOT``), which torchrun passes on to its workers —
@@ -26,6 +29,8 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from cloudtrain.node import notices
 
 POLL_S = 0.05
 MAX_POLL_S = 0.1
@@ -119,7 +124,37 @@ def job_status(job_dir: Path) -> dict[str, object]:
         "alive": pid is not None and _alive(pid),
         "pid": pid,
         "log_bytes": log.stat().st_size if log.exists() else 0,
+        # the node's preemption notice, if its cloud gave one (<root>/jobs/<id> is the job's)
+        "preemption": notices.read(job_dir.parent.parent),
     }
+
+
+def tell_job(root: Path, notice: notices.Notice) -> list[int]:
+    """Record `notice` in `root` and send the notice signal to every process of the node's
+    jobs (found by ``CLOUDTRAIN_NODE_ROOT``) that catches it; the pids signalled."""
+    notices.record(root, notice)
+    signum = signal.Signals[notices.NOTICE_SIGNAL_NAME]
+    told = []
+    for pid in find_processes({"CLOUDTRAIN_NODE_ROOT": str(root)}):
+        if notices.catches(pid, signum):
+            _signal(pid, signum)
+            told.append(pid)
+    return told
+
+
+def watch(source: str, root: Path, endpoint: str | None, interval_s: float) -> int:
+    """The resident watcher: block until the notice, tell the job, print what was done."""
+
+    def report(exc: Exception) -> None:
+        print(f"cloudtrain-agent: {source}: {exc}", file=sys.stderr, flush=True)
+
+    notice = notices.watch(notices.source(source, endpoint), interval_s=interval_s,
+                           on_error=report)  # fmt: skip
+    if notice is None:
+        return 1
+    told = tell_job(root, notice)
+    print(json.dumps({**notice.to_dict(), "signalled": told}), flush=True)
+    return 0
 
 
 def _read(path: Path) -> str | None:
@@ -204,6 +239,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--job-dir", type=Path, help="spare the job's wrapper (it records the exit)"
     )
     p_kill.add_argument("--mark", action="store_true", help="write JOB_DIR/cancelled first")
+    p_watch = sub.add_parser("watch")
+    p_watch.add_argument("--source", required=True, choices=sorted(notices.ENDPOINTS))
+    p_watch.add_argument("--root", type=Path, required=True)
+    p_watch.add_argument("--endpoint", help="the metadata server (default: the cloud's own)")
+    p_watch.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
     args = parser.parse_args(argv)
 
     if args.command == "port":
@@ -212,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return follow(args.job_dir, once=args.once, tail=args.tail)
     elif args.command == "status":
         print(json.dumps(job_status(args.job_dir)))
+    elif args.command == "watch":
+        return watch(args.source, args.root, args.endpoint, args.interval)
     else:
         match = dict(item.split("=", 1) for item in args.match)
         spare = None

@@ -5,6 +5,7 @@
     model = runtime.wrap(model, "ddp")      # or "fsdp" (FSDP2)
     loss = runtime.average(loss.item())     # mean over all replicas
     runtime.save_checkpoint(runtime.checkpoint_dir() / "last.pt", state)
+    runtime.on_preemption(lambda: save_and_stop())   # the cloud's notice, a minute ahead
 
 Importing this package imports torch; ``import cloudtrain`` alone does not.
 """
@@ -27,6 +28,7 @@ from cloudtrain.runtime.dist import (
     world_size,
 )
 from cloudtrain.runtime.parallel import STRATEGIES, wrap
+from cloudtrain.runtime.preemption import on_preemption, preempting
 from cloudtrain.runtime.sampler import BalancedSampler
 
 __all__ = [
@@ -41,6 +43,8 @@ __all__ = [
     "is_main",
     "load_checkpoint",
     "local_rank",
+    "on_preemption",
+    "preempting",
     "rank",
     "save_checkpoint",
     "shutdown",

@@ -54,3 +54,20 @@ def test_a_node_python_installs_it_and_runs_the_agent(tmp_path: Path) -> None:
     assert version == cloudtrain.__version__
     assert path.startswith(str(target))
     assert port.isdigit()
+
+
+def test_pyproject_lists_every_package_pip_must_ship() -> None:
+    """setuptools ships only the packages pyproject names (pip install, not this wheel)."""
+    import tomllib
+
+    repo = Path(__file__).resolve().parents[2]
+    listed = set(
+        tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(p.parent.relative_to(repo).parts)
+        for p in (repo / "cloudtrain").rglob("__init__.py")
+    }
+    found |= {"cloudtrain.providers." + ".".join(p.parent.relative_to(repo / "providers").parts)
+              for p in (repo / "providers").rglob("*/__init__.py")}  # fmt: skip
+    assert found - listed == set()
