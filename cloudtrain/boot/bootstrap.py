@@ -19,8 +19,12 @@ import shlex
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cloudtrain import __version__
+
+if TYPE_CHECKING:
+    from cloudtrain.model import Offer
 
 NODE_USER = "cloudtrain"
 NODE_ROOT = f"/home/{NODE_USER}/.cloudtrain"
@@ -67,6 +71,15 @@ class NodeShape:
     accelerator: str | None = None
     count: int = 0
     instance_type: str | None = None
+    #: the preemption notice protocol of a spot node (`cloudtrain.node.notices`): its agent
+    #: watches it from boot (a systemd unit); None for nodes no cloud preempts
+    notices: str | None = None
+
+    @classmethod
+    def of(cls, offer: Offer, notices: str) -> NodeShape:
+        """The shape of a node of `offer`; a spot offer's nodes watch `notices`."""
+        return cls(offer.provider, offer.accelerator, offer.accelerator_count,
+                   offer.instance_type, notices if offer.spot else None)  # fmt: skip
 
     def __str__(self) -> str:
         gpus = f"{self.accelerator}:{self.count}" if self.accelerator else "CPU"
@@ -124,6 +137,26 @@ def config(
     return "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
 
 
+def agent_unit(notices: str) -> str:
+    """The systemd unit of a spot node's agent: it watches `notices` as the ``cloudtrain``
+    user (whose jobs it tells) and comes back whenever it dies, also while the bootstrap has
+    not installed cloudtrain yet; a watcher that saw the notice exits 0 and stays down."""
+    python = f"{NODE_ROOT}/venv/bin/python"
+    return (
+        "[Unit]\n"
+        f"Description=cloudtrain node agent: the cloud's preemption notice ({notices})\n"
+        "After=network-online.target\n"
+        "StartLimitIntervalSec=0\n\n"
+        "[Service]\n"
+        f"User={NODE_USER}\n"
+        f"ExecStart={python} -m cloudtrain.node watch --source {notices} --root {NODE_ROOT}\n"
+        "Restart=on-failure\n"
+        "RestartSec=5\n\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )
+
+
 def _values(shape: NodeShape, keys: NodeKeys) -> dict[str, object]:
     if "\n" in keys.user_public or "\n" in keys.host_public:
         raise ValueError("public keys must be one OpenSSH line each")
@@ -138,6 +171,7 @@ def _values(shape: NodeShape, keys: NodeKeys) -> dict[str, object]:
         "host_public_key": keys.host_public,
         "config": config(shape).rstrip("\n"),
         "script_gz_b64": packed,
+        "agent_unit": agent_unit(shape.notices).rstrip("\n") if shape.notices else "",
     }
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from cloudtrain.boot import bootstrap
 from cloudtrain.model import Offer
+from cloudtrain.node import notices
 from cloudtrain.providers.aws import _resources as res
 from cloudtrain.spec import ClusterSpec
 
@@ -75,9 +76,7 @@ def run_request(
         "MaxCount": len(indices),
         "ClientToken": token,
         "KeyName": scope.key_name,
-        "UserData": user_data(
-            bootstrap.NodeShape("aws", offer.accelerator, offer.accelerator_count, itype), keys
-        )["UserData"],
+        "UserData": user_data(bootstrap.NodeShape.of(offer, notices.IMDSV2), keys)["UserData"],
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
         "BlockDeviceMappings": [
             {

@@ -23,6 +23,7 @@ from cloudtrain.boot import bootstrap
 from cloudtrain.boot.gpustack import FABRIC_NCCL
 from cloudtrain.errors import ConfigError
 from cloudtrain.model import NodeInfo, Offer
+from cloudtrain.node import notices
 from cloudtrain.providers.azure import _resources as res
 from cloudtrain.spec import ClusterSpec
 
@@ -83,9 +84,7 @@ def user_data(shape: bootstrap.NodeShape, keys: bootstrap.NodeKeys) -> dict[str,
 def custom_data(offer: Offer, keys: bootstrap.NodeKeys) -> str:
     """The node's cloud-init user-data, base64 as ``customData`` takes it. Holds public keys,
     the cluster's host key (pinned by the coordinator) and the bootstrap; no cloud credential."""
-    shape = bootstrap.NodeShape(
-        "azure", offer.accelerator, offer.accelerator_count, offer.instance_type
-    )
+    shape = bootstrap.NodeShape.of(offer, notices.SCHEDULED_EVENTS)
     return base64.b64encode(user_data(shape, keys)["customData"]).decode()
 
 

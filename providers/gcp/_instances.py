@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from cloudtrain.boot import bootstrap
 from cloudtrain.errors import ConfigError
 from cloudtrain.model import NodeInfo, Offer
+from cloudtrain.node import notices
 from cloudtrain.providers.gcp import _resources as res
 from cloudtrain.providers.gcp._client import last
 from cloudtrain.spec import ClusterSpec
@@ -132,7 +133,7 @@ def bulk_insert_body(
     shape = Shape.of(offer)
     labels = res.labels(spec.name, owner, spec.cluster_id)
     boot = user_data(
-        bootstrap.NodeShape("gcp", offer.accelerator, offer.accelerator_count, offer.instance_type),
+        bootstrap.NodeShape.of(offer, notices.GCE_METADATA),
         keys,
     )
     metadata = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +15,7 @@ import yaml
 
 from cloudtrain.boot import bootstrap
 from cloudtrain.boot.bootstrap import NodeKeys, NodeShape
+from cloudtrain.node import notices
 from cloudtrain.plan.catalog import load
 from cloudtrain.providers.aws import _instances as aws_instances
 from cloudtrain.providers.azure import _instances as azure_instances
@@ -36,17 +38,24 @@ def user_data(shape: NodeShape, node_keys: NodeKeys) -> dict[str, bytes]:
     return cast("BootsFromUserData", cls).user_data(shape, node_keys)
 
 
+#: The preemption notices each cloud's spot nodes watch.
+NOTICES = {"aws": notices.IMDSV2, "gcp": notices.GCE_METADATA, "azure": notices.SCHEDULED_EVENTS}
+
+
 def variants() -> list[NodeShape]:
-    """Each provider × the shapes of SHAPES its catalog offers (CPU-only always)."""
+    """Each provider × the shapes of SHAPES its catalog offers (CPU-only always), on demand
+    and spot (whose nodes also get the agent's unit)."""
     out = []
     for provider in ("aws", "gcp", "azure"):
         for accelerator, count in SHAPES:
             if accelerator is None:
-                out.append(NodeShape(provider))
+                out += [NodeShape(provider), NodeShape(provider, notices=NOTICES[provider])]
                 continue
             rows = load().find(provider=provider, accelerator=accelerator, count=count)
             if rows:
-                out.append(NodeShape(provider, accelerator, count, rows[0].instance_type))
+                itype = rows[0].instance_type
+                out.append(NodeShape(provider, accelerator, count, itype))
+                out.append(NodeShape(provider, accelerator, count, itype, NOTICES[provider]))
     return out
 
 
@@ -124,6 +133,36 @@ def test_the_cloud_config_holds_what_the_node_needs(tmp_path: Path) -> None:
     assert branch.isdigit()
     assert doc["runcmd"][2] == ["bash", "/usr/local/lib/cloudtrain/bootstrap.sh",
                                 "/etc/cloudtrain/bootstrap.env"]  # fmt: skip
+    assert "/etc/systemd/system/cloudtrain-agent.service" not in files, "on demand: no agent"
+
+
+@pytest.mark.parametrize("provider", sorted(NOTICES))
+def test_a_spot_node_starts_its_agent_before_the_bootstrap(tmp_path: Path, provider: str) -> None:
+    """The unit watches the provider's notices as the cloudtrain user, from the start: it is
+    enabled before the bootstrap runs and comes back until the venv has cloudtrain."""
+    from cloudtrain.model import Offer
+
+    spot = Offer(
+        provider, "r", ("z",), "t", 1.0, spot=True, accelerator="A100", accelerator_count=8
+    )
+    shape = NodeShape.of(spot, NOTICES[provider])
+    assert NodeShape.of(dataclasses.replace(spot, spot=False), NOTICES[provider]).notices is None
+    doc = yaml.safe_load(bootstrap.cloud_config(shape, keys(tmp_path)))
+    unit = {f["path"]: f for f in doc["write_files"]}[
+        "/etc/systemd/system/cloudtrain-agent.service"
+    ]
+    lines = unit["content"].splitlines()
+    assert "User=cloudtrain" in lines
+    root = "/home/cloudtrain/.cloudtrain"
+    watch = f"-m cloudtrain.node watch --source {NOTICES[provider]} --root {root}"
+    assert f"ExecStart={root}/venv/bin/python {watch}" in lines
+    assert "Restart=on-failure" in lines
+    enable = doc["runcmd"].index(["systemctl", "enable", "--now", "cloudtrain-agent.service"])
+    assert enable < doc["runcmd"].index(
+        ["bash", "/usr/local/lib/cloudtrain/bootstrap.sh", "/etc/cloudtrain/bootstrap.env"]
+    )
+    script = bootstrap.startup_script(shape, keys(tmp_path))
+    assert script.index("systemctl enable --now cloudtrain-agent") < script.index("bash /usr/")
 
 
 def test_no_secret_and_every_variant_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
