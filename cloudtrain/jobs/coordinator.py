@@ -308,6 +308,26 @@ class Coordinator:
             return _unreachable(done.stderr.strip().splitlines()[-1:] or ["connection lost"])
         return dict(json.loads(done.check().stdout))
 
+    def _note_preemptions(
+        self, rec: JobRecord, nodes: Sequence[NodeInfo], statuses: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """A node whose cloud announced its preemption (its agent recorded the notice) is an
+        event of the job, once per node."""
+        known = dict(rec.detail.get("preemptions") or {})
+        for node, status in zip(nodes, statuses, strict=True):
+            notice = status.get("preemption")
+            if not notice or str(node.index) in known:
+                continue
+            known[str(node.index)] = notice
+            when = f" at {notice['not_before']}" if notice.get("not_before") else ""
+            self.state.add_event(
+                rec.cluster, "preemption",
+                f"job {rec.id}: node {node.index}'s cloud will {notice.get('action')} it{when} "
+                f"({notice.get('source')} notice); the job was told to checkpoint",
+                job_id=rec.id,
+            )  # fmt: skip
+            self.state.update_job(rec.id, detail={"preemptions": known})
+
     def _read_log(self, node: NodeInfo, job_id: str, tail: int | None = None) -> str:
         args = ["follow", "--once", _job_dir(node, job_id)]
         if tail is not None:
@@ -338,6 +358,7 @@ class Coordinator:
         lost = lost or {}
         states = [node_state(s) for s in statuses]
         self.state.update_job(rec.id, detail={"nodes": states})
+        self._note_preemptions(rec, nodes, statuses)
         if any(s["state"] == "running" for s in states):
             return self._job(rec.id)
         gone = [(n, s) for n, s in zip(nodes, states, strict=True) if s["state"] == "unreachable"]
@@ -521,7 +542,10 @@ def node_state(status: Mapping[str, Any]) -> dict[str, Any]:
         state = "running" if status["alive"] else "vanished"
     else:
         state = "cancelled" if status["cancelled"] else "exited"
-    return {"state": state, "exit_code": code}
+    found = {"state": state, "exit_code": code}
+    if status.get("preemption"):
+        found["preempted"] = True
+    return found
 
 
 def _first_nonzero(codes: Sequence[int | None]) -> int | None:

@@ -28,6 +28,8 @@ class Node:
         self.exit_codes: dict[str, int | None] = {}
         #: node roots whose host no longer answers (ssh exits 255)
         self.lost: set[str] = set()
+        #: node roots whose agent recorded a preemption notice
+        self.notices: dict[str, dict[str, object]] = {}
 
     def __call__(self, call: Call) -> RunResult:
         argv = call.argv
@@ -45,6 +47,7 @@ class Node:
                 "pid": 7,
                 "ended": 1.0,
                 "log_bytes": 0,
+                "preemption": self.notices.get(root),
             }
             return RunResult(argv, 0, json.dumps(status), "")
         if argv[1:4] == ("-m", "cloudtrain.node", "follow"):
@@ -206,6 +209,24 @@ def test_refresh_records_each_node_s_state_and_waits_for_an_unreachable_one(
     done = coord.refresh(rec.id)
     assert done.status == "succeeded"
     assert done.detail["nodes"] == [{"state": "exited", "exit_code": 0}] * 2
+
+
+def test_a_preemption_notice_is_one_event_of_the_job_and_marks_the_node(setup: Setup) -> None:
+    coord, _, node, state = setup
+    rec = coord.submit("c1", JobSpec(entrypoint=("train.py",)))
+    roots = [n.root for n in state.nodes("c1")]
+    for root in roots:
+        node.exit_codes[root] = None
+    node.notices[roots[1]] = {"source": "imdsv2", "action": "terminate",
+                              "not_before": "2026-12-02T10:00:00Z", "noticed_at": 1.0}  # fmt: skip
+    for _ in range(2):
+        now = coord.refresh(rec.id)
+    assert now.detail["nodes"][1] == {"state": "running", "exit_code": None, "preempted": True}
+    said = [e.message for e in state.events(job_id=rec.id) if e.kind == "preemption"]
+    assert said == [
+        f"job {rec.id}: node 1's cloud will terminate it at 2026-12-02T10:00:00Z (imdsv2 "
+        "notice); the job was told to checkpoint"
+    ]
 
 
 def test_a_host_that_goes_away_while_followed_fails_the_job_and_stops_the_others(
