@@ -81,8 +81,9 @@ class App:
             self._state = None
 
     def note(self, message: str) -> None:
-        """A progress line on stderr (stdout stays for results and logs)."""
-        self.err.print(message, markup=False)
+        """A progress line on stderr (stdout stays for results and logs), never broken at the
+        terminal's width: it may hold a path or a command to copy."""
+        self.err.print(message, markup=False, soft_wrap=True)
 
     def event(self, event: Event) -> None:
         where = f"node {event.node}: " if event.node is not None else ""

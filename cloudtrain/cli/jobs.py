@@ -57,6 +57,7 @@ def job_from_task(task: TaskSpec, **options: Any) -> JobSpec:
         nproc_per_node=options["nproc_per_node"],
         max_restarts=options["max_restarts"],
         name=task.cluster.name,
+        resume_from=options.get("resume_from"),
     )
 
 
@@ -84,6 +85,7 @@ def job_from_script(
         nproc_per_node=options["nproc_per_node"],
         max_restarts=options["max_restarts"],
         name=script.stem,
+        resume_from=options.get("resume_from"),
     )
 
 
@@ -108,6 +110,10 @@ def show_sync_size(app: App, workdir: Path) -> None:
 def run_job(app: App, coord: Coordinator, cluster: str, job: JobSpec, detach: bool) -> JobRecord:
     """Submit, then follow until the end (unless `detach`). Ctrl-C while following leaves the
     job running and exits 130 after saying how to find it again."""
+    if job.resume_from:  # before a word of progress: bad input costs nothing
+        from cloudtrain.jobs.checkpoints import Kept
+
+        Kept(app.home, job.resume_from).required()
     if job.workdir is not None:
         show_sync_size(app, job.workdir)
     rec = coord.submit(cluster, job, on_line=app.node_line)
@@ -130,8 +136,18 @@ def run_job(app: App, coord: Coordinator, cluster: str, job: JobSpec, detach: bo
     tail = rec.detail.get("log_tail")
     if rec.status == "failed" and tail:
         app.note(f"last lines of node {rec.detail.get('failed_node')}:\n{tail.rstrip()}")
+    from cloudtrain.jobs.checkpoints import Kept
+
+    kept = Kept(app.home, rec.id).newest()
+    if kept is not None:
+        app.note(f"its newest checkpoint is kept in {kept}: `--resume-from {rec.id}` starts "
+                 "a job from it, on any cluster")  # fmt: skip
     app.note(f"job {rec.id} {rec.status}")
     return coord.raise_for_status(rec)
+
+
+#: The job's own flags (the rest shape the cluster).
+JOB_FLAGS = ("nproc_per_node", "max_restarts", "envs", "resume_from")
 
 
 def job_options(fn: Any) -> Any:
@@ -154,6 +170,13 @@ def job_options(fn: Any) -> Any:
             multiple=True,
             metavar="NAME=VALUE",
             help="Environment for the job (repeatable).",
+        ),
+        click.option(
+            "--resume-from",
+            metavar="JOB_ID",
+            callback=lambda ctx, param, value: value and job_id_arg(ctx, param, value),
+            help="Start from the newest checkpoint kept of that job (on any cluster, also "
+            "one since torn down): every node gets it first.",
         ),
         click.option("--detach", "-d", is_flag=True, help="Return once the job runs."),
         click.option(
@@ -263,7 +286,7 @@ def train(
 @pass_app
 def launch(app: App, /, task_file: Path, detach: bool, down: bool, **flags: Any) -> None:
     """Bring up TASK_FILE's cluster (or reuse it), run its job, and with --down tear it down."""
-    options = {k: flags.pop(k) for k in ("nproc_per_node", "max_restarts", "envs")}
+    options = {k: flags.pop(k) for k in JOB_FLAGS}
     options["envs"] = _envs(options["envs"])
     task = load_task(task_file, **flags)
     job = job_from_task(task, **options)  # checked before anything is created

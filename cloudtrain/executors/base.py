@@ -96,6 +96,12 @@ class Executor(Protocol):
         `DEFAULT_EXCLUDES`, `excludes` and the names in the tree's `.cloudtrainignore`."""
         ...
 
+    def get(self, remote: str, local: Path) -> bool:
+        """Make the local folder `local` a copy of the node's folder `remote`, moving only
+        what changed (nothing is excluded). False, and nothing done, when `remote` is no
+        folder."""
+        ...
+
     def close(self) -> None:
         """Release connections. Idempotent."""
         ...

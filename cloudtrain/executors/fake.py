@@ -86,5 +86,10 @@ class FakeExecutor:
         self.calls.append(call)
         self.handler(call).check()
 
+    def get(self, remote: str, local: Path) -> bool:
+        call = Call("get", (remote, str(local)))
+        self.calls.append(call)
+        return self.handler(call).ok
+
     def close(self) -> None:
         self.closed = True

@@ -145,6 +145,21 @@ class LocalExecutor:
                 _copy_if_changed(source, target / rel)
         _remove_stale(target, wanted)
 
+    def get(self, remote: str, local: Path) -> bool:
+        source = Path(remote)
+        if not source.is_dir():
+            return False
+        wanted: set[Path] = set()
+        for dirpath, _, filenames in os.walk(source):
+            rel_dir = Path(dirpath).relative_to(source)
+            (local / rel_dir).mkdir(parents=True, exist_ok=True)
+            wanted.add(rel_dir)
+            for name in filenames:
+                wanted.add(rel_dir / name)
+                _copy_if_changed(Path(dirpath) / name, local / rel_dir / name)
+        _remove_stale(local, wanted)
+        return True
+
     def close(self) -> None:
         """Nothing to release."""
 
@@ -158,7 +173,11 @@ def _copy_if_changed(src: Path, dst: Path) -> None:
             return
     except FileNotFoundError:
         dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(src, dst)
+    # a new file in place of the old, as rsync does: a hard link to the old one (a kept
+    # checkpoint snapshot) keeps what it had
+    tmp = dst.with_name(f".{dst.name}.cloudtrain-tmp")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
 
 
 def _remove_stale(target: Path, wanted: set[Path]) -> None:

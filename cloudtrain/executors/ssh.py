@@ -233,6 +233,18 @@ class SshExecutor:
         argv += ["--", source, f"{self.target}:{shlex.quote(remote)}"]
         self._local.run(argv, timeout=3600).check()
 
+    def get(self, remote: str, local: Path) -> bool:
+        """rsync from the node over the same connection (its temp-file-then-rename writes
+        leave hard links to the old files as they were)."""
+        if not self.run(["test", "-d", remote]).ok:
+            return False
+        local.mkdir(parents=True, exist_ok=True)
+        ssh = shlex.join(["ssh", *self._options])
+        source = f"{self.target}:{shlex.quote(remote.rstrip('/') + '/')}"
+        argv = ["rsync", "-a", "--delete", "-e", ssh, "--", source, f"{local}/"]
+        self._local.run(argv, timeout=3600).check()
+        return True
+
     def close(self) -> None:
         """Close the master connection, also one left by an interrupted first connect (ssh
         backgrounds the master before `_connect` knows it succeeded). Idempotent. Without it

@@ -34,6 +34,7 @@ from typing import Any
 
 from cloudtrain.errors import CommandError, JobError, NotFoundError, ProviderError
 from cloudtrain.executors.base import SSH_FAILED, Executor, RunResult, fan_out
+from cloudtrain.jobs import checkpoints
 from cloudtrain.jobs.torchrun import Launch, entrypoint_args, read_failure
 from cloudtrain.model import NodeInfo
 from cloudtrain.provision.provider import Provider
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 
 OnLine = Callable[[int, str], None]
 KILL_GRACE_S = 10.0
+#: How often a followed job's checkpoints are copied to the user's machine.
+CHECKPOINT_PULL_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ class JobSpec:
     nproc_per_node: int | None = None
     max_restarts: int = 0
     name: str | None = None
+    #: a job whose newest kept checkpoint every node gets before this one starts
+    resume_from: str | None = None
 
 
 def _job_dir(node: NodeInfo, job_id: str) -> str:
@@ -135,6 +140,9 @@ class Coordinator:
         if record is None:
             raise NotFoundError(f"no cluster named {cluster!r}; `cloudtrain status` lists them")
         spec = record.spec
+        resume = None  # checked before anything is made: a job with nothing kept is an error
+        if job.resume_from:
+            resume = checkpoints.Kept(self.home, job.resume_from).required()
         nodes = self._live_nodes(cluster, spec.num_nodes)
         nproc = job.nproc_per_node or spec.resources.count or 1
         args = entrypoint_args(job.entrypoint)
@@ -145,8 +153,13 @@ class Coordinator:
         self.state.add_event(
             cluster, "job", f"job {rec.id} submitted: {shlex.join(args)}", job_id=rec.id
         )
+        override = job.envs.get(checkpoints.CHECKPOINT_ENV)
+        self.state.update_job(rec.id, detail={"checkpoint_dir": override})
         try:
             fan_out(lambda n: self._sync(n, job.workdir), nodes)
+            if resume is not None:
+                fan_out(lambda n: self._executor(n).put(
+                    resume, checkpoints.node_folder(n.root, override)), nodes)  # fmt: skip
             setup = job.setup
             if setup:
                 fan_out(lambda n: self._setup(n, setup, job.envs, on_line), nodes)
@@ -437,9 +450,14 @@ class Coordinator:
         threads = [threading.Thread(target=watch, args=(n,), daemon=True) for n in nodes]
         for t in threads:
             t.start()
+        next_pull = time.monotonic() + CHECKPOINT_PULL_S
         while any(t.is_alive() for t in threads):
             for t in threads:
                 t.join(timeout=0.2)
+            if time.monotonic() > next_pull:  # brought up to date while the job runs
+                self.pull_checkpoints(job_id)
+                next_pull = time.monotonic() + CHECKPOINT_PULL_S
+        self.pull_checkpoints(job_id)
         rec = self._job(job_id)
         if rec.finished:
             return rec
@@ -466,6 +484,22 @@ class Coordinator:
                 on_line(index, line)
         return rec
 
+    def pull_checkpoints(self, job_id: str) -> Path | None:
+        """Copy the head node's checkpoint folder of `job_id` to the user's machine
+        (`cloudtrain.jobs.checkpoints`); the newest snapshot kept, or None. A node that does
+        not answer is logged, not raised: the snapshot before it stands."""
+        rec = self._job(job_id)
+        nodes = self.state.nodes(rec.cluster)
+        if not nodes:
+            return checkpoints.Kept(self.home, job_id).newest()
+        head = nodes[0]
+        remote = checkpoints.node_folder(head.root, rec.detail.get("checkpoint_dir"))
+        try:
+            return checkpoints.Kept(self.home, job_id).pull(self._executor(head), remote)
+        except (CommandError, ProviderError, OSError) as exc:
+            log.warning("could not copy the checkpoints of %s from node 0: %s", job_id, exc)
+            return checkpoints.Kept(self.home, job_id).newest()
+
     def archive_logs(self, cluster: str) -> None:
         """Copy every job's node logs of `cluster` to ``<home>/logs`` (before a teardown)."""
         nodes = self.state.nodes(cluster)
@@ -482,6 +516,9 @@ class Coordinator:
                 if out:
                     copy_dir.mkdir(parents=True, exist_ok=True)
                     (copy_dir / f"node-{node.index}.log").write_text(out)
+        jobs = self.state.jobs(cluster)
+        if jobs:  # the nodes' checkpoint folders hold the newest job's last checkpoint
+            self.pull_checkpoints(max(jobs, key=lambda r: r.seq).id)
 
     # -- stopping ---------------------------------------------------------------------------
 

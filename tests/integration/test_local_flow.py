@@ -82,6 +82,33 @@ def test_two_node_ddp_trains_streams_both_nodes_and_leaves_nothing(sh: Shell) ->
     assert "nothing to do" in again_down.stdout
 
 
+def test_a_jobs_checkpoint_outlives_its_cluster_and_starts_a_job_on_another(sh: Shell) -> None:
+    """The head node's checkpoints come back to this machine when the job ends (and before
+    `down`); a job on a new cluster starts from them with --resume-from."""
+    assert sh("up", "--name", "first", "--nodes", "2").returncode == 0
+    train = sh("train", "-c", "first", str(EXAMPLE), "--", "--epochs", "2")
+    assert train.returncode == 0, train.stdout + train.stderr
+    job_id = re.search(r"job (first-\d+) succeeded", train.stderr)
+    assert job_id
+    assert f"`--resume-from {job_id.group(1)}` starts a job from it" in train.stderr
+    kept = sh.home / "checkpoints" / job_id.group(1)
+    assert [p for p in kept.iterdir() if p.name.isdigit()], "a whole snapshot is kept"
+    missing = sh("train", "-c", "first", str(EXAMPLE), "--resume-from", "first-999")
+    assert missing.returncode == 2, missing.stderr
+    assert missing.stderr.startswith("error: job first-999 has no checkpoint kept here")
+    assert [j["id"] for j in sh.status()["jobs"]] == [job_id.group(1)], "nothing started"
+    assert sh("down", "first").returncode == 0
+
+    assert sh("up", "--name", "second", "--nodes", "2").returncode == 0
+    resumed = sh("train", "-c", "second", str(EXAMPLE), "--resume-from", job_id.group(1),
+                 "--", "--epochs", "3")  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed from epoch 2" in resumed.stdout
+    assert "epoch 3/3" in resumed.stdout
+    assert "epoch 1/3" not in resumed.stdout
+    assert sh("down", "second").returncode == 0
+
+
 def test_detach_logs_follow_and_cancel_leave_no_process(sh: Shell) -> None:
     assert sh("up", "--name", "bg", "--nodes", "2").returncode == 0
     start = sh("train", "-c", "bg", "--detach", str(SCRIPTS / "sleeper.py"))

@@ -267,3 +267,25 @@ def test_a_node_without_a_public_address_is_reached_through_the_head(
     finally:
         head.stop()
         access.known_hosts(home, "c1", [h.address for h in hosts[1]])
+
+
+def test_get_copies_a_nodes_folder_back_and_says_when_there_is_none(
+    hosts: tuple[Path, list[SshHost]], tmp_path: Path
+) -> None:
+    home, (host, _) = hosts
+    remote = tmp_path / "node" / "checkpoints"
+    (remote / "sub").mkdir(parents=True)
+    (remote / "model.pt").write_text("weights")
+    (remote / "sub" / "opt.pt").write_text("state")
+    ex = executor(home, host)
+    try:
+        assert ex.get(str(tmp_path / "no-such-folder"), tmp_path / "never") is False
+        assert not (tmp_path / "never").exists()
+        local = tmp_path / "back"
+        assert ex.get(str(remote), local) is True
+        assert (local / "model.pt").read_text() == "weights"
+        (remote / "model.pt").unlink()
+        assert ex.get(str(remote), local) is True
+        assert sorted(p.name for p in local.rglob("*")) == ["opt.pt", "sub"], "made equal"
+    finally:
+        ex.close()
