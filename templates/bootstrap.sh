@@ -84,7 +84,9 @@
 #   64 usage, 69 another run held the lock for CT_LOCK_TIMEOUT seconds, 78 bad config.
 
 set -u -o pipefail # no `set -e` here: each phase runs in a subshell under `set -e`, and main checks
-umask 022
+# The umask is the caller's: 022 from cloud-init and the startup script on clouds (root installs
+# what the cloudtrain user reads); the user's own on ssh hosts; 077 on the local provider (the
+# CLI's: what it writes under CLOUDTRAIN_HOME is private).
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off PYTHONUNBUFFERED=1
 
 readonly ALL_PHASES="base nvidia-driver python torch nccl cloudtrain verify"

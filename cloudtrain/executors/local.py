@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -177,6 +178,7 @@ def _copy_if_changed(src: Path, dst: Path) -> None:
     # checkpoint snapshot) keeps what it had
     tmp = dst.with_name(f".{dst.name}.cloudtrain-tmp")
     shutil.copy2(src, tmp)
+    os.chmod(tmp, stat.S_IMODE(st.st_mode) & 0o700)  # a copy under the home is the user's alone
     os.replace(tmp, dst)
 
 
