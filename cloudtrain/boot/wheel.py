@@ -43,6 +43,11 @@ def build(home: Path) -> Path:
     new one even at the same version). Returns its path."""
     version = cloudtrain.__version__
     files = _files()
+    # the entry points (torchrun's rendezvous plugin, the providers) come with it: a node's
+    # torchrun finds `--rdzv-backend cloudtrain` only through them
+    entry_points = metadata.distribution("cloudtrain").read_text("entry_points.txt")
+    if entry_points:
+        files[f"cloudtrain-{version}.dist-info/entry_points.txt"] = entry_points.encode()
     content = hashlib.sha256(b"".join(k.encode() + v for k, v in sorted(files.items())))
     target = home / "dist" / content.hexdigest()[:16] / f"cloudtrain-{version}-py3-none-any.whl"
     if target.exists():

@@ -26,6 +26,10 @@ def test_the_wheel_holds_every_package_tree_with_a_valid_record(tmp_path: Path) 
                          "cloudtrain/templates/bootstrap.sh"):  # fmt: skip
             assert expected in names
         assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
+        entry_points = archive.read(
+            f"cloudtrain-{cloudtrain.__version__}.dist-info/entry_points.txt"
+        )
+        assert b"[torchrun.handlers]" in entry_points, "a node's torchrun finds the backend"
         info = f"cloudtrain-{cloudtrain.__version__}.dist-info"
         record = list(csv.reader(archive.read(f"{info}/RECORD").decode().splitlines()))
         for name, digest, size in record:
