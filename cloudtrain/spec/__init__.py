@@ -142,15 +142,20 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _matching(value: object, pattern: re.Pattern[str], field: str, message: str) -> str:
+    """`value` when it is a string that `pattern` matches whole; else `SpecError(message)`."""
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise SpecError(field, message)
+    return value
+
+
 def validate_name(name: object, field: str = "name") -> str:
     """A cluster name that is safe as a cloud tag value, a label and a hostname."""
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise SpecError(
-            field,
-            f"{field} {name!r} is not a valid cluster name: use 1 to 40 characters, lowercase "
-            "letters, digits and '-', starting with a letter (e.g. 'exp1', 'bert-large')",
-        )
-    return name
+    return _matching(
+        name, NAME_RE, field,
+        f"{field} {name!r} is not a valid cluster name: use 1 to 40 characters, lowercase "
+        "letters, digits and '-', starting with a letter (e.g. 'exp1', 'bert-large')",
+    )  # fmt: skip
 
 
 #: A job's id: its cluster's name and a sequence number (``exp1-3``).
@@ -159,13 +164,11 @@ JOB_ID_RE = re.compile(r"[a-z][a-z0-9-]{0,39}-[0-9]{1,9}")
 
 def validate_job_id(value: object, field: str = "job id") -> str:
     """A job id as `State` makes them; anything else is refused before it is looked up."""
-    if not isinstance(value, str) or not JOB_ID_RE.fullmatch(value):
-        raise SpecError(
-            field,
-            f"{field} {value!r} is not a job id: a cluster name, '-' and a number (e.g. "
-            "'exp1-3'); `cloudtrain status` lists jobs",
-        )
-    return value
+    return _matching(
+        value, JOB_ID_RE, field,
+        f"{field} {value!r} is not a job id: a cluster name, '-' and a number (e.g. 'exp1-3'); "
+        "`cloudtrain status` lists jobs",
+    )  # fmt: skip
 
 
 def parse_gpus(
@@ -200,13 +203,11 @@ def parse_gpus(
 def validate_env_name(name: object, field: str = "envs", label: str | None = None) -> str:
     """An environment variable's name, which no ``env`` reads as an option (the one rule for
     task files' `envs:` and ``--env``); the message starts with `label` (default `field`)."""
-    if not isinstance(name, str) or not ENV_NAME_RE.fullmatch(name):
-        raise SpecError(
-            field,
-            f"{label or field}: {name!r} is not a valid environment variable name (letters, "
-            "digits and '_', not starting with a digit)",
-        )
-    return name
+    return _matching(
+        name, ENV_NAME_RE, field,
+        f"{label or field}: {name!r} is not a valid environment variable name (letters, "
+        "digits and '_', not starting with a digit)",
+    )  # fmt: skip
 
 
 def validate_num_nodes(value: object, field: str = "num_nodes") -> int:
