@@ -119,16 +119,18 @@ def up(
     on_event: OnEvent = ignore_event,
     *,
     bootstrap_timeout_s: float | None = 1800,
+    prov: Provider | None = None,
 ) -> list[NodeInfo]:
     """Create the cluster, or complete it if it exists with the same spec, and wait for every
     node's bootstrap (unless `bootstrap_timeout_s` is None: stop after provisioning). Blocks.
     Idempotent. Raises `ConfigError` before any cloud call for bad input, `BootstrapError`
-    when a node's bootstrap fails (the cluster is kept for inspection)."""
+    when a node's bootstrap fails (the cluster is kept for inspection). `prov`: the provider
+    to use (default: the spec's, built for this call)."""
     from cloudtrain import locks
 
     wait = _waiting(on_event)
     with locks.cluster_lock(home, spec.name, "up", on_wait=wait):
-        return _up(state, home, spec, on_event, bootstrap_timeout_s)
+        return _up(state, home, spec, on_event, bootstrap_timeout_s, prov)
 
 
 def _waiting(on_event: OnEvent) -> Callable[[str], None]:
@@ -141,6 +143,7 @@ def _up(
     spec: ClusterSpec,
     on_event: OnEvent,
     bootstrap_timeout_s: float | None,
+    prov: Provider | None = None,
 ) -> list[NodeInfo]:
     check_existing(state, spec)
     current = state.cluster(spec.name)
@@ -148,7 +151,7 @@ def _up(
     spec = dataclasses.replace(
         spec, cluster_id=current.spec.cluster_id if current else new_cluster_id()
     )
-    prov = provider_for(spec, home)  # built once for the command
+    prov = prov or provider_for(spec, home)  # built once for the command
     the_plan = plan(spec, home, prov=prov)  # validates against the catalog first
     state.put_cluster(
         the_plan.spec,  # as resolved: where SSH is open from is recorded, not "the default"

@@ -49,7 +49,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_S = 15.0
-JOB_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
+#: ``recovering``: a managed job between attempts (its watcher replaces a node, restores the
+#: newest checkpoint and starts it again).
+JOB_STATUSES = ("pending", "running", "recovering", "succeeded", "failed", "cancelled")
 FINISHED_JOB_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 # Schema migrations: _MIGRATIONS[v] takes the file from version v-1 to v. Add a new version with
@@ -457,6 +459,33 @@ class State:
             )
             row = conn.execute(_JOB_BY_ID, (job_id,)).fetchone()
         return _job(row)
+
+    def finish_job(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        exit_code: int | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Record how the job ended, once: False (changing nothing) when it has ended already,
+        so a later cleanup, a second reader or a late watcher never rewrites a final status.
+        Raises `NotFoundError` for an unknown job, `ValueError` for an unfinished `status`."""
+        if status not in FINISHED_JOB_STATUSES:
+            raise ValueError(f"{status!r} is not how a job ends")
+        with self._write() as conn:
+            row = conn.execute(_JOB_BY_ID, (job_id,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"no job {job_id!r}")
+            if row[4] in FINISHED_JOB_STATUSES:
+                return False
+            merged = {**_json(row[12]), **(detail or {})}
+            conn.execute(
+                """UPDATE jobs SET status = ?, exit_code = coalesce(?, exit_code),
+                    ended_at = ?, detail_json = ? WHERE id = ?""",
+                (status, exit_code, self._clock(), _dumps(merged), job_id),
+            )
+        return True
 
     # -- events -----------------------------------------------------------------------------
 

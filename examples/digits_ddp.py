@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -30,6 +31,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-dir", type=Path, default=runtime.checkpoint_dir())
+    p.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        help="seconds to wait after each epoch (time for a demo, a test or a benchmark to break "
+        "a node mid-job)",
+    )
     return p.parse_args()
 
 
@@ -116,6 +124,7 @@ def main() -> None:
                 f"train_acc {train_acc:.4f} test_acc {test_acc:.4f}",
                 flush=True,
             )
+        time.sleep(args.pause)
 
     final = accuracy(model, test)
     if runtime.is_main():

@@ -303,6 +303,9 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool) -> None:
     from cloudtrain.errors import CloudtrainError
 
     state = app.state
+    from cloudtrain.cli.watch import restart_watchers
+
+    restart_watchers(app)
     clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
     if refresh:
         _reconcile(app, clusters)

@@ -21,6 +21,7 @@ from cloudtrain.cli.options import job_id as job_id_arg
 
 if TYPE_CHECKING:
     from cloudtrain.jobs.coordinator import Coordinator, JobSpec
+    from cloudtrain.jobs.managed import Policy
     from cloudtrain.spec import TaskSpec
     from cloudtrain.state import JobRecord
 
@@ -58,6 +59,8 @@ def job_from_task(task: TaskSpec, **options: Any) -> JobSpec:
         max_restarts=options["max_restarts"],
         name=task.cluster.name,
         resume_from=options.get("resume_from"),
+        checkpoint_url=task.checkpoint,
+        checkpoint_keep=task.checkpoint_keep,
     )
 
 
@@ -107,17 +110,33 @@ def show_sync_size(app: App, workdir: Path) -> None:
         )
 
 
-def run_job(app: App, coord: Coordinator, cluster: str, job: JobSpec, detach: bool) -> JobRecord:
-    """Submit, then follow until the end (unless `detach`). Ctrl-C while following leaves the
+def run_job(
+    app: App,
+    coord: Coordinator,
+    cluster: str,
+    job: JobSpec,
+    detach: bool,
+    policy: Policy | None = None,
+) -> JobRecord:
+    """Submit, then follow until the end (unless `detach`); a managed job (`policy`) gets its
+    watcher first, and is followed across its recoveries. Ctrl-C while following leaves the
     job running and exits 130 after saying how to find it again."""
     if job.resume_from:  # before a word of progress: bad input costs nothing
-        from cloudtrain.jobs.checkpoints import Kept
+        from cloudtrain.jobs import checkpoints
 
-        Kept(app.home, job.resume_from).required()
+        checkpoints.Kept(app.home, job.resume_from).required(
+            checkpoints.bucket_of(job.checkpoint_url)
+        )
     if job.workdir is not None:
         show_sync_size(app, job.workdir)
-    rec = coord.submit(cluster, job, on_line=app.node_line)
+    rec = coord.submit(
+        cluster, job, on_line=app.node_line, managed=policy.to_dict() if policy else None
+    )
     app.note(f"job {rec.id} running on {rec.num_nodes} node(s) × {rec.nproc_per_node} process(es)")
+    if policy is not None:
+        from cloudtrain.cli.watch import start_watching
+
+        start_watching(app, rec.id, policy)
     if detach:
         app.note(
             f"detached; follow it with `cloudtrain logs {rec.id} -f`, "
@@ -125,7 +144,12 @@ def run_job(app: App, coord: Coordinator, cluster: str, job: JobSpec, detach: bo
         )
         return rec
     try:
-        rec = coord.follow(rec.id, app.node_line)
+        if policy is not None:
+            from cloudtrain.cli.watch import follow_managed
+
+            rec = follow_managed(app, rec.id)
+        else:
+            rec = coord.follow(rec.id, app.node_line)
     except KeyboardInterrupt:
         app.note(
             f"\nstopped following; job {rec.id} keeps running on its nodes.\n"
@@ -147,7 +171,29 @@ def run_job(app: App, coord: Coordinator, cluster: str, job: JobSpec, detach: bo
 
 
 #: The job's own flags (the rest shape the cluster).
-JOB_FLAGS = ("nproc_per_node", "max_restarts", "envs", "resume_from")
+JOB_FLAGS = (
+    "nproc_per_node", "max_restarts", "envs", "resume_from", "managed", "max_recoveries",
+    "retry_on_failure",
+)  # fmt: skip
+
+
+def policy_from(options: dict[str, Any], down: bool) -> Policy | None:
+    """The managed job's policy the flags ask for (None: not managed); the flags that only
+    a managed job takes are refused without --managed."""
+    from cloudtrain.errors import ConfigError
+    from cloudtrain.jobs.managed import DEFAULT_MAX_RECOVERIES, Policy
+
+    managed = options.pop("managed")
+    max_recoveries = options.pop("max_recoveries")
+    retry = options.pop("retry_on_failure")
+    if not managed:
+        if max_recoveries is not None or retry:
+            flag = "--max-recoveries" if max_recoveries is not None else "--retry-on-failure"
+            raise ConfigError(f"{flag} is for a managed job: add --managed")
+        return None
+    if max_recoveries is None:
+        max_recoveries = DEFAULT_MAX_RECOVERIES
+    return Policy(max_recoveries=max_recoveries, retry_on_failure=retry, down=down)
 
 
 def job_options(fn: Any) -> Any:
@@ -178,6 +224,22 @@ def job_options(fn: Any) -> Any:
             help="Start from the newest checkpoint kept of that job (on any cluster, also "
             "one since torn down): every node gets it first.",
         ),
+        click.option(
+            "--managed",
+            is_flag=True,
+            help="Recover the job when a node is lost (preempted, gone, silent): a watcher "
+            "on this machine replaces the node and restarts from the newest checkpoint.",
+        ),
+        click.option(
+            "--max-recoveries",
+            type=click.IntRange(min=0),
+            help="How many times a managed job is recovered (default 3).",
+        ),
+        click.option(
+            "--retry-on-failure",
+            is_flag=True,
+            help="Recover a managed job also when the script itself exits non-zero.",
+        ),
         click.option("--detach", "-d", is_flag=True, help="Return once the job runs."),
         click.option(
             "--down",
@@ -198,9 +260,13 @@ def _teardown(app: App, cluster: str) -> None:
     app.note(f"cluster {cluster} is down")
 
 
-def _train_and_maybe_down(app: App, cluster: str, job: JobSpec, detach: bool, down: bool) -> None:
+def _train_and_maybe_down(
+    app: App, cluster: str, job: JobSpec, detach: bool, down: bool, policy: Policy | None
+) -> None:
     from cloudtrain.errors import ConfigError, NotFoundError
 
+    if policy is not None and policy.down:
+        down = False  # the watcher tears it down when the job ends, detached or not
     if detach and down:
         raise ConfigError(
             "--detach and --down together would tear the cluster down under the "
@@ -214,7 +280,7 @@ def _train_and_maybe_down(app: App, cluster: str, job: JobSpec, detach: bool, do
         )
     coord = app.coordinator(cluster)
     try:
-        run_job(app, coord, cluster, job, detach)
+        run_job(app, coord, cluster, job, detach, policy)
     except KeyboardInterrupt:
         if down:
             app.note(
@@ -244,6 +310,12 @@ def _train_and_maybe_down(app: App, cluster: str, job: JobSpec, detach: bool, do
     type=click.Path(file_okay=False, exists=True, path_type=Path),
     help="Folder synced to every node (default: the script's folder).",
 )
+@click.option(
+    "--nodes",
+    metavar="N|MIN:MAX",
+    help="Run on N of the cluster's nodes (default: all), or elastic: MIN:MAX goes on while "
+    "MIN of its MAX nodes are left.",
+)
 @job_options
 @click.argument("target", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
@@ -253,6 +325,7 @@ def train(
     /,
     cluster: str | None,
     workdir: Path | None,
+    nodes: str | None,
     target: Path,
     args: tuple[str, ...],
     detach: bool,
@@ -266,6 +339,7 @@ def train(
     from cloudtrain.errors import ConfigError
 
     options["envs"] = _envs(options["envs"])
+    policy = policy_from(options, down)
     if target.suffix in TASK_SUFFIXES:
         if args:
             raise ConfigError("arguments after a task file are not used; put them in its `run:`")
@@ -274,9 +348,16 @@ def train(
         cluster = cluster or task.cluster.name
     else:
         job = job_from_script(target, args, workdir, **options)
+    if nodes is not None:
+        import dataclasses
+
+        from cloudtrain.jobs.torchrun import parse_nodes
+
+        low, high = parse_nodes(nodes)
+        job = dataclasses.replace(job, num_nodes=high, min_nodes=low)
     if cluster is None:
         raise ConfigError("which cluster? pass --cluster/-c NAME (`cloudtrain status` lists them)")
-    _train_and_maybe_down(app, cluster, job, detach, down)
+    _train_and_maybe_down(app, cluster, job, detach, down, policy)
 
 
 @click.command()
@@ -288,10 +369,11 @@ def launch(app: App, /, task_file: Path, detach: bool, down: bool, **flags: Any)
     """Bring up TASK_FILE's cluster (or reuse it), run its job, and with --down tear it down."""
     options = {k: flags.pop(k) for k in JOB_FLAGS}
     options["envs"] = _envs(options["envs"])
+    policy = policy_from(options, down)
     task = load_task(task_file, **flags)
     job = job_from_task(task, **options)  # checked before anything is created
     bring_up(app, task, dry_run=False)
-    _train_and_maybe_down(app, task.cluster.name, job, detach, down)
+    _train_and_maybe_down(app, task.cluster.name, job, detach, down, policy)
 
 
 @click.command()
@@ -305,6 +387,12 @@ def logs(app: App, job_id: str, follow: bool) -> None:
     rec = app.state.job(job_id)
     if rec is None:
         raise NotFoundError(f"no job {job_id!r}; `cloudtrain status` lists jobs")
+    if rec.detail.get("managed"):
+        from cloudtrain.cli.watch import logs_managed
+
+        rec = logs_managed(app, rec, follow)
+        app.note(f"job {rec.id} {rec.status}")
+        return
     coord = app.coordinator(rec.cluster)
     try:
         rec = coord.logs(job_id, app.node_line, follow=follow)
@@ -325,6 +413,12 @@ def cancel(app: App, job_id: str) -> None:
         raise NotFoundError(f"no job {job_id!r}; `cloudtrain status` lists jobs")
     if rec.finished:
         app.out.print(f"job {job_id} already {rec.status}; nothing to do", markup=False)
+        return
+    if rec.detail.get("managed"):
+        from cloudtrain.cli.watch import cancel_managed
+
+        rec = cancel_managed(app, rec)
+        app.out.print(f"job {job_id} {rec.status}", markup=False)
         return
     coord = app.coordinator(rec.cluster)
     try:

@@ -230,9 +230,9 @@ def check_environment() -> None:
 
 
 def _register() -> None:
-    from cloudtrain.cli import bootstrap_cmd, clusters, jobs
+    from cloudtrain.cli import bootstrap_cmd, clusters, jobs, watch
 
-    for command in (*clusters.COMMANDS, *jobs.COMMANDS, *bootstrap_cmd.COMMANDS):
+    for command in (*clusters.COMMANDS, *jobs.COMMANDS, *watch.COMMANDS, *bootstrap_cmd.COMMANDS):
         cli.add_command(command)
 
 

@@ -9,9 +9,15 @@ followed, when it ends and before `down`::
     <job>/<ms since epoch>/ a whole snapshot of it, made by hard links once a copy finished
                             (a file the next copy changes is a new file: the link keeps the old)
 
-so the newest snapshot is never a half-copied one, and `KEEP` of them are kept. A later job,
-on any cluster, starts from the newest of them with ``train --resume-from JOB``: every node gets
-it in its checkpoint folder before the job starts, and `runtime.load_checkpoint` finds it.
+so the newest snapshot is never a half-copied one, and `keep` of them are kept (the task's
+``checkpoint_keep``, default `KEEP`). A later job, on any cluster, starts from the newest of them
+with ``train --resume-from JOB``: every node gets it in its checkpoint folder before the job
+starts, and `runtime.load_checkpoint` finds it.
+
+With a bucket (the task's ``checkpoint: s3://BUCKET/PREFIX``, `cloudtrain.jobs.buckets`), each
+new snapshot is pushed there from this machine as well (``<job>/.pushed`` names the last one
+pushed, so a push that failed is tried again after the next pull), and a job resumed from one
+that this home keeps nothing of has the bucket's newest complete snapshot restored first.
 """
 
 from __future__ import annotations
@@ -20,13 +26,34 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, overload
 
 from cloudtrain.errors import NotFoundError
 from cloudtrain.executors.base import Executor
+from cloudtrain.spec import validate_checkpoint_keep
+
+if TYPE_CHECKING:
+    from cloudtrain.jobs.buckets import Bucket, Pushed
 
 #: How many snapshots of a job are kept.
 KEEP = 2
 CHECKPOINT_ENV = "CLOUDTRAIN_CHECKPOINT_DIR"
+
+
+@overload
+def bucket_of(url: str) -> Bucket: ...
+@overload
+def bucket_of(url: None) -> None: ...
+def bucket_of(url: str | None) -> Bucket | None:
+    """The bucket of a job's ``checkpoint_url`` (None: none), with boto3 at hand; a bad URL
+    or a missing boto3 is a `ConfigError` (nothing is called)."""
+    if url is None:
+        return None
+    from cloudtrain.jobs.buckets import Bucket
+
+    bucket = Bucket(url)
+    bucket.check()
+    return bucket
 
 
 def node_folder(root: str, override: str | None) -> str:
@@ -45,11 +72,13 @@ def _listing(folder: Path) -> list[tuple[str, int, int]]:
 
 
 class Kept:
-    """The checkpoints of one job kept under cloudtrain's home."""
+    """The checkpoints of one job kept under cloudtrain's home; the `keep` newest of them
+    (a whole number, 1 or more: else `ConfigError`)."""
 
-    def __init__(self, home: Path, job_id: str) -> None:
+    def __init__(self, home: Path, job_id: str, *, keep: int = KEEP) -> None:
         self.job_id = job_id
         self.folder = home / "checkpoints" / job_id
+        self.keep = validate_checkpoint_keep(keep)
 
     def snapshots(self) -> list[Path]:
         """The whole snapshots, oldest first."""
@@ -73,21 +102,43 @@ class Kept:
         newest = self.newest()
         if newest is not None and _listing(newest) == _listing(incoming):
             return newest
-        name = str(time.time_ns() // 1_000_000)
+        ms = time.time_ns() // 1_000_000  # after the newest, even within its millisecond
+        name = str(max(ms, int(newest.name) + 1) if newest is not None else ms)
         tmp = self.folder / f".{name}.tmp"
         shutil.copytree(incoming, tmp, copy_function=os.link)
         snapshot = self.folder / name
         os.replace(tmp, snapshot)
-        for old in self.snapshots()[:-KEEP]:
+        for old in self.snapshots()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return snapshot
 
-    def required(self) -> Path:
-        """The newest snapshot, or `NotFoundError` saying there is none."""
+    def required(self, bucket: Bucket | None = None) -> Path:
+        """The newest snapshot; when none is kept here, the newest complete one of `bucket`,
+        restored first (blocks for the download). `NotFoundError` when neither has one."""
         newest = self.newest()
+        if newest is None and bucket is not None:
+            newest = bucket.restore(self.job_id, self.folder)
+            if newest is not None:
+                self._pushed().write_text(newest.name)
         if newest is None:
+            also = f" nor in {bucket}" if bucket is not None else ""
             raise NotFoundError(
-                f"job {self.job_id} has no checkpoint kept here ({self.folder}): it wrote none "
-                "to CLOUDTRAIN_CHECKPOINT_DIR, or it was not followed to its end"
+                f"job {self.job_id} has no checkpoint kept here ({self.folder}){also}: it "
+                "wrote none to CLOUDTRAIN_CHECKPOINT_DIR, or it was not followed to its end"
             )
         return newest
+
+    def push(self, bucket: Bucket) -> Pushed | None:
+        """Push the newest snapshot to `bucket` unless it was pushed already (then prune the
+        bucket to `keep`); None when there was nothing to push. Blocks for the upload; raises
+        what `Bucket.push` raises (the snapshot stays unpushed, and the next call tries it)."""
+        newest = self.newest()
+        marker = self._pushed()
+        if newest is None or (marker.is_file() and marker.read_text() == newest.name):
+            return None
+        done = bucket.push(self.job_id, newest, keep=self.keep)
+        marker.write_text(newest.name)
+        return done
+
+    def _pushed(self) -> Path:
+        return self.folder / ".pushed"

@@ -20,9 +20,11 @@ Job lifecycle (the ``status`` column)::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
+import os
 import shlex
 import threading
 import time
@@ -32,10 +34,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from cloudtrain.errors import CommandError, JobError, NotFoundError, ProviderError
+from cloudtrain.errors import CommandError, ConfigError, JobError, NotFoundError, ProviderError
 from cloudtrain.executors.base import SSH_FAILED, Executor, RunResult, fan_out
 from cloudtrain.jobs import checkpoints
-from cloudtrain.jobs.torchrun import Launch, entrypoint_args, read_failure
+from cloudtrain.jobs.torchrun import (
+    ELASTIC_MIN_RESTARTS,
+    Launch,
+    entrypoint_args,
+    read_failure,
+    rendezvous_first,
+)
 from cloudtrain.model import NodeInfo
 from cloudtrain.provision.provider import Provider
 from cloudtrain.state import JobRecord, State
@@ -46,6 +54,53 @@ OnLine = Callable[[int, str], None]
 KILL_GRACE_S = 10.0
 #: How often a followed job's checkpoints are copied to the user's machine.
 CHECKPOINT_PULL_S = 30.0
+
+
+#: How often a followed job's nodes are asked for their part (the heartbeat).
+HEARTBEAT_S = 5.0
+HEARTBEAT_TIMEOUT_ENV = "CLOUDTRAIN_HEARTBEAT_TIMEOUT_S"
+CHECKPOINT_PULL_ENV = "CLOUDTRAIN_CHECKPOINT_PULL_S"
+
+
+def _seconds(env: str, default: float) -> float:
+    raw = os.environ.get(env, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{env} {raw!r} is not a number of seconds (> 0)")
+    return value
+
+
+def heartbeat_timeout_s() -> float:
+    """How long a followed node may not answer before it counts as lost
+    (``$CLOUDTRAIN_HEARTBEAT_TIMEOUT_S``, default 60 s)."""
+    return _seconds(HEARTBEAT_TIMEOUT_ENV, 60.0)
+
+
+def checkpoint_pull_s() -> float:
+    """How often a followed job's checkpoints come home (``$CLOUDTRAIN_CHECKPOINT_PULL_S``)."""
+    return _seconds(CHECKPOINT_PULL_ENV, CHECKPOINT_PULL_S)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How one attempt of a job ended. `cause`: ``ok``, ``cancelled``, ``exit`` (a rank's own
+    non-zero exit), or a node's loss: ``vanished`` (its processes were killed with no exit
+    recorded), ``lost`` (its host stopped answering), ``preempted`` (its cloud said so)."""
+
+    status: str  # succeeded | failed | cancelled
+    cause: str
+    node: int | None = None
+    exit_code: int | None = None
+    reason: str = ""
+    tail: str = ""
+
+    @property
+    def lost_node(self) -> bool:
+        """The attempt ended because a node went away, not because of what the script did."""
+        return self.cause in ("vanished", "lost", "preempted")
 
 
 @dataclass(frozen=True)
@@ -59,13 +114,56 @@ class JobSpec:
     envs: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     nproc_per_node: int | None = None
     max_restarts: int = 0
+    #: how many of the cluster's nodes run it (default: all)
+    num_nodes: int | None = None
+    #: an elastic job (``--nodes MIN:MAX``) goes on while this many of its nodes are left
+    min_nodes: int | None = None
     name: str | None = None
     #: a job whose newest kept checkpoint every node gets before this one starts
     resume_from: str | None = None
+    #: a bucket (``s3://BUCKET/PREFIX``) that keeps the job's checkpoints too; a `resume_from`
+    #: job that this home keeps nothing of is restored from it (`cloudtrain.jobs.buckets`)
+    checkpoint_url: str | None = None
+    #: how many of the newest checkpoints are kept, here and in the bucket
+    checkpoint_keep: int = checkpoints.KEEP
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, for the job's record (a managed job's watcher starts it again)."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["entrypoint"] = list(self.entrypoint)
+        data["workdir"] = None if self.workdir is None else str(self.workdir)
+        data["envs"] = dict(self.envs)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["entrypoint"] = tuple(values.get("entrypoint") or ())
+        if values.get("workdir") is not None:
+            values["workdir"] = Path(values["workdir"])
+        values["envs"] = MappingProxyType(dict(values.get("envs") or {}))
+        return cls(**values)
 
 
-def _job_dir(node: NodeInfo, job_id: str) -> str:
-    return f"{node.root}/jobs/{job_id}"
+def _job_dir(node: NodeInfo, job_id: str, attempt: int = 0) -> str:
+    """Where a job runs on `node`: ``jobs/<id>``, and ``jobs/<id>.<n>`` for the n-th recovery
+    of a managed job (a fresh folder: no exit code or log of the attempt before it)."""
+    return f"{node.root}/jobs/{job_id}" + (f".{attempt}" if attempt else "")
+
+
+def attempt_of(rec: JobRecord) -> int:
+    """Which start of the job runs now: 0, then one more for each recovery."""
+    return int(rec.detail.get("attempt") or 0)
+
+
+def _dir(node: NodeInfo, rec: JobRecord) -> str:
+    return _job_dir(node, rec.id, attempt_of(rec))
+
+
+def elastic(rec: JobRecord) -> bool:
+    """An elastic job (``--nodes MIN:MAX``): a node lost on the way does not end it."""
+    return bool((rec.detail.get("spec") or {}).get("min_nodes"))
 
 
 def _workdir(node: NodeInfo) -> str:
@@ -122,8 +220,16 @@ class Coordinator:
 
     # -- starting ---------------------------------------------------------------------------
 
-    def submit(self, cluster: str, job: JobSpec, on_line: OnLine | None = None) -> JobRecord:
-        """Start `job` on every node of `cluster` and return once all of them run it.
+    def submit(
+        self,
+        cluster: str,
+        job: JobSpec,
+        on_line: OnLine | None = None,
+        *,
+        managed: Mapping[str, Any] | None = None,
+    ) -> JobRecord:
+        """Start `job` on every node of `cluster` and return once all of them run it; a
+        `managed` policy (`cloudtrain.jobs.managed`) is recorded with it for its watcher.
 
         Blocks for the sync, setup and start; not for the training. Holds the cluster's lock
         while it starts the job (`cloudtrain.locks`: an `up` or `down` of the cluster waits).
@@ -133,17 +239,33 @@ class Coordinator:
         from cloudtrain import locks
 
         with locks.cluster_lock(self.home, cluster, "train", on_wait=log.warning):
-            return self._submit(cluster, job, on_line)
+            return self._submit(cluster, job, on_line, managed)
 
-    def _submit(self, cluster: str, job: JobSpec, on_line: OnLine | None) -> JobRecord:
+    def _submit(
+        self,
+        cluster: str,
+        job: JobSpec,
+        on_line: OnLine | None,
+        managed: Mapping[str, Any] | None,
+    ) -> JobRecord:
         record = self.state.cluster(cluster)
         if record is None:
             raise NotFoundError(f"no cluster named {cluster!r}; `cloudtrain status` lists them")
         spec = record.spec
         resume = None  # checked before anything is made: a job with nothing kept is an error
+        from cloudtrain.spec import validate_checkpoint_keep
+
+        validate_checkpoint_keep(job.checkpoint_keep)  # as a bad URL or no boto3: refused here
+        bucket = checkpoints.bucket_of(job.checkpoint_url)
         if job.resume_from:
-            resume = checkpoints.Kept(self.home, job.resume_from).required()
-        nodes = self._live_nodes(cluster, spec.num_nodes)
+            resume = checkpoints.Kept(self.home, job.resume_from).required(bucket)
+        if (job.num_nodes or 0) > spec.num_nodes:
+            raise ConfigError(
+                f"--nodes {job.num_nodes}: cluster {cluster!r} has {spec.num_nodes} node(s); "
+                f"`cloudtrain up --name {cluster}` with more, or ask for fewer"
+            )
+        nodes = rendezvous_first(self._live_nodes(cluster, spec.num_nodes))
+        nodes = nodes[: job.num_nodes or len(nodes)]
         nproc = job.nproc_per_node or spec.resources.count or 1
         args = entrypoint_args(job.entrypoint)
         name = job.name or Path(job.entrypoint[0]).stem or "job"
@@ -154,7 +276,57 @@ class Coordinator:
             cluster, "job", f"job {rec.id} submitted: {shlex.join(args)}", job_id=rec.id
         )
         override = job.envs.get(checkpoints.CHECKPOINT_ENV)
-        self.state.update_job(rec.id, detail={"checkpoint_dir": override})
+        self.state.update_job(
+            rec.id,
+            detail={
+                "checkpoint_dir": override,
+                "checkpoint_url": job.checkpoint_url,
+                "checkpoint_keep": job.checkpoint_keep,
+            },
+        )
+        policy = {"managed": dict(managed)} if managed else {}
+        self.state.update_job(rec.id, detail={"spec": job.to_dict(), **policy})
+        try:
+            return self._launch(self._job(rec.id), nodes, job, resume, on_line)
+        except BaseException as exc:
+            status = "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed"
+            self.finish(rec.id, status, detail={"error": f"{type(exc).__name__}: {exc}"})
+            raise
+
+    def relaunch(
+        self, job_id: str, resume: Path | None, on_line: OnLine | None = None
+    ) -> JobRecord:
+        """Start the recorded job `job_id` again on its cluster's live nodes, as its next
+        attempt (a managed job's recovery), every node first given the snapshot `resume`.
+        Holds the cluster's lock; on any failure the ranks started are stopped and the error
+        raised, the job's record left to the caller."""
+        from cloudtrain import locks
+
+        rec = self._job(job_id)
+        with locks.cluster_lock(self.home, rec.cluster, "train", on_wait=log.warning):
+            rec = self._job(job_id)
+            if rec.finished or rec.detail.get("cancel_requested"):
+                return rec  # cancelled while it was being recovered: start nothing
+            nodes = rendezvous_first(self._live_nodes(rec.cluster, rec.num_nodes))
+            nodes = nodes[: rec.num_nodes]
+            job = JobSpec.from_dict(rec.detail.get("spec") or {})
+            return self._launch(rec, nodes, job, resume, on_line, attempt=attempt_of(rec) + 1)
+
+    def _launch(
+        self,
+        rec: JobRecord,
+        nodes: Sequence[NodeInfo],
+        job: JobSpec,
+        resume: Path | None,
+        on_line: OnLine | None,
+        attempt: int = 0,
+    ) -> JobRecord:
+        """Sync, restore, set up and start attempt `attempt` of `rec` on `nodes`; the ranks
+        started are stopped again when anything fails (or Ctrl-C), and the error raised."""
+        override = rec.detail.get("checkpoint_dir")
+        args = list(rec.command)
+        self.state.update_job(rec.id, detail={"attempt": attempt})
+        rec = self._job(rec.id)
         try:
             fan_out(lambda n: self._sync(n, job.workdir), nodes)
             if resume is not None:
@@ -165,19 +337,16 @@ class Coordinator:
                 fan_out(lambda n: self._setup(n, setup, job.envs, on_line), nodes)
             head = nodes[0]
             port = int(self._agent(head, "port").check().stdout.strip())
+            nproc = rec.nproc_per_node
+
+            def start(n: NodeInfo) -> int:
+                return self._start(rec, n, nodes, nproc, args, port, job, attempt)
+
             # The head first: under c10d torchrun ranks nodes by (address, pid), so on nodes that
             # share an address (the local provider) this makes global rank 0 the head's.
-            pids = [self._start(rec, head, nodes, nproc, args, port, job)]
-            pids += fan_out(lambda n: self._start(rec, n, nodes, nproc, args, port, job), nodes[1:])
-        except BaseException as exc:
-            self._stop(rec.id, nodes, mark=True)
-            status = "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed"
-            self.state.update_job(
-                rec.id,
-                status=status,
-                ended_at=time.time(),
-                detail={"error": f"{type(exc).__name__}: {exc}"},
-            )
+            pids = [start(head), *fan_out(start, nodes[1:])]
+        except BaseException:
+            self._stop(rec, nodes, mark=True)
             raise
         detail = {
             "head": f"{head.private_ip}:{port}",
@@ -186,10 +355,14 @@ class Coordinator:
                 for n, p in zip(nodes, pids, strict=True)
             ],
         }
-        self.state.update_job(rec.id, status="running", started_at=time.time(), detail=detail)
-        self.state.add_event(
-            cluster, "job", f"job {rec.id} running on {len(nodes)} node(s)", job_id=rec.id
+        self.state.update_job(
+            rec.id, status="running", started_at=None if attempt else time.time(), detail=detail
         )
+        again = f" (attempt {attempt + 1})" if attempt else ""
+        self.state.add_event(
+            rec.cluster, "job", f"job {rec.id} running on {len(nodes)} node(s){again}",
+            job_id=rec.id,
+        )  # fmt: skip
         return self._job(rec.id)
 
     def _live_nodes(self, cluster: str, expected: int) -> list[NodeInfo]:
@@ -276,6 +449,7 @@ class Coordinator:
         args: Sequence[str],
         port: int,
         job: JobSpec,
+        attempt: int,
     ) -> int:
         head = nodes[0]
         argv = Launch(
@@ -283,17 +457,18 @@ class Coordinator:
             num_nodes=len(nodes),
             nproc_per_node=nproc,
             head=f"{head.private_ip}:{port}",
-            job_id=rec.id,
+            job_id=rec.id + (f".{attempt}" if attempt else ""),
             is_head=node.index == head.index,
             local_addr=node.private_ip or "",
-            max_restarts=job.max_restarts,
+            max_restarts=max(job.max_restarts, ELASTIC_MIN_RESTARTS if job.min_nodes else 0),
             args=args,
+            min_nodes=job.min_nodes,
         ).argv()
         return self._executor(node).start_detached(
             argv,
             env=self._env(rec, node, nodes, job),
             cwd=_workdir(node),
-            job_dir=_job_dir(node, rec.id),
+            job_dir=_job_dir(node, rec.id, attempt),
         )
 
     # -- watching ---------------------------------------------------------------------------
@@ -310,11 +485,11 @@ class Coordinator:
             raise NotFoundError(f"job {rec.id}: its cluster {rec.cluster!r} is gone (torn down)")
         return nodes
 
-    def _status(self, node: NodeInfo, job_id: str) -> dict[str, Any]:
+    def _status(self, node: NodeInfo, rec: JobRecord) -> dict[str, Any]:
         """The job's state on `node` as its agent reads it, or ``{"unreachable": why}`` when
         the node cannot be reached (the job may still run there)."""
         try:
-            done = self._agent(node, "status", _job_dir(node, job_id))
+            done = self._agent(node, "status", _dir(node, rec))
         except ProviderError as exc:  # could not (re)connect
             return _unreachable(str(exc))
         if done.returncode == SSH_FAILED:  # the connection broke; the agent never exits 255
@@ -326,6 +501,7 @@ class Coordinator:
     ) -> None:
         """A node whose cloud announced its preemption (its agent recorded the notice) is an
         event of the job, once per node."""
+        rec = self._job(rec.id)
         known = dict(rec.detail.get("preemptions") or {})
         for node, status in zip(nodes, statuses, strict=True):
             notice = status.get("preemption")
@@ -341,138 +517,200 @@ class Coordinator:
             )  # fmt: skip
             self.state.update_job(rec.id, detail={"preemptions": known})
 
-    def _read_log(self, node: NodeInfo, job_id: str, tail: int | None = None) -> str:
-        args = ["follow", "--once", _job_dir(node, job_id)]
+    def _read_log(self, node: NodeInfo, rec: JobRecord, tail: int | None = None) -> str:
+        args = ["follow", "--once", _dir(node, rec)]
         if tail is not None:
             args[2:2] = ["--tail", str(tail)]
         return self._agent(node, *args, timeout=300).stdout
 
     def refresh(self, job_id: str) -> JobRecord:
         """Read the job's state from its nodes and record it. Idempotent; blocks for one round
-        trip to every node."""
+        trip to every node. A managed job's outcome is its watcher's to record."""
         rec = self._job(job_id)
         if rec.finished:
             return rec
         nodes = self._job_nodes(rec)
-        statuses = fan_out(lambda n: self._status(n, job_id), nodes)
-        return self._conclude(rec, nodes, statuses)
+        statuses = fan_out(lambda n: self._status(n, rec), nodes)
+        verdict = self._verdict(rec, nodes, statuses)
+        if verdict is None or rec.detail.get("managed"):
+            return self._job(rec.id)
+        return self.record(rec, verdict)
 
-    def _conclude(
+    def _verdict(
         self,
         rec: JobRecord,
         nodes: Sequence[NodeInfo],
         statuses: Sequence[Mapping[str, Any]],
         *,
         lost: Mapping[int, str] | None = None,
-    ) -> JobRecord:
-        """Record each node's state and, once no node runs the job, its outcome. A node that
-        cannot be reached keeps the job open, unless `lost` says its host went away while
-        the job was followed (then the job failed there)."""
+    ) -> Verdict | None:
+        """Record each node's state; once no node runs the attempt, how it ended (None while
+        it runs, or cannot be told). A node that cannot be reached keeps the job open, unless
+        `lost` says its host went away while the job was followed (then the job failed
+        there)."""
         lost = lost or {}
         states = [node_state(s) for s in statuses]
         self.state.update_job(rec.id, detail={"nodes": states})
         self._note_preemptions(rec, nodes, statuses)
         if any(s["state"] == "running" for s in states):
-            return self._job(rec.id)
+            return None
         gone = [(n, s) for n, s in zip(nodes, states, strict=True) if s["state"] == "unreachable"]
         if any(n.index not in lost for n, _ in gone):
-            return self._job(rec.id)  # cannot tell yet
-        if gone:
-            node, why = gone[0][0], lost[gone[0][0].index]
-            return self._fail(rec, node, -1, f"went away ({why})", "")
+            return None  # cannot tell yet
+        preempted = any(s.get("preemption") for s in statuses)
         codes = [s["exit_code"] for s in statuses]
-        now = time.time()
+        if elastic(rec) and 0 in codes and all(c in (0, None) for c in codes):
+            return Verdict("succeeded", "ok", exit_code=0)  # on the nodes it had left
+        if gone:
+            node = gone[0][0]
+            cause = "preempted" if preempted else "lost"
+            return Verdict("failed", cause, node.index, -1, f"went away ({lost[node.index]})")
         if any(s["cancelled"] for s in statuses):
-            self.state.update_job(
-                rec.id, status="cancelled", ended_at=now, exit_code=_first_nonzero(codes)
-            )
-            self.state.add_event(rec.cluster, "job", f"job {rec.id} cancelled", job_id=rec.id)
-            return self._job(rec.id)
+            return Verdict("cancelled", "cancelled", exit_code=_first_nonzero(codes))
+        now = time.time()
         failed = [
             (s.get("ended") or now, n, c)
             for n, s, c in zip(nodes, statuses, codes, strict=True)
             if c != 0
         ]
         if not failed:
-            self.state.update_job(rec.id, status="succeeded", exit_code=0, ended_at=now)
-            self.state.add_event(rec.cluster, "job", f"job {rec.id} succeeded", job_id=rec.id)
-            return self._job(rec.id)
-        _, node, code = min(failed, key=lambda f: (f[0], f[1].index))
-        failure = read_failure(self._read_log(node, rec.id, tail=80))
-        return self._fail(rec, node, code, failure.reason(code), failure.tail)
+            return Verdict("succeeded", "ok", exit_code=0)
+        vanished = [n for n, st in zip(nodes, states, strict=True) if st["state"] == "vanished"]
+        if vanished:  # its processes were killed under it: the cause, whatever the others said
+            node, code, cause = vanished[0], None, "vanished"
+        else:
+            _, node, code = min(failed, key=lambda f: (f[0], f[1].index))
+            cause = "exit"
+        failure = read_failure(self._read_log(node, rec, tail=80)) if code is not None else None
+        if preempted:
+            cause = "preempted"
+        reason = failure.reason(code) if failure else "its processes vanished"
+        return Verdict("failed", cause, node.index, code, reason, failure.tail if failure else "")
 
-    def _fail(
-        self, rec: JobRecord, node: NodeInfo, code: int | None, reason: str, tail: str
-    ) -> JobRecord:
-        self.state.update_job(
-            rec.id,
-            status="failed",
-            exit_code=code if code is not None else -1,
-            ended_at=time.time(),
-            detail={"failed_node": node.index, "reason": reason, "log_tail": tail},
-        )
-        self.state.add_event(
-            rec.cluster, "job", f"job {rec.id} failed: node {node.index} {reason}", job_id=rec.id
-        )
+    def record(self, rec: JobRecord, verdict: Verdict) -> JobRecord:
+        """Record how the job ended (once: a job that already ended keeps its status)."""
+        if verdict.status == "failed":
+            detail = {"failed_node": verdict.node, "reason": verdict.reason,
+                      "log_tail": verdict.tail, "cause": verdict.cause}  # fmt: skip
+            code: int | None = verdict.exit_code if verdict.exit_code is not None else -1
+            message = f"failed: node {verdict.node} {verdict.reason}"
+        else:
+            detail, code, message = {}, verdict.exit_code, verdict.status
+        if self.finish(rec.id, verdict.status, exit_code=code, detail=detail):
+            self.state.add_event(rec.cluster, "job", f"job {rec.id} {message}", job_id=rec.id)
         return self._job(rec.id)
+
+    def finish(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        exit_code: int | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Record the job's final status unless it has one already; whether it was recorded."""
+        return self.state.finish_job(job_id, status, exit_code=exit_code, detail=detail)
 
     def follow(self, job_id: str, on_line: OnLine) -> JobRecord:
         """Stream every node's log to `on_line(node_index, line)` until the job ends, keep a
         copy under ``<home>/logs/<job>/``, and record the outcome. When a node fails, the
         others are stopped. Blocks; a KeyboardInterrupt stops following and leaves the job."""
+        verdict = self.watch_attempt(job_id, on_line)
+        rec = self._job(job_id)
+        if rec.finished or verdict is None:
+            return rec
+        return self.record(rec, verdict)
+
+    def watch_attempt(
+        self, job_id: str, on_line: OnLine, *, append: bool = False
+    ) -> Verdict | None:
+        """Follow the job's current attempt to its end (see `follow`) and say how it ended,
+        recording nothing but the nodes' states. Every `HEARTBEAT_S` each node is asked for
+        its part: one that has not answered for `heartbeat_timeout_s()` is lost, and the
+        others are stopped. With `append`, the log copies grow (a managed job's attempts)."""
         rec = self._job(job_id)
         nodes = self._job_nodes(rec)
         stop_once = threading.Lock()
         lost: dict[int, str] = {}
+        copy_dir = self.home / "logs" / job_id
+        copy_dir.mkdir(parents=True, exist_ok=True)
+
+        def stop_others(node: NodeInfo, why: str) -> None:
+            if stop_once.acquire(blocking=False):
+                log.info("job %s: node %d %s; stopping the others", job_id, node.index, why)
+                others = [n for n in nodes if n is not node and n.index not in lost]
+                self._stop(rec, others, mark=False)
 
         def watch(node: NodeInfo) -> None:
-            copy_dir = self.home / "logs" / job_id
-            copy_dir.mkdir(parents=True, exist_ok=True)
-            with open(copy_dir / f"node-{node.index}.log", "w") as copy:
+            with open(copy_dir / f"node-{node.index}.log", "a" if append else "w") as copy:
 
                 def emit(line: str) -> None:
                     copy.write(line + "\n")
+                    copy.flush()
                     on_line(node.index, line)
 
                 with contextlib.suppress(ProviderError):  # unreachable: the status says so
-                    self._agent(node, "follow", _job_dir(node, job_id), timeout=None,
+                    self._agent(node, "follow", _dir(node, rec), timeout=None,
                                 on_output=emit)  # fmt: skip
-            status = self._status(node, job_id)
+            status = self._status(node, rec)
             if "unreachable" in status:
                 lost[node.index] = status["unreachable"]
-            failed = status["exit_code"] != 0 and not status["cancelled"]
-            if failed and stop_once.acquire(blocking=False):
-                log.info("job %s: node %d %s; stopping the others", job_id, node.index,
-                         node_state(status)["state"])  # fmt: skip
-                others = [n for n in nodes if n is not node and n.index not in lost]
-                self._stop(job_id, others, mark=False)
+            code = status["exit_code"]
+            if code == 0 or status["cancelled"]:
+                return
+            if code is not None or not elastic(rec):  # an elastic job's survivors go on
+                stop_others(node, node_state(status)["state"])
 
-        threads = [threading.Thread(target=watch, args=(n,), daemon=True) for n in nodes]
-        for t in threads:
+        threads = {n.index: threading.Thread(target=watch, args=(n,), daemon=True) for n in nodes}
+        for t in threads.values():
             t.start()
-        next_pull = time.monotonic() + CHECKPOINT_PULL_S
-        while any(t.is_alive() for t in threads):
-            for t in threads:
-                t.join(timeout=0.2)
-            if time.monotonic() > next_pull:  # brought up to date while the job runs
+        silent: dict[int, float] = {}  # node → when it first did not answer
+        vanished: dict[int, int] = {}  # node → heartbeats that found its processes gone
+        next_pull = time.monotonic() + checkpoint_pull_s()
+        next_beat = time.monotonic() + HEARTBEAT_S
+
+        def followed(index: int) -> bool:
+            return index not in lost and vanished.get(index, 0) < 2
+
+        while any(t.is_alive() for i, t in threads.items() if followed(i)):
+            for t in threads.values():
+                t.join(timeout=0.2 / len(threads))
+            now = time.monotonic()
+            if now > next_beat:
+                beats = fan_out(lambda n: self._status(n, rec), nodes)
+                for node, status in zip(nodes, beats, strict=True):
+                    state = node_state(status)["state"]
+                    if state != "unreachable":
+                        silent.pop(node.index, None)
+                    elif now - silent.setdefault(node.index, now) > heartbeat_timeout_s():
+                        why = status["unreachable"]
+                        lost[node.index] = f"no answer for {now - silent[node.index]:.0f} s: {why}"
+                        if not elastic(rec):
+                            stop_others(node, "stopped answering")
+                    if state == "vanished":  # its follower may wait on files that are gone
+                        vanished[node.index] = vanished.get(node.index, 0) + 1
+                        if not elastic(rec):
+                            stop_others(node, state)
+                next_beat = time.monotonic() + HEARTBEAT_S
+            if now > next_pull:  # brought up to date while the job runs
                 self.pull_checkpoints(job_id)
-                next_pull = time.monotonic() + CHECKPOINT_PULL_S
+                next_pull = time.monotonic() + checkpoint_pull_s()
         self.pull_checkpoints(job_id)
-        rec = self._job(job_id)
-        if rec.finished:
-            return rec
-        statuses = fan_out(lambda n: self._status(n, job_id), nodes)
-        return self._conclude(rec, nodes, statuses, lost=lost)
+        if self._job(job_id).finished:
+            return None
+        statuses = fan_out(lambda n: self._status(n, rec), nodes)
+        return self._verdict(rec, nodes, statuses, lost=lost)
 
     def logs(self, job_id: str, on_line: OnLine, *, follow: bool = False) -> JobRecord:
-        """Print a job's logs from its nodes (or the copy kept when its cluster is gone)."""
+        """Print a job's logs from its nodes (or the copy kept when its cluster is gone, and
+        for a managed job, whose copy holds every attempt)."""
         rec = self._job(job_id)
         if follow and not rec.finished:
             return self.follow(job_id, on_line)
         nodes = self.state.nodes(rec.cluster)
-        if nodes and rec.status != "pending":
+        if nodes and rec.status != "pending" and not rec.detail.get("managed"):
             for node in nodes:
-                for line in self._read_log(node, job_id).splitlines():
+                for line in self._read_log(node, rec).splitlines():
                     on_line(node.index, line)
             return self.refresh(job_id)
         copies = sorted((self.home / "logs" / job_id).glob("node-*.log"))
@@ -486,28 +724,41 @@ class Coordinator:
 
     def pull_checkpoints(self, job_id: str) -> Path | None:
         """Copy the head node's checkpoint folder of `job_id` to the user's machine
-        (`cloudtrain.jobs.checkpoints`); the newest snapshot kept, or None. A node that does
-        not answer is logged, not raised: the snapshot before it stands."""
+        (`cloudtrain.jobs.checkpoints`), then a new snapshot to the job's bucket if it has one;
+        the newest snapshot kept, or None. A node or a bucket that does not answer is logged,
+        not raised: the snapshot before it stands (an unpushed one is pushed next time)."""
+        from cloudtrain.errors import CloudtrainError
+
         rec = self._job(job_id)
+        keep = rec.detail.get("checkpoint_keep") or checkpoints.KEEP
+        kept = checkpoints.Kept(self.home, job_id, keep=keep)
         nodes = self.state.nodes(rec.cluster)
-        if not nodes:
-            return checkpoints.Kept(self.home, job_id).newest()
-        head = nodes[0]
-        remote = checkpoints.node_folder(head.root, rec.detail.get("checkpoint_dir"))
-        try:
-            return checkpoints.Kept(self.home, job_id).pull(self._executor(head), remote)
-        except (CommandError, ProviderError, OSError) as exc:
-            log.warning("could not copy the checkpoints of %s from node 0: %s", job_id, exc)
-            return checkpoints.Kept(self.home, job_id).newest()
+        newest = kept.newest()
+        if nodes:
+            head = nodes[0]
+            remote = checkpoints.node_folder(head.root, rec.detail.get("checkpoint_dir"))
+            try:
+                newest = kept.pull(self._executor(head), remote)
+            except (CommandError, ProviderError, OSError) as exc:
+                log.warning("could not copy the checkpoints of %s from node 0: %s", job_id, exc)
+        url = rec.detail.get("checkpoint_url")
+        if url and newest is not None:
+            try:
+                kept.push(checkpoints.bucket_of(url))
+            except (CloudtrainError, OSError) as exc:
+                log.warning("could not copy the checkpoints of %s to %s: %s", job_id, url, exc)
+        return newest
 
     def archive_logs(self, cluster: str) -> None:
         """Copy every job's node logs of `cluster` to ``<home>/logs`` (before a teardown)."""
         nodes = self.state.nodes(cluster)
         for rec in self.state.jobs(cluster):
+            if rec.detail.get("managed"):
+                continue  # its watcher keeps the copy of every attempt
             copy_dir = self.home / "logs" / rec.id
             for node in nodes:
                 try:
-                    out = self._read_log(node, rec.id)
+                    out = self._read_log(node, rec)
                 except (CommandError, ProviderError) as exc:
                     log.warning(
                         "could not copy the logs of %s from node %d: %s", rec.id, node.index, exc
@@ -522,7 +773,7 @@ class Coordinator:
 
     # -- stopping ---------------------------------------------------------------------------
 
-    def _stop(self, job_id: str, nodes: Sequence[NodeInfo], *, mark: bool) -> None:
+    def _stop(self, rec: JobRecord, nodes: Sequence[NodeInfo], *, mark: bool) -> None:
         """Stop the job's processes on `nodes` (TERM, then KILL after the grace); with `mark`,
         the job is marked cancelled on each node first."""
 
@@ -530,13 +781,13 @@ class Coordinator:
             args = [
                 "kill",
                 "--match",
-                f"CLOUDTRAIN_JOB_ID={job_id}",
+                f"CLOUDTRAIN_JOB_ID={rec.id}",
                 "--match",
                 f"CLOUDTRAIN_NODE_ROOT={node.root}",
                 "--grace",
                 str(KILL_GRACE_S),
                 "--job-dir",
-                _job_dir(node, job_id),
+                _dir(node, rec),
             ]
             if mark:
                 args.append("--mark")
@@ -550,9 +801,19 @@ class Coordinator:
         if rec.finished:
             return rec
         nodes = self._job_nodes(rec)
-        self._stop(job_id, nodes, mark=True)
-        statuses = fan_out(lambda n: self._status(n, job_id), nodes)
-        return self._conclude(rec, nodes, statuses)
+        self._stop(rec, nodes, mark=True)
+        statuses = fan_out(lambda n: self._status(n, rec), nodes)
+        verdict = self._verdict(rec, nodes, statuses)
+        return self.record(rec, verdict) if verdict is not None else self._job(rec.id)
+
+    def stop(
+        self, job_id: str, nodes: Sequence[NodeInfo] | None = None, *, mark: bool = False
+    ) -> None:
+        """Stop the job's current attempt on `nodes` (default: its cluster's), recording
+        nothing; `mark` marks it cancelled on each node first. A managed job's watcher stops
+        the rest of a broken attempt this way before it recovers the job."""
+        rec = self._job(job_id)
+        self._stop(rec, self._job_nodes(rec) if nodes is None else nodes, mark=mark)
 
     def raise_for_status(self, rec: JobRecord) -> JobRecord:
         """`rec` when it succeeded; `JobError` saying how it ended otherwise."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from cloudtrain.errors import ConfigError
 from cloudtrain.jobs import rendezvous
+from cloudtrain.model import NodeInfo
 
 _PYTHON = re.compile(r"(.*/)?python(3(\.\d+)?)?")
 _AGENT_TRACEBACK_END = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
@@ -38,6 +39,38 @@ def entrypoint_args(entrypoint: Sequence[str]) -> list[str]:
     return ["--no-python", *tokens]
 
 
+#: How long an elastic job's rendezvous waits for more nodes once it has its minimum.
+ELASTIC_LAST_CALL_S = 5
+#: The restarts an elastic job gets at least: its survivors re-form by restarting.
+ELASTIC_MIN_RESTARTS = 3
+
+
+def parse_nodes(text: str, field: str = "--nodes") -> tuple[int | None, int]:
+    """``N`` or ``MIN:MAX`` (an elastic job: it goes on while MIN of its MAX nodes are left)
+    as (MIN or None, MAX); `ConfigError` naming `field` for anything else."""
+    lo, sep, hi = text.partition(":")
+    try:
+        low, high = (int(lo), int(hi)) if sep else (None, int(text))
+    except ValueError:
+        low, high = 0, 0
+    if high < 1 or (low is not None and not 1 <= low <= high):
+        raise ConfigError(
+            f"{field} {text!r}: write a number of nodes (2) or MIN:MAX with 1 <= MIN <= MAX "
+            "(1:4, an elastic job that goes on while 1 of its 4 nodes is left)"
+        )
+    return low, high
+
+
+def rendezvous_first(nodes: Sequence[NodeInfo]) -> list[NodeInfo]:
+    """`nodes` with the one to host the rendezvous first: the lowest index of the on-demand
+    nodes when some are spot (the store dies with its host, and the job with it), else the
+    lowest index."""
+    ordered = sorted(nodes, key=lambda n: n.index)
+    stable = [n for n in ordered if not n.extra.get("spot")]
+    head = (stable or ordered)[0]
+    return [head, *(n for n in ordered if n is not head)]
+
+
 @dataclass(frozen=True)
 class Launch:
     """One node's share of a job."""
@@ -51,16 +84,24 @@ class Launch:
     local_addr: str
     max_restarts: int
     args: Sequence[str]
+    #: an elastic job goes on while this many nodes are left (torchrun's ``--nnodes MIN:MAX``)
+    min_nodes: int | None = None
 
     def argv(self) -> list[str]:
+        nnodes = str(self.num_nodes)
+        conf = f"is_host={int(self.is_head)}"
+        if self.min_nodes is not None:
+            nnodes = f"{self.min_nodes}:{self.num_nodes}"
+            # the survivors of a lost node form the next round after this many seconds
+            conf += f",last_call_timeout={ELASTIC_LAST_CALL_S}"
         return [
             self.python, "-m", "torch.distributed.run",
-            "--nnodes", str(self.num_nodes),
+            "--nnodes", nnodes,
             "--nproc-per-node", str(self.nproc_per_node),
             "--rdzv-backend", rendezvous.BACKEND,
             "--rdzv-endpoint", self.head,
             "--rdzv-id", self.job_id,
-            "--rdzv-conf", f"is_host={int(self.is_head)}",
+            "--rdzv-conf", conf,
             "--local-addr", self.local_addr,
             "--max-restarts", str(self.max_restarts),
             *self.args,

@@ -23,7 +23,10 @@ MAX_NODES = 1024
 MAX_DISK_GB = 65536
 
 # The fields of a task file, and of its `resources` block. Anything else is an error.
-TASK_FIELDS = ("name", "provider", "resources", "num_nodes", "workdir", "setup", "run", "envs")
+TASK_FIELDS = (
+    *("name", "provider", "resources", "num_nodes", "workdir", "setup", "run", "envs"),
+    *("checkpoint", "checkpoint_keep"),
+)
 RESOURCE_FIELDS = ("accelerator", "spot", "region", "zone", "disk_gb", "image")
 
 
@@ -130,6 +133,10 @@ class TaskSpec:
     setup: str | None = None
     run: str | None = None
     envs: Mapping[str, str] = field(default_factory=_empty)
+    #: a bucket (``s3://BUCKET/PREFIX``) that also keeps the job's checkpoints
+    checkpoint: str | None = None
+    #: how many of the newest checkpoints are kept (here and in the bucket)
+    checkpoint_keep: int = 2
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -169,6 +176,72 @@ def validate_job_id(value: object, field: str = "job id") -> str:
         f"{field} {value!r} is not a job id: a cluster name, '-' and a number (e.g. 'exp1-3'); "
         "`cloudtrain status` lists jobs",
     )  # fmt: skip
+
+
+#: An S3 bucket name (3 to 63 lowercase letters, digits, '.' and '-', a letter or digit at
+#: each end), and a key prefix's parts: AWS's "safe characters" only.
+BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_KEY_PART_RE = re.compile(r"[A-Za-z0-9!_.*'()-]+")
+_IPV4_RE = re.compile(r"[0-9]+(\.[0-9]+){3}")
+_RESERVED = (("xn--", "sthree-", "amzn-s3-demo-"), ("-s3alias", "--ol-s3", ".mrap", "--x-s3"))
+
+
+@dataclass(frozen=True)
+class BucketURL:
+    """Where a bucket keeps checkpoints: ``s3://BUCKET/PREFIX`` (`prefix` may be empty)."""
+
+    bucket: str
+    prefix: str = ""
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+
+
+def parse_bucket_url(value: object, field: str = "checkpoint") -> BucketURL:
+    """``s3://BUCKET[/PREFIX]``: an S3 bucket name as AWS allows them, and a prefix of parts
+    made of letters, digits and ``!_.*'()-`` (no empty, ``.`` or ``..`` part)."""
+    allowed = (
+        "write s3://BUCKET/PREFIX: a bucket name of 3 to 63 lowercase letters, digits, '.' "
+        "and '-' (a letter or digit at each end), and a prefix of letters, digits and "
+        "!_.*'()- between '/'"
+    )
+    if not isinstance(value, str) or not value.startswith("s3://"):
+        raise SpecError(field, f"{field} {value!r} is not an S3 bucket URL; {allowed}")
+    bucket, _, prefix = value[len("s3://") :].partition("/")
+    if not _bucket_name(bucket):
+        raise SpecError(field, f"{field} {value!r}: {bucket!r} is not a bucket name; {allowed}")
+    prefix = prefix.rstrip("/")
+    parts = prefix.split("/") if prefix else []
+    bad = [p for p in parts if not _KEY_PART_RE.fullmatch(p) or p in (".", "..")]
+    if bad:
+        raise SpecError(
+            field, f"{field} {value!r}: the prefix part {bad[0]!r} is not allowed; {allowed}"
+        )
+    if len(prefix) > 512:
+        raise SpecError(field, f"{field} {value!r}: the prefix is longer than 512 characters")
+    return BucketURL(bucket, prefix)
+
+
+def _bucket_name(name: str) -> bool:
+    """Whether S3 allows `name` for a new bucket (its naming rules)."""
+    return bool(
+        BUCKET_RE.fullmatch(name)
+        and ".." not in name
+        and not _IPV4_RE.fullmatch(name)
+        and not name.startswith(_RESERVED[0])
+        and not name.endswith(_RESERVED[1])
+    )
+
+
+def validate_checkpoint_keep(value: object, field: str = "checkpoint_keep") -> int:
+    """How many of a job's newest checkpoints are kept: a whole number, 1 or more."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(
+            field,
+            f"{field} {value!r} is not allowed; use a whole number of 1 or more (how many of "
+            "the newest checkpoints are kept)",
+        )
+    return value
 
 
 def parse_gpus(
@@ -301,6 +374,12 @@ def _run(data: Mapping[str, Any]) -> str | None:
     return run
 
 
+def _checkpoint(data: Mapping[str, Any]) -> str | None:
+    """`checkpoint:` as a normalized bucket URL, or None."""
+    value = data.get("checkpoint")
+    return None if value is None else str(parse_bucket_url(value))
+
+
 def task_from_dict(
     data: Mapping[str, Any], known: Known, *, base_dir: Path | None = None
 ) -> TaskSpec:
@@ -348,4 +427,6 @@ def task_from_dict(
         setup=_opt_str(data, "setup", "setup"),
         run=_run(data),
         envs=MappingProxyType(envs),
+        checkpoint=_checkpoint(data),
+        checkpoint_keep=validate_checkpoint_keep(data.get("checkpoint_keep", 2)),
     )

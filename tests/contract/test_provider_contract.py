@@ -258,3 +258,42 @@ def test_a_recorded_incarnation_acts_only_on_itself(harness: Harness) -> None:
     prov.terminate("c1", "aaaaaaaaaaaa")
     assert prov.describe("c1") == []
     assert harness.is_empty()
+
+
+def test_a_managed_jobs_watcher_gets_a_lost_node_back_where_the_others_are(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """What a managed job's recovery asks of every provider: the node removed behind
+    cloudtrain's back is made again (the same index, the others' zone), and a teardown then
+    leaves nothing."""
+    from cloudtrain import api
+    from cloudtrain.jobs.coordinator import Coordinator
+    from cloudtrain.jobs.managed import Policy, Watcher
+    from cloudtrain.state import State
+
+    state = State.open(tmp_path / "watcher-home")
+    home = tmp_path / "watcher-home"
+    spec = dataclasses.replace(harness.spec("c1", 3), provider=harness.provider.name)
+    api.up(state, home, spec, bootstrap_timeout_s=None, prov=harness.provider)
+    record = state.cluster("c1")
+    assert record is not None
+    job = state.new_job("c1", "t", num_nodes=3, nproc_per_node=1, command=["t.py"])
+    state.update_job(job.id, detail={"managed": Policy().to_dict()})
+    harness.remove_node("c1", 1)
+
+    watcher = Watcher(
+        state,
+        home,
+        lambda cluster: Coordinator(state, harness.provider, home=home),
+        provider=lambda s: harness.provider,
+        bootstrap_timeout_s=None,
+    )
+    assert watcher.complete_cluster(job) == [1]
+    nodes = harness.provider.describe("c1", record.spec.cluster_id)
+    assert [n.index for n in nodes] == [0, 1, 2]
+    assert len({n.zone for n in nodes}) == 1, "the new node joins the others' zone"
+    assert watcher.complete_cluster(job) == [], "nothing is missing any more"
+
+    harness.provider.terminate("c1", record.spec.cluster_id)
+    assert harness.is_empty()
+    state.close()

@@ -240,3 +240,39 @@ def test_unknown_accelerator_names_its_line(tmp_path: Path) -> None:
     assert error_of(path).startswith(
         f"{path}:4: resources.accelerator 'A10O:8': unknown accelerator 'A10O' — did you mean"
     )
+
+
+def test_checkpoint_fields_are_read_and_normalized(tmp_path: Path) -> None:
+    task = taskfile.load(
+        write(tmp_path, "name: exp1\ncheckpoint: s3://ckpts/runs/bert/\ncheckpoint_keep: 5\n")
+    )
+    assert (task.checkpoint, task.checkpoint_keep) == ("s3://ckpts/runs/bert", 5)
+    plain = taskfile.load(write(tmp_path, "name: exp1\n"))
+    assert (plain.checkpoint, plain.checkpoint_keep) == (None, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "checkpoint: gs://ckpts/x",
+            ":3: checkpoint 'gs://ckpts/x' is not an S3 bucket URL; write s3://BUCKET/PREFIX",
+        ),
+        ("checkpoint: s3://Ckpts/x", ":3: checkpoint 's3://Ckpts/x': 'Ckpts' is not a bucket"),
+        ("checkpoint: s3://ckpts/a//b", ":3: checkpoint 's3://ckpts/a//b': the prefix part ''"),
+        ("checkpoint: 42", ":3: checkpoint 42 is not an S3 bucket URL"),
+        ("checkpoint_keep: 0", ":3: checkpoint_keep 0 is not allowed; use a whole number of 1"),
+        ("checkpoint_keep: two", ":3: checkpoint_keep 'two' is not allowed"),
+        ("checkpoint_keep: true", ":3: checkpoint_keep True is not allowed"),
+        ("checkpoint_keep: 1.5", ":3: checkpoint_keep 1.5 is not allowed"),
+        (
+            "checkpoint_kept: 3",
+            ":3: unknown field 'checkpoint_kept' — did you mean 'checkpoint_keep'",
+        ),
+    ],
+)
+def test_bad_checkpoint_fields_name_their_line(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, f"name: exp1\nprovider: local\n{text}\n")
+    message = error_of(path)
+    assert message.startswith(f"{path}{expected}"), message
+    assert "\n" not in message

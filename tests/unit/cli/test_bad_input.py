@@ -176,6 +176,27 @@ def test_yaml_errors_name_file_and_line(run_cli: Cli, home: Path, tmp_path: Path
     assert nothing_created(home)
 
 
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ("checkpoint: gs://ckpts/runs", "checkpoint 'gs://ckpts/runs' is not an S3 bucket URL"),
+        ("checkpoint: s3://my_bucket", "checkpoint 's3://my_bucket': 'my_bucket' is not a bucket"),
+        ("checkpoint_keep: 0", "checkpoint_keep 0 is not allowed; use a whole number of 1 or more"),
+    ],
+)
+@pytest.mark.parametrize("command", ["launch", "train"])
+def test_bad_checkpoint_fields_in_a_task_file_exit_2_before_anything_runs(
+    run_cli: Cli, home: Path, tmp_path: Path, command: str, field: str, message: str
+) -> None:
+    task = tmp_path / "task.yaml"
+    task.write_text(f"name: t1\nprovider: local\nrun: train.py\n{field}\n")
+    args = [command, str(task)] if command == "launch" else [command, "-c", "t1", str(task)]
+    result = run_cli(*args)
+    assert result.exit_code == 2, result.output
+    assert f"{task}:4: {message}" in result.output
+    assert nothing_created(home)
+
+
 def test_up_of_an_existing_name_with_another_spec_is_refused(run_cli: Cli, home: Path) -> None:
     assert run_cli("up", "--provider", "fake", "--name", "same", "--nodes", "2").exit_code == 0
     result = run_cli("up", "--provider", "fake", "--name", "same", "--nodes", "3")

@@ -1,0 +1,305 @@
+"""Checkpoints kept in an S3 bucket as well, named in the task (``checkpoint: s3://BUCKET/PREFIX``).
+
+No cloud credential ever reaches a node, so the bucket is written and read from the user's
+machine: a snapshot that `cloudtrain.jobs.checkpoints.Kept` made is pushed after it was made,
+and a job resumed where the home keeps nothing of the job it resumes (another machine, a lost
+home) has the newest complete snapshot restored from the bucket first. In the bucket::
+
+    PREFIX/<job>/<snapshot>/<file> ...       the files, as in the home's <job>/<snapshot>/
+    PREFIX/<job>/<snapshot>.complete.json    the manifest (each file's size and sha256),
+                                             written last: a snapshot without it (an upload
+                                             that was cut) is never the newest, and goes
+                                             once a newer one is complete
+
+A push uploads only what changed: a file whose size and sha256 match a file of the newest
+complete snapshot in the bucket is copied inside S3 (no byte leaves this machine); the others
+are uploaded. Then the bucket keeps the `keep` newest complete snapshots of the job. Idempotent:
+a snapshot already complete there is not pushed again. A restore checks every file against the
+manifest and renames the whole snapshot into place, as `Kept` does.
+
+boto3 is imported when a bucket is first used (``pip install 'cloudtrain[aws]'``); it finds its
+endpoint (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``), credentials and ``AWS_PROFILE`` the
+way any AWS tool does. botocore's errors are mapped at this boundary by the provider's own
+mapping (`ProviderError`, `AuthError` …), each naming the bucket.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from cloudtrain.errors import CheckpointError, ConfigError, ProviderError, one_line
+from cloudtrain.spec import parse_bucket_url
+
+log = logging.getLogger(__name__)
+
+#: What ends the key of a snapshot's manifest, the object that makes it complete.
+MARKER = ".complete.json"
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """What a push did: files uploaded, files copied inside the bucket, snapshots removed."""
+
+    uploaded: int = 0
+    copied: int = 0
+    removed: int = 0
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def manifest(snapshot: Path) -> dict[str, dict[str, Any]]:
+    """Each file of `snapshot` (by its path inside, with '/') with its size and sha256."""
+    files = {}
+    for dirpath, _, names in os.walk(snapshot):
+        for name in names:
+            path = Path(dirpath) / name
+            rel = path.relative_to(snapshot).as_posix()
+            files[rel] = {"size": path.stat().st_size, "sha256": _digest(path)}
+    return dict(sorted(files.items()))
+
+
+def _safe(rel: str) -> bool:
+    """Whether a path read from a manifest stays inside the snapshot it is restored into."""
+    parts = PurePosixPath(rel).parts
+    return bool(parts) and not rel.startswith("/") and not {"..", "."} & set(parts)
+
+
+class Bucket:
+    """A job's checkpoints under ``s3://BUCKET/PREFIX/<job>/``. `client`: an S3 client to use
+    (default: one from boto3's session, `profile` or ``AWS_PROFILE``). Nothing is imported or
+    called until a method needs it; a bad URL is a `ConfigError` at once."""
+
+    def __init__(self, url: str, *, profile: str | None = None, client: Any = None) -> None:
+        self.url = parse_bucket_url(url)
+        self._profile = profile
+        self._client = client
+
+    def __str__(self) -> str:
+        return str(self.url)
+
+    def check(self) -> None:
+        """`ConfigError` unless boto3 can be imported (nothing is called)."""
+        with self._errors():
+            pass
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def snapshots(self, job_id: str) -> list[str]:
+        """The names of the job's complete snapshots, oldest first."""
+        with self._errors():
+            return self._listing(job_id)[0]
+
+    def newest(self, job_id: str) -> str | None:
+        found = self.snapshots(job_id)
+        return found[-1] if found else None
+
+    def restore(self, job_id: str, into: Path) -> Path | None:
+        """Download the job's newest complete snapshot into ``into/<name>`` (the folder of
+        `Kept`), whole or not at all; None when the bucket has none. Blocks for the download.
+        Raises `CheckpointError` when a file does not match the manifest."""
+        with self._errors():
+            complete = self._listing(job_id)[0]
+            if not complete:
+                return None
+            name = complete[-1]
+            target = into / name
+            if target.is_dir():
+                return target
+            files = self._manifest(job_id, name)
+            tmp = into / f".{name}.restore"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            try:
+                for rel, entry in files.items():
+                    self._download(job_id, name, rel, entry, tmp)
+                os.replace(tmp, target)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        log.info("restored checkpoint %s of %s from %s", name, job_id, self)
+        return target
+
+    def _download(
+        self, job_id: str, name: str, rel: str, entry: dict[str, Any], into: Path
+    ) -> None:
+        """One file of a snapshot into `into`, checked against its `entry` of the manifest."""
+        key = self._key(job_id, name, rel)
+        if not _safe(rel):
+            raise CheckpointError(into.parent / name, f"{self}: its manifest names {rel!r}")
+        dest = into / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        self._s3().download_file(self.url.bucket, key, str(dest))
+        size, digest = dest.stat().st_size, _digest(dest)
+        if (size, digest) != (entry.get("size"), entry.get("sha256")):
+            raise CheckpointError(
+                into.parent / name,
+                f"s3://{self.url.bucket}/{key} ({size} bytes) does not match its snapshot's "
+                f"manifest ({entry.get('size')} bytes)",
+            )
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def push(self, job_id: str, snapshot: Path, *, keep: int) -> Pushed:
+        """Copy the local `snapshot` (a folder named by its time, as `Kept` makes them) to the
+        bucket, its manifest last, then keep the `keep` newest complete snapshots there.
+        Idempotent; blocks for the upload."""
+        name = snapshot.name
+        uploaded = copied = 0
+        with self._errors():
+            complete = self._listing(job_id)[0]
+            if name not in complete:
+                files = manifest(snapshot)
+                have: dict[tuple[object, object], str] = {}
+                if complete:  # what the newest complete one holds: copied inside the bucket
+                    previous = complete[-1]
+                    for rel, entry in self._manifest(job_id, previous).items():
+                        key = self._key(job_id, previous, rel)
+                        have[entry.get("size"), entry.get("sha256")] = key
+                s3 = self._s3()
+                for rel, entry in files.items():
+                    key = self._key(job_id, name, rel)
+                    same = have.get((entry["size"], entry["sha256"]))
+                    if same is not None:
+                        s3.copy({"Bucket": self.url.bucket, "Key": same}, self.url.bucket, key)
+                        copied += 1
+                    else:
+                        s3.upload_file(str(snapshot / rel), self.url.bucket, key)
+                        uploaded += 1
+                body = {"job": job_id, "snapshot": name, "files": files}
+                s3.put_object(
+                    Bucket=self.url.bucket,
+                    Key=self._key(job_id, name + MARKER),
+                    Body=json.dumps(body, indent=1).encode(),
+                    ContentType="application/json",
+                )
+                log.info(
+                    "pushed checkpoint %s of %s to %s (%d uploaded, %d copied)",
+                    *(name, job_id, self, uploaded, copied),
+                )
+        removed = self.prune(job_id, keep=keep)
+        return Pushed(uploaded, copied, removed)
+
+    def prune(self, job_id: str, *, keep: int) -> int:
+        """Remove all but the `keep` newest complete snapshots of the job, and every incomplete
+        one older than the newest complete one (an upload that was cut). A snapshot's manifest
+        goes first, so a half-removed one is never complete. The number removed."""
+        with self._errors():
+            complete, folders = self._listing(job_id)
+            if not complete:
+                return 0
+            newest = int(complete[-1])
+            doomed = complete[:-keep] + [
+                n for n in folders if n not in complete and int(n) < newest
+            ]
+            if not doomed:
+                return 0
+            self._delete([self._key(job_id, n + MARKER) for n in doomed if n in complete])
+            for n in doomed:
+                prefix = self._key(job_id, n) + "/"
+                self._delete([o["Key"] for o in self._objects(prefix)])
+        return len(doomed)
+
+    # -- the bucket ---------------------------------------------------------------------------
+
+    def _key(self, job_id: str, *parts: str) -> str:
+        return "/".join(p for p in (self.url.prefix, job_id, *parts) if p)
+
+    def _listing(self, job_id: str) -> tuple[list[str], list[str]]:
+        """The job's complete snapshots and its snapshot folders, each oldest first."""
+        complete, folders = set(), set()
+        base = self._key(job_id) + "/"
+        pages = (
+            self._s3()
+            .get_paginator("list_objects_v2")
+            .paginate(Bucket=self.url.bucket, Prefix=base, Delimiter="/")
+        )
+        for page in pages:
+            for obj in page.get("Contents", []):
+                name = obj["Key"][len(base) :]
+                if name.endswith(MARKER) and name[: -len(MARKER)].isdigit():
+                    complete.add(name[: -len(MARKER)])
+            for sub in page.get("CommonPrefixes", []):
+                name = sub["Prefix"][len(base) :].rstrip("/")
+                if name.isdigit():
+                    folders.add(name)
+        return sorted(complete, key=int), sorted(folders, key=int)
+
+    def _objects(self, prefix: str) -> Iterator[dict[str, Any]]:
+        pages = (
+            self._s3()
+            .get_paginator("list_objects_v2")
+            .paginate(Bucket=self.url.bucket, Prefix=prefix)
+        )
+        for page in pages:
+            yield from page.get("Contents", [])
+
+    def _manifest(self, job_id: str, name: str) -> dict[str, dict[str, Any]]:
+        key = self._key(job_id, name + MARKER)
+        body = self._s3().get_object(Bucket=self.url.bucket, Key=key)["Body"].read()
+        try:
+            files = json.loads(body)["files"]
+            if not isinstance(files, dict):
+                raise TypeError("files is not a mapping")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(
+                Path(key), f"in {self}: not a snapshot manifest ({exc})"
+            ) from None
+        return files
+
+    def _delete(self, keys: list[str]) -> None:
+        s3 = self._s3()
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes 1000 at most
+            batch = [{"Key": k} for k in keys[start : start + 1000]]
+            answer = s3.delete_objects(Bucket=self.url.bucket, Delete={"Objects": batch})
+            for error in answer.get("Errors", []):
+                key, why = error.get("Key"), error.get("Message")
+                log.warning("%s: could not remove %s: %s", self, key, why)
+
+    def _s3(self) -> Any:
+        if self._client is None:
+            from cloudtrain.providers.aws._client import Clients
+
+            clients = Clients(profile=self._profile)
+            region = clients.session().region_name or "us-east-1"
+            self._client = clients.get("s3", region)
+        return self._client
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """botocore's and boto3's errors as cloudtrain's, naming the bucket (boto3's transfers
+        wrap the botocore error they met: that one is mapped). boto3 missing: `ConfigError`."""
+        try:
+            from boto3.exceptions import Boto3Error
+        except ImportError:
+            raise ConfigError(
+                f"checkpoint {self}: a bucket needs boto3: pip install 'cloudtrain[aws]'"
+            ) from None
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from cloudtrain.providers.aws._client import aws_errors
+
+        with aws_errors(str(self)):
+            try:
+                yield
+            except Boto3Error as exc:
+                inner = getattr(exc, "last_exception", None) or exc.__context__
+                if isinstance(inner, ClientError | BotoCoreError):
+                    raise inner from exc
+                raise ProviderError(
+                    "s3", type(exc).__name__, f"{one_line(str(exc))} in {self}"
+                ) from exc

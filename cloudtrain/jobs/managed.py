@@ -1,0 +1,385 @@
+"""Managed jobs: recovered until they succeed, are cancelled, or their budget is spent.
+
+A managed job (``train --managed``) is watched by a process of its own on the user's machine,
+``cloudtrain jobs watch JOB``, started detached so that it outlives the command that submitted
+the job. No cloud credential ever goes to a node: replacing a node is the watcher's business,
+through the same provider (and the same provisioning engine) as ``up``. One watcher per job: it
+holds ``<home>/locks/watch-<job>.lock`` while it runs (the kernel lets go when it dies). All it
+knows is in the job's record, so a watcher that died is started again by the next ``status``,
+``logs`` or ``jobs watch`` and goes on from where the record says::
+
+    running ──► the attempt ends ──► succeeded / cancelled                     (recorded once)
+       ▲                │
+       │                ├─ a node lost (vanished, stopped answering, preempted)  ─┐ budget left
+       │                ├─ the script's own exit, with --retry-on-failure        ─┤
+       │                └─ otherwise, or the budget spent ──► failed              │
+       │                                                                          ▼
+       └──────────── start again ◄── restore ◄── replace ◄── stop the rest ◄── recovering
+
+Recovery: the attempt's processes still running anywhere are stopped; the newest checkpoint is
+brought home (`cloudtrain.jobs.checkpoints`); a node the cloud no longer runs is made again by
+``up`` of the recorded spec (the engine completes a half-made cluster where it is, and fails
+over as for any ``up``); the job starts again as its next attempt (``jobs/<id>.<n>`` on the
+nodes, the rendezvous ``<id>.<n>``) with every node given that checkpoint. Each recovery is an
+event with its cause, its downtime and the age of the checkpoint it resumed from.
+
+A cancel (``cloudtrain cancel``) asks first, in the record, then stops what runs: a watcher in
+the middle of a recovery starts nothing more. With ``--down`` the watcher tears the cluster
+down when the job ends, whatever the outcome (a cancel too); the job's final status is recorded
+before, and a failed teardown is an event, never a new status.
+
+What a controller VM would add (not built): the watcher lives on the user's machine, so a
+managed job whose nodes all die while that machine sleeps waits for it to wake (the next
+command restarts the watcher). A small always-on controller instance, with a role scoped to
+the cluster, would recover at once; it would also need its own credentials and its own bill.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cloudtrain.errors import CloudtrainError, NotFoundError
+from cloudtrain.jobs.coordinator import HEARTBEAT_S, Coordinator, Verdict, attempt_of
+from cloudtrain.model import Event
+from cloudtrain.provision.provider import Provider
+from cloudtrain.spec import ClusterSpec
+from cloudtrain.state import JobRecord, State
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_RECOVERIES = 3
+#: The watcher's own output, beside the job's log copies.
+WATCH_LOG = "watch.log"
+#: Before it tries again after a recovery that failed (no capacity, a node that did not come).
+RETRY_PAUSE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a managed job is recovered. `max_recoveries` bounds the recoveries of every cause;
+    the script's own non-zero exit is recovered only with `retry_on_failure`."""
+
+    max_recoveries: int = DEFAULT_MAX_RECOVERIES
+    retry_on_failure: bool = False
+    down: bool = False  # tear the cluster down when the job ends
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_recoveries": self.max_recoveries,
+            "retry_on_failure": self.retry_on_failure,
+            "down": self.down,
+        }
+
+    @classmethod
+    def of(cls, rec: JobRecord) -> Policy | None:
+        """The job's policy; None for a job that is not managed."""
+        data = rec.detail.get("managed")
+        if not data:
+            return None
+        return cls(
+            max_recoveries=int(data.get("max_recoveries", DEFAULT_MAX_RECOVERIES)),
+            retry_on_failure=bool(data.get("retry_on_failure")),
+            down=bool(data.get("down")),
+        )
+
+
+# -- one watcher per job ------------------------------------------------------------------
+
+
+def _lock_path(home: Path, job_id: str) -> Path:
+    folder = home / "locks"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return folder / f"watch-{job_id}.lock"
+
+
+@contextlib.contextmanager
+def watching(home: Path, job_id: str) -> Iterator[bool]:
+    """Hold the job's watcher lock for the block, if no other process holds it: yields whether
+    this process is the job's watcher."""
+    fd = os.open(_lock_path(home, job_id), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def watcher_pid(home: Path, job_id: str) -> int | None:
+    """The pid of the job's live watcher, or None when none runs."""
+    with watching(home, job_id) as mine:
+        if mine:
+            return None
+    text = _lock_path(home, job_id).read_text().strip()
+    return int(text) if text.isdigit() else -1
+
+
+def start_watcher(home: Path, job_id: str) -> int:
+    """Start ``cloudtrain jobs watch JOB`` detached (its own session, no terminal), with its
+    output in ``<home>/logs/<job>/watch.log``; its pid."""
+    folder = home / "logs" / job_id
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(folder / WATCH_LOG, "a") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cloudtrain.cli", "jobs", "watch", job_id],
+            env={**os.environ, "CLOUDTRAIN_HOME": str(home)},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def unwatched(state: State, home: Path) -> list[str]:
+    """The managed jobs still open that no watcher watches (it died, or the machine
+    restarted)."""
+    return [
+        rec.id
+        for rec in state.jobs()
+        if not rec.finished
+        and rec.status != "pending"
+        and Policy.of(rec)
+        and watcher_pid(home, rec.id) is None
+    ]
+
+
+# -- the watcher ---------------------------------------------------------------------------
+
+
+class Watcher:
+    """Recovers one managed job until it ends (`run`)."""
+
+    def __init__(
+        self,
+        state: State,
+        home: Path,
+        coordinator: Callable[[str], Coordinator],
+        on_event: Callable[[Event], None] | None = None,
+        *,
+        provider: Callable[[ClusterSpec], Provider] | None = None,
+        bootstrap_timeout_s: float | None = 1800,
+    ) -> None:
+        self.state = state
+        self.home = home
+        self._coordinator = coordinator  # for a cluster name, built afresh for each attempt
+        self._provider = provider  # default: the cluster's recorded provider and account
+        self.bootstrap_timeout_s = bootstrap_timeout_s  # for a replaced node (None: no wait)
+        self._on_event = on_event or (lambda event: None)
+
+    def _say(self, rec: JobRecord, kind: str, message: str) -> None:
+        self.state.add_event(rec.cluster, kind, message, job_id=rec.id)
+        self._on_event(Event(kind, message))
+
+    def _job(self, job_id: str) -> JobRecord:
+        rec = self.state.job(job_id)
+        if rec is None:
+            raise NotFoundError(f"no job {job_id!r}; `cloudtrain status` lists jobs")
+        return rec
+
+    def run(self, job_id: str) -> JobRecord:
+        """Watch and recover the job until it ends; then apply its teardown policy. Blocks.
+        Returns its final record."""
+        rec = self._job(job_id)
+        policy = Policy.of(rec)
+        if policy is None:
+            raise NotFoundError(f"job {job_id} is not a managed job (`train --managed`)")
+        try:
+            while not rec.finished:
+                self._step(rec, policy)
+                rec = self._job(job_id)
+        finally:
+            if policy.down:
+                self._teardown(self._job(job_id))
+        return rec
+
+    def _step(self, rec: JobRecord, policy: Policy) -> None:
+        """Follow the current attempt to its end and act on how it ended."""
+        coord = self._coordinator(rec.cluster)
+        try:
+            verdict: Verdict | None
+            if rec.status == "recovering":  # an earlier watcher died mid-recovery, or it failed
+                verdict = Verdict("failed", str(rec.detail.get("recovering_cause") or "lost"))
+            else:
+                verdict = coord.watch_attempt(rec.id, lambda i, line: None, append=True)
+            rec = self._job(rec.id)
+            if rec.finished:
+                return
+            if verdict is None:  # a node does not answer yet: ask again
+                time.sleep(HEARTBEAT_S)
+                return
+            if rec.detail.get("cancel_requested") or verdict.status != "failed":
+                if verdict.status == "failed":
+                    verdict = Verdict("cancelled", "cancelled")
+                coord.record(rec, verdict)
+                return
+            used = len(rec.detail.get("recoveries") or [])
+            if not (verdict.lost_node or policy.retry_on_failure):
+                coord.record(rec, verdict)
+                return
+            if used >= policy.max_recoveries:
+                spent = f"{verdict.reason or verdict.cause}; its {policy.max_recoveries} recover"
+                coord.record(rec, Verdict(verdict.status, verdict.cause, verdict.node,
+                                           verdict.exit_code, f"{spent}ies are spent",
+                                           verdict.tail))  # fmt: skip
+                return
+            self._recover(coord, rec, verdict, used + 1, policy)
+        finally:
+            coord.close()
+
+    def _recover(
+        self, coord: Coordinator, rec: JobRecord, verdict: Verdict, number: int, policy: Policy
+    ) -> None:
+        began = time.time()
+        if verdict.node is not None:
+            what = f"node {verdict.node} {verdict.reason}"
+        else:  # a recovery begun by a watcher that died, or one that failed: again
+            what = f"again after {verdict.cause}"
+        self.state.update_job(
+            rec.id, status="recovering", detail={"recovering_cause": verdict.cause}
+        )
+        self._say(rec, "recovery",
+                  f"job {rec.id}: recovery {number}/{policy.max_recoveries}: {what}")  # fmt: skip
+        try:
+            with contextlib.suppress(CloudtrainError):  # what still answers stops
+                coord.stop(rec.id, [n for n in self.state.nodes(rec.cluster)
+                                    if n.index != verdict.node])  # fmt: skip
+            snapshot = coord.pull_checkpoints(rec.id)
+            replaced = self.complete_cluster(rec)
+            if self._job(rec.id).detail.get("cancel_requested"):
+                return
+            rec = coord.relaunch(rec.id, snapshot)
+            if self._job(rec.id).detail.get("cancel_requested"):  # asked while it started
+                coord.stop(rec.id, mark=True)
+                return
+        except CloudtrainError as exc:
+            self._count(rec, verdict, began, None, error=str(exc))
+            self._say(rec, "recovery", f"job {rec.id}: recovery {number} failed: {exc}")
+            time.sleep(RETRY_PAUSE_S)
+            return
+        age = began - int(snapshot.name) / 1000 if snapshot is not None else None
+        self._count(rec, verdict, began, age, replaced=replaced)
+        restored = f"the checkpoint kept {age:.0f} s before" if age is not None else "no checkpoint"
+        self._say(rec, "recovery", f"job {rec.id} recovered in {time.time() - began:.1f} s "
+                  f"(attempt {attempt_of(rec) + 1}), from {restored}")  # fmt: skip
+
+    def _count(
+        self,
+        rec: JobRecord,
+        verdict: Verdict,
+        began: float,
+        checkpoint_age_s: float | None,
+        *,
+        replaced: list[int] | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Add this recovery to the job's record (every try counts against the budget)."""
+        recoveries = list(self._job(rec.id).detail.get("recoveries") or [])
+        entry: dict[str, Any] = {
+            "cause": verdict.cause,
+            "node": verdict.node,
+            "reason": verdict.reason,
+            "at": began,
+            "seconds": round(time.time() - began, 2),
+            "checkpoint_age_s": None if checkpoint_age_s is None else round(checkpoint_age_s, 1),
+            "replaced": replaced or [],
+        }
+        if error:
+            entry["error"] = error
+        recoveries.append(entry)
+        self.state.update_job(rec.id, detail={"recoveries": recoveries})
+
+    def complete_cluster(self, rec: JobRecord) -> list[int]:
+        """Make again the nodes of `rec`'s cluster that the cloud no longer runs (``up`` of the
+        recorded spec, through the engine: in the zone of the others, failing over as any
+        ``up`` does; it waits for their bootstrap); the indices replaced."""
+        from cloudtrain import api
+
+        record = self.state.cluster(rec.cluster)
+        if record is None:
+            raise NotFoundError(f"the cluster {rec.cluster!r} of job {rec.id} is gone")
+        prov = (self._provider or (lambda spec: api.provider_for(spec, self.home)))(record.spec)
+        running = {n.index for n in prov.describe(rec.cluster, record.spec.cluster_id)
+                   if n.state == "running"}  # fmt: skip
+        missing = [i for i in range(record.spec.num_nodes) if i not in running]
+        if missing:
+            self._say(rec, "recovery", f"job {rec.id}: replacing node(s) "
+                      f"{', '.join(map(str, missing))} of {rec.cluster}")  # fmt: skip
+            api.up(self.state, self.home, record.spec, self._on_event,
+                   bootstrap_timeout_s=self.bootstrap_timeout_s, prov=prov)  # fmt: skip
+        return missing
+
+    def _teardown(self, rec: JobRecord) -> None:
+        from cloudtrain import api
+
+        if self.state.cluster(rec.cluster) is None:
+            return
+        try:
+            api.down(self.state, self.home, rec.cluster, on_event=self._on_event)
+        except CloudtrainError as exc:  # the job's status stands; the event says what is left
+            self._say(rec, "down", f"job {rec.id}: could not tear down {rec.cluster}: {exc}; "
+                      f"`cloudtrain down {rec.cluster}` again")  # fmt: skip
+        else:
+            self._say(rec, "down", f"job {rec.id} ended {rec.status}; {rec.cluster} torn down")
+
+
+# -- following a managed job from any process ---------------------------------------------
+
+
+def follow_copies(
+    state: State,
+    home: Path,
+    job_id: str,
+    on_line: Callable[[int, str], None],
+    on_event: Callable[[str], None],
+    *,
+    poll_s: float = 0.2,
+) -> JobRecord:
+    """Stream a managed job's logs across its attempts, from the copies its watcher keeps,
+    and its recovery events, until it ends. Blocks; Ctrl-C stops following only."""
+    folder = home / "logs" / job_id
+    offsets: dict[Path, int] = {}
+    partial: dict[Path, bytes] = {}
+    seen = max((e.id for e in state.events(job_id=job_id, limit=1)), default=0)
+    while True:
+        rec = state.job(job_id)
+        if rec is None:
+            raise NotFoundError(f"no job {job_id!r}")
+        for event in state.events(job_id=job_id, limit=None):
+            if event.id > seen and event.kind in ("recovery", "preemption", "down"):
+                on_event(event.message)
+            seen = max(seen, event.id)
+        for copy in sorted(folder.glob("node-*.log")):
+            with open(copy, "rb") as f:
+                f.seek(offsets.get(copy, 0))
+                chunk = f.read()
+            offsets[copy] = offsets.get(copy, 0) + len(chunk)
+            *lines, rest = (partial.pop(copy, b"") + chunk).split(b"\n")
+            partial[copy] = rest
+            index = int(copy.stem.split("-")[1])
+            for line in lines:
+                on_line(index, line.decode(errors="replace"))
+        if rec.finished:
+            for copy, rest in partial.items():
+                if rest:
+                    on_line(int(copy.stem.split("-")[1]), rest.decode(errors="replace"))
+            return rec
+        time.sleep(poll_s)

@@ -1,0 +1,150 @@
+"""Managed jobs through the real CLI on the local provider: a node killed mid-job is replaced,
+the job resumes from its newest checkpoint and finishes; cancel and a dead watcher."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cloudtrain import node as agent
+from tests.integration.conftest import REPO, SCRIPTS, Shell, wait_for
+
+pytestmark = pytest.mark.integration
+EXAMPLE = REPO / "examples" / "digits_ddp.py"
+
+
+def kill_node(home: Path, cluster: str, index: int) -> float:
+    """What a lost machine looks like to the local provider: every process of the node killed
+    at once (no exit code is written), and its folder, the node's "instance", gone."""
+    root = home / "local" / cluster / f"node-{index}"
+    killed = time.time()
+    agent.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(root)}, grace_s=0)
+    shutil.rmtree(root)
+    return killed
+
+
+def read_until(proc: subprocess.Popen[str], pattern: str, timeout: float = 180) -> str:
+    """The process's output up to the first line matching `pattern`."""
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        seen.append(line)
+        if re.search(pattern, line):
+            return "".join(seen)
+        assert time.monotonic() < deadline, "".join(seen)
+    raise AssertionError(f"ended before {pattern!r}:\n{''.join(seen)}")
+
+
+def test_a_managed_job_replaces_a_killed_node_and_resumes_from_its_checkpoint(
+    sh: Shell,
+) -> None:
+    sh.env["CLOUDTRAIN_CHECKPOINT_PULL_S"] = "1"
+    assert sh("up", "--name", "m", "--nodes", "2").returncode == 0
+    train = sh.popen("train", "-c", "m", "--managed", str(EXAMPLE), "--",
+                     "--epochs", "8", "--pause", "1")  # fmt: skip
+    before = read_until(train, r"epoch 3/8")
+    killed = kill_node(sh.home, "m", 1)
+    rest, _ = train.communicate(timeout=300)
+    out = before + rest
+    print(out)
+    assert train.returncode == 0, out
+    assert re.search(r"cloudtrain: job m-1: recovery 1/3: node 1 its processes vanished", out)
+    assert "replacing node(s) 1 of m" in out
+    resumed = re.search(r"resumed from epoch (\d+)", out)
+    assert resumed, out
+    assert int(resumed.group(1)) >= 2, out  # at most one epoch of work lost
+    assert "epoch 8/8" in out
+    accuracy = re.search(r"final test accuracy: (\d\.\d+)", out)
+    assert accuracy, out
+    assert float(accuracy.group(1)) >= 0.95, out
+
+    job = sh.job("m-1")
+    assert job["status"] == "succeeded"
+    recoveries = job["detail"]["recoveries"]
+    assert [(r["cause"], r["node"], r["replaced"]) for r in recoveries] == [("vanished", 1, [1])]
+    print(f"recovered {recoveries[0]['seconds']} s after the failure was seen, "
+          f"{recoveries[0]['at'] - killed:.1f} s after the kill")  # fmt: skip
+    logs = sh("logs", "m-1")
+    assert logs.stdout.count("final test accuracy") == 1
+    assert "epoch 3/8" in logs.stdout, "the copy keeps the attempt before the recovery"
+    assert sh("down", "m").returncode == 0
+
+
+def test_a_script_that_fails_is_not_recovered_unless_asked(sh: Shell) -> None:
+    assert sh("up", "--name", "f", "--nodes", "2").returncode == 0
+    plain = sh("train", "-c", "f", "--managed", str(SCRIPTS / "fail_on_node.py"))
+    assert plain.returncode == 1, plain.stderr
+    assert "recovery" not in plain.stderr
+    assert "error: job f-1: failed: node 1 exited 1 (rank 1 exited 3)" in plain.stderr
+
+    retried = sh("train", "-c", "f", "--managed", "--retry-on-failure", "--max-recoveries", "1",
+                 str(SCRIPTS / "fail_on_node.py"))  # fmt: skip
+    assert retried.returncode == 1, retried.stderr
+    assert "recovery 1/1: node 1 exited 1" in retried.stderr
+    assert retried.stdout.count("boom: node 1 gives up") == 2, retried.stdout
+    assert "its 1 recoveries are spent" in retried.stderr
+    assert sh("down", "f").returncode == 0
+
+
+def test_cancel_of_a_managed_job_stops_it_and_its_watcher_tears_the_cluster_down(
+    sh: Shell,
+) -> None:
+    assert sh("up", "--name", "c", "--nodes", "2").returncode == 0
+    start = sh("train", "-c", "c", "--managed", "--detach", "--down", str(SCRIPTS / "sleeper.py"))
+    assert start.returncode == 0, start.stderr
+    assert "tears the cluster down at the end" in start.stderr
+    wait_for(lambda: sh.job("c-1")["status"] == "running", what="the job to run")
+    cancel = sh("cancel", "c-1")
+    assert cancel.returncode == 0, cancel.stderr
+    assert "job c-1 cancelled" in cancel.stdout
+    assert sh.job("c-1")["status"] == "cancelled"
+    assert sh.status()["clusters"] == []
+    assert not (sh.home / "local" / "c").exists()
+    assert sh.processes() == []
+
+
+def test_a_watcher_that_died_is_started_again_by_the_next_command(sh: Shell) -> None:
+    assert sh("up", "--name", "w", "--nodes", "2").returncode == 0
+    start = sh("train", "-c", "w", "--managed", "--detach", str(SCRIPTS / "countdown.py"))
+    assert start.returncode == 0, start.stderr
+    found = re.search(r"watcher \(pid (\d+)\)", start.stderr)
+    assert found, start.stderr
+    pid = int(found.group(1))
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not agent._alive(pid), what="the watcher to die")
+    status = sh("status")
+    assert "the watcher of managed job w-1 was not running; started it" in status.stderr
+    follow = sh("logs", "w-1", "-f")
+    assert follow.returncode == 0, follow.stderr
+    assert "job w-1 succeeded" in follow.stderr
+    assert sh("down", "w").returncode == 0
+
+
+def test_an_elastic_job_goes_on_with_the_nodes_it_has_left(sh: Shell) -> None:
+    assert sh("up", "--name", "e", "--nodes", "2").returncode == 0
+    bad = sh("train", "-c", "e", "--nodes", "3:2", str(EXAMPLE))
+    assert bad.returncode == 2
+    assert "--nodes '3:2': write a number of nodes" in bad.stderr
+    train = sh.popen("train", "-c", "e", "--nodes", "1:2", str(EXAMPLE), "--",
+                     "--epochs", "8", "--pause", "1")  # fmt: skip
+    before = read_until(train, r"epoch 3/8")
+    assert "rank 1/2 on node" in before
+    kill_node(sh.home, "e", 1)
+    rest, _ = train.communicate(timeout=300)
+    out = before + rest
+    assert train.returncode == 0, out
+    assert "rank 0/1 on node 0" in rest, "the survivor re-formed the job alone"
+    resumed = re.search(r"resumed from epoch (\d+)", rest)
+    assert resumed, out
+    assert int(resumed.group(1)) >= 2, out
+    assert "epoch 8/8" in rest
+    assert "job e-1 succeeded" in rest
+    assert sh("down", "e").returncode == 0
