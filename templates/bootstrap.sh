@@ -1,104 +1,75 @@
 #!/usr/bin/env bash
-# cloudtrain node bootstrap: prepares one node (driver, CUDA-matched PyTorch, NCCL settings, the
-# cloudtrain node agent) in phases, and reports each phase to a status file the coordinator reads.
-# A static script, not a template: everything node-specific comes from the config file.
+# cloudtrain node bootstrap, stage 1: what needs root before a Python exists (base packages, the
+# NVIDIA driver, the venv) and the node agent from cloudtrain's wheel; then it hands over to
+# stage 2, `python -m cloudtrain.node.bootstrap run` (torch, NCCL settings, verify), which
+# resumes the same phases and the same status file. Static: the node's settings are in CONFIG.
 #
 # Usage:  bootstrap.sh [CONFIG]        CONFIG defaults to /etc/cloudtrain/bootstrap.env
 #
-# Run it as the user that owns CT_ROOT (the node's `cloudtrain` user); it uses `sudo -n` for
-# apt-get, modprobe and systemctl only (nothing when it already runs as root).
+# Run it as the user that owns CT_ROOT (the node's `cloudtrain` user) or as root; it uses
+# `sudo -n` for apt-get, modprobe and systemctl only (nothing when it runs as root).
 #
-# CONFIG holds KEY=VALUE lines, values quoted by Python's shlex.quote. cloudtrain alone writes it,
-# so the script sources it (`. CONFIG`); never point it at a file anyone else can write. CT_*
-# variables in the environment are ignored: the file is the whole configuration. Keys [default]:
-#   CT_ROOT                the node's cloudtrain folder: /home/cloudtrain/.cloudtrain (required)
-#   CT_STATUS              the status JSON          [$CT_ROOT/bootstrap/status.json]
-#   CT_LOG_DIR             <phase>.log files        [$CT_ROOT/bootstrap/logs]
-#   CT_PHASES              phases to run, in order  [base nvidia-driver python torch nccl
-#                                                    cloudtrain verify]
-#   CT_INSTALL             1: install what is missing; 0: check only (the local provider)  [1]
+# CONFIG holds KEY=VALUE lines, values quoted by Python's shlex.quote; cloudtrain alone writes
+# it, so it is sourced: never point it at a file anyone else can write. CT_* variables in the
+# environment are ignored. Keys [default]:
+#   CT_ROOT                the node's cloudtrain folder (required, absolute)
+#   CT_STATUS, CT_LOG_DIR  [$CT_ROOT/bootstrap/status.json], [$CT_ROOT/bootstrap/logs]
+#   CT_PHASES              the phases to run; they run in the order below  [all]
+#   CT_INSTALL             1: install what is missing; 0: check only  [1]
 #   CT_PYTHON              the interpreter when CT_INSTALL=0; makes the venv when 1  [python3]
 #   CT_VENV                the venv made when CT_INSTALL=1  [$CT_ROOT/venv]
-#   CT_ACCELERATOR         V100, V100-32GB, A100, A100-80GB; empty for CPU
-#   CT_GPU_COUNT           GPUs on this node; 0 for CPU  [0]
-#   CT_DRIVER_BRANCH       NVIDIA driver branch: apt package nvidia-driver-<branch>-server
-#   CT_MIN_DRIVER          lowest driver version the torch build needs; an older one is replaced
-#   CT_TORCH_INDEX         pip --index-url for torch, e.g. https://download.pytorch.org/whl/cu126
-#   CT_TORCH_VERSION       pip requirement for torch, e.g. torch==2.13.0
-#   CT_EFA                 1 on instances with an Elastic Fabric Adapter (p3dn, p4d, p4de)  [0]
-#   CT_NCCL_SOCKET_IFNAME  network interface for NCCL and gloo traffic (optional)
-#   CT_NCCL_ENV            the fabric's NCCL settings, KEY=value words (InfiniBand sizes)
-#   CT_CLOUDTRAIN_WHEEL    path of a cloudtrain wheel on this node
-#   CT_CLOUDTRAIN_VERSION  the cloudtrain version the node agent must have (optional)
+#   CT_ACCELERATOR, CT_GPU_COUNT  the GPU (V100, A100 ...; empty for CPU) and how many [0]
+#   CT_DRIVER_BRANCH, CT_MIN_DRIVER  apt nvidia-driver-<branch>-server; the lowest driver
+#   CT_TORCH_INDEX, CT_TORCH_VERSION  pip --index-url and requirement for torch
+#   CT_EFA                 1 on instances with an Elastic Fabric Adapter  [0]
+#   CT_NCCL_SOCKET_IFNAME, CT_NCCL_ENV  NCCL's interface; the fabric's KEY=value settings
+#   CT_CLOUDTRAIN_WHEEL    where the coordinator puts its cloudtrain wheel on this node
+#   CT_CLOUDTRAIN_VERSION  the cloudtrain version the node must have (optional)
 #   CT_LOCK_TIMEOUT        seconds a second run waits for the first one  [600]
-# The node agent comes from a wheel, not a package index: the coordinator copies the wheel of its
-# own version over SSH and re-runs this script, so node and coordinator always run the same
-# cloudtrain, released or not, and the node needs no index that hosts it.
 #
-# Phases (each idempotent, timed, logged to $CT_LOG_DIR/<phase>.log). "check-only:" is what the
-# phase does with CT_INSTALL=0.
-#   base           apt-get install python3-venv python3-pip rsync, those missing.
-#                  check-only: skipped
-#   nvidia-driver  skipped on CPU, and when nvidia-smi reports a driver >= CT_MIN_DRIVER; else
-#                  apt-get install nvidia-driver-<branch>-server (+ nvidia-fabricmanager-<branch>
-#                  when lspci shows an NVSwitch), then nvidia-smi must work.
-#                  check-only: fails unless such a driver is there
-#   python         make the venv with CT_PYTHON (kept when it exists); it must be Python >= 3.11 (cloudtrain's own floor).
-#                  check-only: CT_PYTHON runs and is Python >= 3.11 (cloudtrain's own floor)
-#   torch          pip install CT_TORCH_VERSION from CT_TORCH_INDEX unless the installed torch
-#                  matches the pin and the index's CUDA.
-#                  check-only: torch imports; prints its version and CUDA (a mismatch: a warning)
-#   nccl           write $CT_ROOT/nccl.env (KEY='value' lines): NCCL_ and GLOO_SOCKET_IFNAME when
-#                  given; on EFA FI_PROVIDER=efa, NCCL_PROTO=simple and, except on Volta,
-#                  FI_EFA_USE_DEVICE_RDMA=1; the CT_NCCL_ENV settings. Every job on the node
-#                  gets them. CPU node: a comment-only file, phase skipped.
-#                  check-only: the same
-#   cloudtrain     pip install CT_CLOUDTRAIN_WHEEL unless cloudtrain CT_CLOUDTRAIN_VERSION is
-#                  installed; no wheel yet: exit 75, waiting for the coordinator to copy it.
-#                  check-only: CT_PYTHON imports cloudtrain, of CT_CLOUDTRAIN_VERSION when set
-#   verify         torch imports; GPU node: CUDA is available, CT_GPU_COUNT GPUs that the build
-#                  has kernels for, and an NCCL all_reduce across them (torch.distributed.run
-#                  --standalone); CPU node: a gloo all_reduce, world size 1.
-#                  check-only: the same, with CT_PYTHON
+# Phases (each idempotent, timed, logged to $CT_LOG_DIR/<phase>.log; "check:" is CT_INSTALL=0):
+#   base           apt-get install python3-venv python3-pip rsync, those missing. check: skipped
+#   nvidia-driver  skipped on CPU and when nvidia-smi shows a driver >= CT_MIN_DRIVER; else
+#                  nvidia-driver-<branch>-server (+ fabric manager on NVSwitch boards).
+#                  check: fails unless such a driver is there
+#   python         the venv (Python >= 3.11). check: CT_PYTHON is Python >= 3.11
+#   cloudtrain     pip install CT_CLOUDTRAIN_WHEEL unless CT_CLOUDTRAIN_VERSION is there. No
+#                  wheel yet: the run ends in the state "waiting" (below); the coordinator
+#                  copies the wheel and runs this script again. check: it imports, that version
+#   torch, nccl, verify   stage 2 (cloudtrain/node/bootstrap.py)
 #
-# Status protocol. $CT_STATUS is rewritten atomically (temp file + mv) at every change:
-#   {"phase": "<phase running, failed, or last>", "state": "running"|"ready"|"failed",
-#    "phases": [{"name": "<phase>", "state": "pending"|"running"|"done"|"skipped"|"failed",
-#                "started": "<UTC ISO 8601>"|null, "finished": "<UTC ISO 8601>"|null,
-#                "exit_code": <int>|null, "log": "<path of the phase's log>"}, ...]}
-# It is generated in pure shell with JSON string escaping (no interpreter is needed before the
-# python phase). The truth behind it is one record per phase in $CT_ROOT/bootstrap/phases/; a
-# phase counts as finished when its record is done/skipped AND the config keys it depends on are
-# unchanged. A run starts at the first phase that has not finished and runs every phase after it:
-# after success a re-run does nothing (exit 0, still ready); after a failure it resumes at the
-# failed phase; after a config change (a new CT_CLOUDTRAIN_VERSION, say) it redoes the phases that
-# depend on the change and those after them. Runs are serialised by flock on
-# $CT_ROOT/bootstrap/lock (a mkdir lock where flock is missing); the second run waits.
+# Status: $CT_STATUS, rewritten atomically at every change (stage 2 writes the same):
+#   {"phase": "<phase>", "state": "running"|"waiting"|"ready"|"failed",
+#    "phases": [{"name", "state": "pending"|"running"|"waiting"|"done"|"skipped"|"failed",
+#                "started", "finished": "<UTC ISO 8601>"|null, "exit_code": <int>|null, "log"}]}
+# and, in the state "waiting": "waiting_for": "wheel", "wheel": "<where to put it>".
+# One record per phase in $CT_ROOT/bootstrap/phases/ ("STATE CODE STARTED FINISHED" and the
+# config it ran with) is the truth behind it: a run starts at the first phase not done for the
+# config it has now, and redoes every phase after it. Runs are serialised by flock on
+# $CT_ROOT/bootstrap/lock (mkdir where flock is missing); stage 2 inherits the lock.
 #
-# Exit codes: 0 ready; otherwise the failed phase's exit code, in particular
-#   75  cloudtrain phase: the wheel is not on the node yet (copy it, then run again)
-#   76  nvidia-driver phase: driver installed but not loaded; reboot the node, then run again
-#   124 verify timed out
-#   129, 130, 143  the run got SIGHUP, SIGINT, SIGTERM (the running phase is recorded as failed)
-# and, before any phase runs (the status file is left as it was):
-#   64 usage, 69 another run held the lock for CT_LOCK_TIMEOUT seconds, 78 bad config.
+# Exit codes: 0 ready; 75 waiting for the wheel; otherwise the failed phase's, in particular
+#   76 nvidia-driver installed but not loaded (reboot, then run again), 124 verify timed out,
+#   129, 130, 143 SIGHUP, SIGINT, SIGTERM (the running phase is recorded as failed);
+# before any phase runs (the status file is left as it is): 64 usage, 69 the lock was held for
+#   CT_LOCK_TIMEOUT seconds, 78 bad config.
 
-set -u -o pipefail # no `set -e` here: each phase runs in a subshell under `set -e`, and main checks
-# The umask is the caller's: 022 from cloud-init and the startup script on clouds (root installs
-# what the cloudtrain user reads); the user's own on ssh hosts; 077 on the local provider (the
-# CLI's: what it writes under CLOUDTRAIN_HOME is private).
+set -u -o pipefail # no `set -e`: each phase runs in a subshell under `set -e`, and main checks
+# The umask is the caller's (022 from cloud-init; the CLI's 077 on the local provider).
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off PYTHONUNBUFFERED=1
 
-readonly ALL_PHASES="base nvidia-driver python torch nccl cloudtrain verify"
+readonly ALL_PHASES="base nvidia-driver python cloudtrain torch nccl verify"
+readonly STAGE2_PHASES="torch nccl verify"
+readonly STAGE2=cloudtrain.node.bootstrap
 readonly BASE_PACKAGES="python3-venv python3-pip rsync"
 readonly MIN_PYTHON=3.11
-readonly VERIFY_TIMEOUT_S=300
-readonly EXIT_USAGE=64 EXIT_LOCKED=69 EXIT_WAIT_WHEEL=75 EXIT_REBOOT=76 EXIT_CONFIG=78
+readonly EXIT_USAGE=64 EXIT_LOCKED=69 EXIT_WAITING=75 EXIT_REBOOT=76 EXIT_CONFIG=78
 
-PHASES=()      # the phases of this run, from CT_PHASES
-CURRENT=""     # the phase running now
-LOCK_DIR=""    # the mkdir lock we hold, if any
-REPLY=""       # the result of json_str / shell_quote
+PHASES=()   # the phases of this run, in ALL_PHASES order
+CONFIG=""   # the config file
+CURRENT=""  # the phase running now
+LOCK_DIR="" # the mkdir lock we hold, if any
+REPLY=""    # the result of json_str and phase_inputs
 
 say() { printf 'cloudtrain-bootstrap: %s\n' "$*"; }
 die() { # die CODE MESSAGE: stop before any phase ran
@@ -106,6 +77,7 @@ die() { # die CODE MESSAGE: stop before any phase ran
   exit "$1"
 }
 now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
+stage2() { [[ " $STAGE2_PHASES " == *" $1 "* ]]; }
 
 # version_ge A B: true when dotted version A >= B (e.g. 580.65.06 >= 560.28.03).
 version_ge() {
@@ -139,9 +111,6 @@ json_str() {
   REPLY="\"$s\""
 }
 
-# shell_quote S: REPLY = S in single quotes, readable by sh and by Python's shlex.
-shell_quote() { REPLY="'${1//\'/\'\"\'\"\'}'"; }
-
 # write_file PATH LINE...: replace PATH atomically with the lines.
 write_file() {
   local path=$1 tmp
@@ -156,11 +125,9 @@ write_file() {
 
 load_config() {
   local file=$1 p seen=" "
-  local -a want=()
+  local -a need=() asked=()
   [[ -f $file && -r $file ]] || die "$EXIT_CONFIG" "cannot read the config file $file"
-  # Only the file counts: CT_* variables inherited from the caller's environment are dropped.
-  unset "${!CT_@}"
-  # The file is written by cloudtrain only (see the header), so sourcing it is acceptable.
+  unset "${!CT_@}" # only the file counts
   # shellcheck source=/dev/null  # its path is known only at run time
   . "$file" || die "$EXIT_CONFIG" "cannot load the config file $file"
 
@@ -172,15 +139,12 @@ load_config() {
   CT_INSTALL=${CT_INSTALL:-1}
   CT_PYTHON=${CT_PYTHON:-python3}
   CT_VENV=${CT_VENV:-$CT_ROOT/venv}
-  CT_ACCELERATOR=${CT_ACCELERATOR:-}
   CT_GPU_COUNT=${CT_GPU_COUNT:-0}
   CT_DRIVER_BRANCH=${CT_DRIVER_BRANCH:-}
   CT_MIN_DRIVER=${CT_MIN_DRIVER:-}
   CT_TORCH_INDEX=${CT_TORCH_INDEX:-}
   CT_TORCH_VERSION=${CT_TORCH_VERSION:-}
   CT_EFA=${CT_EFA:-0}
-  CT_NCCL_SOCKET_IFNAME=${CT_NCCL_SOCKET_IFNAME:-}
-  CT_NCCL_ENV=${CT_NCCL_ENV:-}
   CT_CLOUDTRAIN_WHEEL=${CT_CLOUDTRAIN_WHEEL:-}
   CT_CLOUDTRAIN_VERSION=${CT_CLOUDTRAIN_VERSION:-}
   CT_LOCK_TIMEOUT=${CT_LOCK_TIMEOUT:-600}
@@ -194,23 +158,24 @@ load_config() {
   [[ $CT_STATUS == /* && $CT_LOG_DIR == /* && $CT_VENV == /* ]] ||
     die "$EXIT_CONFIG" "CT_STATUS, CT_LOG_DIR and CT_VENV must be absolute paths"
 
-  read -ra PHASES <<<"$CT_PHASES"
-  ((${#PHASES[@]} > 0)) || die "$EXIT_CONFIG" "CT_PHASES names no phase"
-  for p in "${PHASES[@]}"; do
+  read -ra asked <<<"$CT_PHASES"
+  ((${#asked[@]} > 0)) || die "$EXIT_CONFIG" "CT_PHASES names no phase"
+  for p in "${asked[@]}"; do
     [[ " $ALL_PHASES " == *" $p "* ]] ||
       die "$EXIT_CONFIG" "unknown phase '$p' in CT_PHASES; phases: $ALL_PHASES"
     [[ $seen != *" $p "* ]] || die "$EXIT_CONFIG" "phase '$p' is twice in CT_PHASES"
     seen+="$p "
   done
+  for p in $ALL_PHASES; do [[ $seen == *" $p "* ]] && PHASES+=("$p"); done
 
-  # What each selected phase needs, checked before anything runs.
+  # What each selected phase needs, checked before anything runs (stage 2's too).
   if [[ $seen == *" nvidia-driver "* ]] && ((CT_GPU_COUNT > 0)); then
-    want+=(CT_MIN_DRIVER)
-    [[ $CT_INSTALL == 1 ]] && want+=(CT_DRIVER_BRANCH)
+    need+=(CT_MIN_DRIVER)
+    [[ $CT_INSTALL == 1 ]] && need+=(CT_DRIVER_BRANCH)
   fi
-  [[ $seen == *" torch "* && $CT_INSTALL == 1 ]] && want+=(CT_TORCH_VERSION CT_TORCH_INDEX)
-  [[ $seen == *" cloudtrain "* && $CT_INSTALL == 1 ]] && want+=(CT_CLOUDTRAIN_WHEEL)
-  for p in "${want[@]}"; do
+  [[ $seen == *" torch "* && $CT_INSTALL == 1 ]] && need+=(CT_TORCH_VERSION CT_TORCH_INDEX)
+  [[ $seen == *" cloudtrain "* && $CT_INSTALL == 1 ]] && need+=(CT_CLOUDTRAIN_WHEEL)
+  for p in "${need[@]}"; do
     [[ -n ${!p} ]] || die "$EXIT_CONFIG" "$p is required by the phases in CT_PHASES ($CT_PHASES)"
   done
   [[ -z $CT_MIN_DRIVER || $CT_MIN_DRIVER =~ ^[0-9]+(\.[0-9]+)*$ ]] ||
@@ -222,24 +187,19 @@ load_config() {
   STATE_DIR=$BOOT_DIR/phases
 }
 
-# phase_inputs PHASE: REPLY = the config the phase depends on, as one line.
+# phase_inputs PHASE: REPLY = the config a stage-1 phase depends on, as one line.
 phase_inputs() {
-  local -a v
+  local -a v=()
   case $1 in
     base) v=("$CT_INSTALL") ;;
     nvidia-driver) v=("$CT_INSTALL" "$CT_GPU_COUNT" "$CT_DRIVER_BRANCH" "$CT_MIN_DRIVER") ;;
     python) v=("$CT_INSTALL" "$CT_PYTHON" "$CT_VENV") ;;
-    torch) v=("$CT_INSTALL" "$CT_PYTHON" "$CT_VENV" "$CT_TORCH_VERSION" "$CT_TORCH_INDEX") ;;
-    nccl)
-      v=("$CT_ROOT" "$CT_GPU_COUNT" "$CT_ACCELERATOR" "$CT_EFA" "$CT_NCCL_SOCKET_IFNAME"
-        "$CT_NCCL_ENV")
-      ;;
     cloudtrain)
       v=("$CT_INSTALL" "$CT_PYTHON" "$CT_VENV" "$CT_CLOUDTRAIN_WHEEL" "$CT_CLOUDTRAIN_VERSION")
       ;;
-    verify) v=("$CT_INSTALL" "$CT_PYTHON" "$CT_VENV" "$CT_GPU_COUNT" "$CT_ACCELERATOR") ;;
   esac
-  printf -v REPLY '%q ' "${v[@]}"
+  REPLY=""
+  ((${#v[@]} == 0)) || printf -v REPLY '%q ' "${v[@]}"
 }
 
 # --- phase records and the status file -------------------------------------------------------
@@ -272,7 +232,12 @@ finished() {
 write_status() {
   local json name sep="" started finished code log
   json_str "$2"
-  json="{\"phase\": $REPLY, \"state\": \"$1\", \"phases\": ["
+  json="{\"phase\": $REPLY, \"state\": \"$1\", "
+  if [[ $1 == waiting ]]; then
+    json_str "$CT_CLOUDTRAIN_WHEEL"
+    json+="\"waiting_for\": \"wheel\", \"wheel\": $REPLY, "
+  fi
+  json+="\"phases\": ["
   for name in "${PHASES[@]}"; do
     read_record "$name"
     started=null finished=null code=null
@@ -338,6 +303,7 @@ on_signal() {
 }
 
 # --- helpers for phases (they run inside the phase's subshell, under set -e) ----------------
+# --- helpers for phases (they run inside the phase's subshell, under set -e) ----------------
 
 skip() { # skip REASON: end the phase as skipped
   printf '%s\n' "$*" >"$SKIP_FILE"
@@ -388,24 +354,6 @@ has_nvswitch() { # HGX boards (8× A100 SXM) have NVSwitches: PCI class 0680 fro
   out=$(lspci -n -d 10de: 2>/dev/null) || return 1
   [[ $out == *" 0680: "* ]]
 }
-# torch_matches "VERSION CUDA": the installed torch fits CT_TORCH_VERSION and CT_TORCH_INDEX.
-torch_matches() {
-  local version=${1%% *} cuda=${1##* } tag want
-  if [[ $CT_TORCH_VERSION =~ ^torch[[:space:]]*==[[:space:]]*([^,;[:space:]]+)$ ]]; then
-    want=${BASH_REMATCH[1]}
-    [[ $want == *+* ]] || version=${version%%+*}
-    [[ $version == "$want" ]] || return 1
-  fi
-  tag=${CT_TORCH_INDEX%/}
-  tag=${tag##*/}
-  if [[ $tag == cpu ]]; then
-    [[ $cuda == None ]] || return 1
-  elif [[ $tag =~ ^cu([0-9]{2})([0-9]+)$ ]]; then
-    [[ $cuda == "$((10#${BASH_REMATCH[1]})).${BASH_REMATCH[2]}" ]] || return 1
-  fi
-  return 0
-}
-
 # --- phases --------------------------------------------------------------------------------
 
 phase_base() {
@@ -467,69 +415,6 @@ phase_python() {
   echo "python $version: $py"
 }
 
-phase_torch() {
-  local py info probe='import torch; print(torch.__version__, torch.version.cuda)'
-  node_python
-  py=$REPLY
-  info=$(py_out "$py" "$probe")
-  if [[ $CT_INSTALL != 1 ]]; then
-    [[ -n $info ]] || fail 1 "torch is not importable by $py"
-    echo "torch ${info% *}, CUDA ${info#* }"
-    torch_matches "$info" ||
-      echo "warning: not ${CT_TORCH_VERSION:-the pinned torch} from" \
-        "${CT_TORCH_INDEX:-the expected index} (check-only mode keeps it)"
-    return 0
-  fi
-  if [[ -n $info ]] && torch_matches "$info"; then
-    echo "torch ${info% *}, CUDA ${info#* }: already installed"
-    return 0
-  fi
-  if [[ -n $info ]]; then
-    echo "replacing torch ${info% *} (CUDA ${info#* })"
-    "$py" -m pip uninstall -y torch
-  fi
-  echo "+ pip install $CT_TORCH_VERSION --index-url $CT_TORCH_INDEX"
-  "$py" -m pip install --no-input "$CT_TORCH_VERSION" --index-url "$CT_TORCH_INDEX"
-  info=$(py_out "$py" "$probe")
-  [[ -n $info ]] || fail 1 "torch is not importable after pip install"
-  torch_matches "$info" ||
-    fail 1 "pip installed torch ${info% *} (CUDA ${info#* })," \
-      "not $CT_TORCH_VERSION from $CT_TORCH_INDEX"
-  echo "torch ${info% *}, CUDA ${info#* }"
-}
-
-phase_nccl() {
-  local out=$CT_ROOT/nccl.env
-  local -a lines=("# cloudtrain: NCCL settings of this node, KEY='value' (sh, or Python's shlex).")
-  if ((CT_GPU_COUNT == 0)); then
-    write_file "$out" "# cloudtrain: a CPU node; gloo needs no NCCL settings."
-    skip "CPU node: no NCCL settings"
-  fi
-  if [[ -n $CT_NCCL_SOCKET_IFNAME ]]; then
-    shell_quote "$CT_NCCL_SOCKET_IFNAME"
-    lines+=("NCCL_SOCKET_IFNAME=$REPLY" "GLOO_SOCKET_IFNAME=$REPLY")
-  fi
-  if [[ $CT_EFA == 1 ]]; then
-    lines+=("FI_PROVIDER='efa'" "NCCL_PROTO='simple'")
-    case $CT_ACCELERATOR in
-      # p3dn's EFA has no GPUDirect RDMA; libfabric refuses FI_EFA_USE_DEVICE_RDMA=1 there.
-      V100*) echo "Volta EFA instance: no GPUDirect RDMA" ;;
-      *) lines+=("FI_EFA_USE_DEVICE_RDMA='1'") ;;
-    esac
-    [[ -d /opt/amazon/efa ]] ||
-      echo "warning: no /opt/amazon/efa: NCCL needs the EFA software and aws-ofi-nccl for EFA"
-  fi
-  local setting
-  for setting in $CT_NCCL_ENV; do
-    [[ $setting =~ ^[A-Z_][A-Z0-9_]*=.*$ ]] || fail 1 "CT_NCCL_ENV: '$setting' is not KEY=value"
-    shell_quote "${setting#*=}"
-    lines+=("${setting%%=*}=$REPLY")
-  done
-  write_file "$out" "${lines[@]}"
-  echo "wrote $out:"
-  cat "$out"
-}
-
 phase_cloudtrain() {
   local py have probe='import cloudtrain; print(cloudtrain.__version__)'
   local want=${CT_CLOUDTRAIN_VERSION:-any version}
@@ -541,7 +426,7 @@ phase_cloudtrain() {
     return 0
   fi
   [[ $CT_INSTALL == 1 ]] || fail 1 "$py has cloudtrain ${have:-not installed}, need $want"
-  [[ -f $CT_CLOUDTRAIN_WHEEL ]] || fail "$EXIT_WAIT_WHEEL" \
+  [[ -f $CT_CLOUDTRAIN_WHEEL ]] || fail "$EXIT_WAITING" \
     "waiting for the coordinator to copy the cloudtrain wheel to $CT_CLOUDTRAIN_WHEEL \
 (installed: ${have:-none}, need: $want)"
   echo "+ pip install $CT_CLOUDTRAIN_WHEEL"
@@ -550,75 +435,6 @@ phase_cloudtrain() {
   [[ -n $have && (-z $CT_CLOUDTRAIN_VERSION || $have == "$CT_CLOUDTRAIN_VERSION") ]] ||
     fail 1 "after installing $CT_CLOUDTRAIN_WHEEL cloudtrain is ${have:-not importable}, need $want"
   echo "cloudtrain $have"
-}
-
-phase_verify() {
-  local py
-  node_python
-  py=$REPLY
-  VERIFY_DIR=$(mktemp -d) # global: the subshell's EXIT trap runs after this function returned
-  trap 'rm -rf "$VERIFY_DIR"' EXIT
-  cat >"$VERIFY_DIR/verify.py" <<'PY'
-"""cloudtrain bootstrap check. `N`: torch sees N usable GPUs (N=0: then a gloo all_reduce).
-`allreduce`: one NCCL all_reduce per rank, under torch.distributed.run."""
-import os
-import sys
-
-import torch
-import torch.distributed as dist
-
-
-def check(gpus: int) -> None:
-    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}")
-    if gpus == 0:
-        print("CPU node: no GPU to check")
-        return
-    if not torch.cuda.is_available():
-        sys.exit(f"torch.cuda.is_available() is False, expected {gpus} GPU(s)")
-    count = torch.cuda.device_count()
-    if count != gpus:
-        sys.exit(f"torch sees {count} GPU(s), expected {gpus}")
-    arches = torch.cuda.get_arch_list()
-    for i in range(count):
-        major, minor = torch.cuda.get_device_capability(i)
-        if f"sm_{major}{minor}" not in arches:
-            sys.exit(f"GPU {i} is sm_{major}{minor}; this torch build has kernels for {arches}")
-    print(f"{count} GPU(s): {torch.cuda.get_device_name(0)}, kernels for {arches}")
-
-
-def allreduce() -> None:
-    if "LOCAL_RANK" in os.environ:  # under torch.distributed.run: NCCL across this node's GPUs
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group("nccl")
-        tensor = torch.ones(1, device="cuda")
-    else:  # CPU node: gloo, one process
-        store = os.path.join(os.path.dirname(os.path.abspath(__file__)), "store")
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-        tensor = torch.ones(1)
-    backend, world, rank = dist.get_backend(), dist.get_world_size(), dist.get_rank()
-    dist.all_reduce(tensor)
-    total = tensor.item()
-    dist.destroy_process_group()
-    if total != world:
-        sys.exit(f"{backend} all_reduce gave {total}, expected {world}")
-    if rank == 0:
-        print(f"{backend} all_reduce across {world} process(es): ok")
-
-
-if __name__ == "__main__":
-    if sys.argv[1] == "allreduce":
-        allreduce()
-    else:
-        check(int(sys.argv[1]))
-        if sys.argv[1] == "0":
-            allreduce()  # in the same process: importing torch is most of the time
-PY
-  # CPU: one process checks and all-reduces. GPU: check, then one rank per GPU all-reduces.
-  timeout "$VERIFY_TIMEOUT_S" "$py" "$VERIFY_DIR/verify.py" "$CT_GPU_COUNT"
-  if ((CT_GPU_COUNT > 0)); then
-    timeout "$VERIFY_TIMEOUT_S" "$py" -m torch.distributed.run --standalone \
-      --nproc-per-node "$CT_GPU_COUNT" "$VERIFY_DIR/verify.py" allreduce
-  fi
 }
 
 # --- main ----------------------------------------------------------------------------------
@@ -639,6 +455,14 @@ run_phase() {
     "phase_${name//-/_}"
   ) >>"$log" 2>&1 </dev/null
   rc=$?
+  CURRENT=""
+  if [[ $name == cloudtrain && $rc == "$EXIT_WAITING" ]]; then
+    # not a failure: the step between the stages, which the coordinator takes
+    set_record "$name" waiting - "$started" -
+    write_status waiting "$name"
+    say "$name: waiting for the coordinator to copy the cloudtrain wheel to $CT_CLOUDTRAIN_WHEEL"
+    return "$rc"
+  fi
   state="done"
   if ((rc != 0)); then
     state=failed
@@ -646,7 +470,6 @@ run_phase() {
     state=skipped
   fi
   set_record "$name" "$state" "$rc" "$started" "$(now)"
-  CURRENT=""
   if [[ $state == failed ]]; then
     write_status failed "$name"
     say "$name: failed (exit $rc, $((SECONDS - t0)) s); the end of $log:" >&2
@@ -660,11 +483,29 @@ run_phase() {
   return "$rc"
 }
 
+# start_stage2 PHASE: replace this process by stage 2 (it keeps the lock), which runs PHASE and
+# the stage-2 phases after it; when the node's Python cannot import it, PHASE fails here.
+start_stage2() {
+  local py=$CT_PYTHON log=$CT_LOG_DIR/$1.log lock=(--lock-fd 9) t
+  [[ $CT_INSTALL == 1 ]] && py=$CT_VENV/bin/python
+  if ! "$py" -c "import $STAGE2" >>"$log" 2>&1 </dev/null; then
+    t=$(now)
+    echo "error: $py cannot import $STAGE2 (the cloudtrain phase installs it)" >>"$log"
+    set_record "$1" failed 1 "$t" "$t"
+    write_status failed "$1"
+    say "$1: failed: $py cannot import $STAGE2; see $log" >&2
+    return 1
+  fi
+  [[ -n $LOCK_DIR ]] && lock=(--lock-dir "$LOCK_DIR")
+  exec "$py" -m "$STAGE2" run "$CONFIG" "${lock[@]}"
+}
+
 main() {
-  local i start=-1 rc
+  local i start=-1 rc last=-1
   (($# <= 1)) ||
     die "$EXIT_USAGE" "usage: bootstrap.sh [CONFIG]  (default /etc/cloudtrain/bootstrap.env)"
-  load_config "${1:-/etc/cloudtrain/bootstrap.env}"
+  CONFIG=${1:-/etc/cloudtrain/bootstrap.env}
+  load_config "$CONFIG"
   mkdir -p "$STATE_DIR" "$CT_LOG_DIR" "${CT_STATUS%/*}" ||
     die "$EXIT_CONFIG" "cannot create the folders under $CT_ROOT"
   cd / || die "$EXIT_CONFIG" "cannot cd /" # a package in the caller's folder must not shadow torch
@@ -675,27 +516,31 @@ main() {
   trap 'on_signal 143' TERM
 
   for i in "${!PHASES[@]}"; do
-    if ! finished "${PHASES[i]}"; then
-      start=$i
-      break
-    fi
+    stage2 "${PHASES[i]}" && break
+    last=$i
+    if ((start < 0)) && ! finished "${PHASES[i]}"; then start=$i; fi
   done
-  if ((start < 0)); then
-    write_status ready "${PHASES[-1]}"
-    say "ready: every phase already done ($CT_PHASES)"
-    return 0
+  if ((start >= 0)); then
+    for ((i = start; i < ${#PHASES[@]}; i++)); do
+      set_record "${PHASES[i]}" pending - - -
+    done
+    ((start > 0)) && say "resuming at ${PHASES[start]}"
+    for ((i = start; i <= last; i++)); do
+      run_phase "${PHASES[i]}"
+      rc=$?
+      ((rc == 0)) || return "$rc"
+    done
   fi
-  for ((i = start; i < ${#PHASES[@]}; i++)); do
-    set_record "${PHASES[i]}" pending - - -
-  done
-  ((start > 0)) && say "resuming at ${PHASES[start]}"
-  for ((i = start; i < ${#PHASES[@]}; i++)); do
-    run_phase "${PHASES[i]}"
-    rc=$?
-    ((rc == 0)) || return "$rc"
-  done
+  if ((last + 1 < ${#PHASES[@]})); then
+    start_stage2 "${PHASES[last + 1]}"
+    return
+  fi
   write_status ready "${PHASES[-1]}"
-  say "ready"
+  if ((start < 0)); then
+    say "ready: every phase already done ($CT_PHASES)"
+  else
+    say "ready"
+  fi
   return 0
 }
 

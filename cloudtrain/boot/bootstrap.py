@@ -2,9 +2,11 @@
 
 A node boots with cloud-init user-data (`templates/cloud-init.yaml.j2`; GCP images without
 cloud-init run the same as `templates/startup-script.sh.j2`). It holds: the ``cloudtrain`` user
-with the cluster's public key, the cluster's SSH host key (the coordinator pins it), the phased
-bootstrap script (`templates/bootstrap.sh`) and its settings (``/etc/cloudtrain/bootstrap.env``,
-from `cloudtrain.boot.gpustack`: the driver branch, CUDA build and wheel index for the node's GPU).
+with the cluster's public key, the cluster's SSH host key (the coordinator pins it), stage 1 of
+the bootstrap (`templates/bootstrap.sh`: base packages, driver, venv, then the cloudtrain wheel
+the coordinator copies) and its settings (``/etc/cloudtrain/bootstrap.env``, from
+`cloudtrain.boot.gpustack`: the driver branch, CUDA build and wheel index for the node's GPU).
+Stage 2 (torch, NCCL settings, verify) comes with the wheel: `cloudtrain.node.bootstrap`.
 
 Where it goes is each cloud's business: its provider's `user_data` puts the document in the
 fields its cloud reads (EC2 ``UserData``, GCE metadata, Azure ``customData``), through `fit`
@@ -33,8 +35,6 @@ GZIP_MAGIC = b"\x1f\x8b"
 #: Where the user-data puts the script and its settings on a cloud node (see the template).
 NODE_SCRIPT = "/usr/local/lib/cloudtrain/bootstrap.sh"
 NODE_CONFIG = "/etc/cloudtrain/bootstrap.env"
-#: The script's exit code when its `cloudtrain` phase waits for the coordinator's wheel.
-WAITING_FOR_WHEEL = 75
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def render(template: str, **values: object) -> str:
 
 
 def script() -> str:
-    """The bootstrap script itself (static; it reads its settings from an env file)."""
+    """Stage 1 of the bootstrap (static; it reads its settings from an env file)."""
     return files("cloudtrain.templates").joinpath("bootstrap.sh").read_text()
 
 

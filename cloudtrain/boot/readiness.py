@@ -1,10 +1,14 @@
 """Reading the bootstrap's progress on nodes: the one code path that says a node is ready.
 
 Every node's bootstrap writes ``<node root>/bootstrap/status.json`` (see `templates/bootstrap.sh`):
-``{"phase", "state": "running|ready|failed", "phases": [{"name", "state", "started",
+``{"phase", "state": "running|waiting|ready|failed", "phases": [{"name", "state", "started",
 "finished", "exit_code", "log"}]}``. `wait_ready` reads it through each node's executor until all
 are ready, reporting each phase as it changes, and raises `BootstrapError` naming the node, the
 phase and the last lines of that phase's log when one fails.
+
+Between the bootstrap's two stages a node waits for cloudtrain's wheel: its status is then
+``"state": "waiting", "waiting_for": "wheel", "wheel": "<where to put it>"``, and the
+`Handoff` copies the wheel there and starts the bootstrap again, which goes on into stage 2.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from cloudtrain.errors import BootstrapError
 from cloudtrain.executors.base import Executor, fan_out
 from cloudtrain.model import Event, NodeInfo, OnEvent, ignore_event
 
-#: What to do for a node whose bootstrap waits for the coordinator's cloudtrain wheel.
-Handoff = Callable[[NodeInfo, Executor], None]
+#: What to do for a node whose bootstrap waits for the coordinator's cloudtrain wheel: the
+#: node, its executor, and where on the node the wheel goes (from its status).
+Handoff = Callable[[NodeInfo, Executor, str], None]
 
 
 def status_path(node: NodeInfo) -> str:
@@ -56,13 +61,13 @@ def _failure(executor: Executor, node: NodeInfo, status: dict[str, Any]) -> Boot
 
 def hand_over_wheel(wheel: Callable[[], Path]) -> Handoff:
     """A `Handoff` that copies the wheel `wheel()` gives (this cloudtrain: made only when a
-    node needs it) to a node whose bootstrap waits for it, and runs the bootstrap again there
-    (it resumes at its ``cloudtrain`` phase). The script and its config are where cloud-init
-    puts them, or where `NodeInfo.bootstrap` says (the ssh provider's nodes)."""
+    node needs it) to where a waiting node's status says, and runs the bootstrap again there
+    (it resumes at its ``cloudtrain`` phase and goes on into stage 2). The script and its
+    config are where cloud-init puts them, or where `NodeInfo.bootstrap` says (ssh nodes)."""
 
-    def handoff(node: NodeInfo, executor: Executor) -> None:
+    def handoff(node: NodeInfo, executor: Executor, target: str) -> None:
         built = wheel()
-        executor.put(built, f"{node.root}/dist/{built.name}")
+        executor.put(built, target or f"{node.root}/dist/{built.name}")
         script, config = node.bootstrap or (bootstrap.NODE_SCRIPT, bootstrap.NODE_CONFIG)
         executor.start_detached(["bash", str(script), str(config)],
                                 env={"CLOUDTRAIN_NODE_ROOT": node.root}, cwd="/",
@@ -72,11 +77,7 @@ def hand_over_wheel(wheel: Callable[[], Path]) -> Handoff:
 
 
 def _waits_for_wheel(status: dict[str, Any]) -> bool:
-    return any(
-        p.get("name") == "cloudtrain" and p.get("exit_code") == bootstrap.WAITING_FOR_WHEEL
-        for p in status.get("phases", [])
-        if p.get("state") == "failed"
-    )
+    return status.get("state") == "waiting" and status.get("waiting_for") == "wheel"
 
 
 def wait_ready(
@@ -90,7 +91,8 @@ def wait_ready(
 ) -> None:
     """Block until every node's bootstrap is ready. A node waiting for the cloudtrain wheel
     gets it through `handoff` (once). Raises `BootstrapError` for the first node whose
-    bootstrap failed, or when `timeout_s` passes (naming the slowest phase)."""
+    bootstrap failed, that waits for the wheel with no `handoff` or again after it, or when
+    `timeout_s` passes (naming the slowest phase)."""
     seen: dict[int, str] = {}
     handed: dict[int, dict[str, Any]] = {}  # node → its status when the wheel was handed over
     deadline = time.monotonic() + timeout_s
@@ -104,12 +106,17 @@ def wait_ready(
             if seen.get(node.index) != where:
                 seen[node.index] = where
                 on_event(Event("bootstrap", where, node=node.index))
+            if _waits_for_wheel(status):
+                target = str(status.get("wheel") or "")
+                if handoff is None or node.index in handed:
+                    why = "nothing hands it over" if handoff is None else "after it was copied"
+                    waits = f"waits for the cloudtrain wheel at {target} {why}"
+                    raise BootstrapError(str(node.index), str(status.get("phase")), waits)
+                on_event(Event("bootstrap", "copying the cloudtrain wheel", node=node.index))
+                handoff(node, executor, target)
+                handed[node.index] = status
+                continue
             if status.get("state") == "failed":
-                if handoff and node.index not in handed and _waits_for_wheel(status):
-                    on_event(Event("bootstrap", "copying the cloudtrain wheel", node=node.index))
-                    handoff(node, executor)
-                    handed[node.index] = status
-                    continue
                 raise _failure(executor, node, status)
         if all(s is not None and s.get("state") == "ready" for s in statuses):
             return

@@ -190,6 +190,9 @@ def follow(job_dir: Path, *, once: bool = False, tail: int | None = None) -> int
             return 0
         if os.getppid() != parent:  # whoever follows us went away
             return 0
+        if not job_dir.is_dir():  # the node's files are gone (a machine lost, a teardown)
+            print(f"cloudtrain: the job's folder on this node is gone ({job_dir})", file=sys.stderr)
+            return 3
         status = job_status(job_dir)
         if status["pid"] is not None and not status["alive"]:
             time.sleep(0.2)  # the exit file is written just after the process ends

@@ -30,7 +30,7 @@ from cloudtrain.spec import ClusterSpec
 
 LOOPBACK = "127.0.0.1"
 #: The bootstrap phases that make sense on this machine (nothing is installed).
-LOCAL_PHASES = "python torch cloudtrain verify"
+LOCAL_PHASES = "python cloudtrain torch verify"
 
 
 class LocalProvider:
@@ -76,13 +76,15 @@ class LocalProvider:
             on_event(Event("node", f"made at {node_dir}", node=index))
         nodes = self.describe(spec.name)
         for node in nodes:
-            self._bootstrap(node)
+            if node.index not in have or not _bootstrapped(node):  # a ready node stays as it is
+                self._bootstrap(node)
         return nodes
 
     def _bootstrap(self, node: NodeInfo) -> None:
-        """Start the same bootstrap script cloud nodes run, in check-only mode: the phases that
-        make sense on this machine (this Python, its torch, cloudtrain, a gloo all-reduce).
-        Detached: `cloudtrain.boot.readiness` reads its status file like any node's."""
+        """Start the same bootstrap cloud nodes run, in check-only mode: the phases that make
+        sense on this machine (this Python and its cloudtrain in stage 1; its torch and a gloo
+        all-reduce in stage 2, this cloudtrain's `cloudtrain.node.bootstrap`). Detached:
+        `cloudtrain.boot.readiness` reads its status file like any node's."""
         root = Path(node.root)
         (root / "bootstrap").mkdir(exist_ok=True)
         script = root / "bootstrap" / "bootstrap.sh"
@@ -149,3 +151,12 @@ class LocalProvider:
 
     def executor(self, node: NodeInfo) -> LocalExecutor:
         return LocalExecutor()
+
+
+def _bootstrapped(node: NodeInfo) -> bool:
+    """Whether the node's bootstrap reported ready (its status file)."""
+    try:
+        status = json.loads((Path(node.root) / "bootstrap" / "status.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(status, dict) and status.get("state") == "ready"

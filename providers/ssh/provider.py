@@ -99,7 +99,7 @@ class SshProvider:
         self.torch_index = str(opts["torch_index"]) if opts.get("torch_index") else None
         # Hosts that exist already: a refused connection is an answer, not a machine booting.
         self.connect_timeout_s = float(opts.get("connect_timeout_s", 3))
-        phases = "python torch cloudtrain verify"
+        phases = "python torch cloudtrain verify"  # run in the bootstrap's own order
         if self.allow_sudo:  # packages (python3-venv, rsync; a driver on a GPU host that
             phases = "base nvidia-driver " + phases  # lacks one) through `sudo -n apt-get`
         self.phases = str(opts.get("bootstrap_phases") or phases)

@@ -120,9 +120,11 @@ def test_ctrl_c_in_the_bootstrap_wait_says_so(run_cli: Cli, home: Path) -> None:
 
 
 def waiting_for_wheel(started: str | None = None) -> str:
-    phases = [{"name": "cloudtrain", "state": "failed", "started": started, "finished": None,
-               "exit_code": 75, "log": "/r0/bootstrap/logs/cloudtrain.log"}]  # fmt: skip
-    return json.dumps({"phase": "cloudtrain", "state": "failed", "phases": phases})
+    phases = [{"name": "cloudtrain", "state": "waiting", "started": started, "finished": None,
+               "exit_code": None, "log": "/r0/bootstrap/logs/cloudtrain.log"}]  # fmt: skip
+    return json.dumps({"phase": "cloudtrain", "state": "waiting", "waiting_for": "wheel",
+                       "wheel": "/r0/dist/cloudtrain-0.1.0-py3-none-any.whl",
+                       "phases": phases})  # fmt: skip
 
 
 def test_a_node_waiting_for_the_wheel_gets_it_and_the_bootstrap_resumes(tmp_path: Path) -> None:
@@ -136,7 +138,7 @@ def test_a_node_waiting_for_the_wheel_gets_it_and_the_bootstrap_resumes(tmp_path
     events: list[Event] = []
     wait_ready([node(0)], [ex], on_event=events.append, poll_s=0,
                handoff=hand_over_wheel(lambda: wheel_file))  # fmt: skip
-    puts = [c for c in ex.calls if c.kind == "put"]
+    puts = [c for c in ex.calls if c.kind == "put"]  # where the node's status says
     assert [c.argv for c in puts] == [(str(wheel_file), f"/r0/dist/{wheel_file.name}")]
     starts = [c for c in ex.calls if c.kind == "start_detached"]
     assert [c.argv for c in starts] == [
@@ -145,5 +147,28 @@ def test_a_node_waiting_for_the_wheel_gets_it_and_the_bootstrap_resumes(tmp_path
     assert (0, "copying the cloudtrain wheel") in [(e.node, e.message) for e in events]
 
     again = scripted(iter([stale, waiting_for_wheel(started="2026-11-30T18:00:00Z")]))
-    with pytest.raises(BootstrapError, match="phase 'cloudtrain' failed: exit code 75"):
+    with pytest.raises(BootstrapError, match=r"waits for the cloudtrain wheel at \S+ after it"):
         wait_ready([node(0)], [again], poll_s=0, handoff=hand_over_wheel(lambda: wheel_file))
+
+
+def test_a_waiting_node_is_not_a_failure_and_needs_a_handoff() -> None:
+    """The wait for the wheel is a state of its own: no exit code, no log tail; without a
+    handoff nothing would ever end it, so it is an error at once."""
+    lone = scripted(iter([waiting_for_wheel()]))
+    with pytest.raises(BootstrapError, match="nothing hands it over") as err:
+        wait_ready([node(0)], [lone], poll_s=0)
+    assert err.value.phase == "cloudtrain"
+    assert [c.argv[0] for c in lone.calls] == ["cat"]  # no tail of a log: nothing failed
+
+
+def test_a_failed_cloudtrain_phase_is_a_failure_not_a_wait(tmp_path: Path) -> None:
+    """Exit code 75 in a failed phase means nothing special any more."""
+    from cloudtrain.boot.readiness import hand_over_wheel
+
+    failed = json.loads(waiting_for_wheel())
+    failed.update(state="failed", waiting_for=None)
+    failed["phases"][0].update(state="failed", exit_code=75)
+    ex = scripted(iter([json.dumps(failed)]))
+    with pytest.raises(BootstrapError, match="exit code 75"):
+        wait_ready([node(0)], [ex], poll_s=0, handoff=hand_over_wheel(lambda: tmp_path / "w"))
+    assert [c for c in ex.calls if c.kind == "put"] == []

@@ -1,5 +1,6 @@
-"""templates/bootstrap.sh, run for real by bash in a sandbox: stub system commands first on PATH,
-a stub Python with a fake torch (stubs/), tmp_path as CT_ROOT. One test uses the real Python with
+"""templates/bootstrap.sh and its stage 2 (`cloudtrain.node.bootstrap`), run for real by bash in a
+sandbox: stub system commands first on PATH, a stub Python with a fake torch and a fake cloudtrain
+whose node agent is the real one (stubs/), tmp_path as CT_ROOT. One test uses the real Python with
 CT_INSTALL=0, as the local provider does."""
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tests.conftest import require_tool
 
 STUBS = Path(__file__).parent / "stubs"
 STUB_COMMANDS = ("apt-get", "dpkg", "nvidia-smi", "lspci", "modprobe", "systemctl", "sudo")
-ALL = ["base", "nvidia-driver", "python", "torch", "nccl", "cloudtrain", "verify"]
+ALL = ["base", "nvidia-driver", "python", "cloudtrain", "torch", "nccl", "verify"]
 PHASE_KEYS = {"name", "state", "started", "finished", "exit_code", "log"}
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 BASE_PACKAGES = ("python3-venv", "python3-pip", "rsync")
@@ -35,11 +36,12 @@ BASE_PACKAGES = ("python3-venv", "python3-pip", "rsync")
 #: script leaves the caller's folder before it runs Python.
 CWD = Path(__file__).parents[3]
 BASH = shutil.which("bash") or "/bin/bash"
-#: What the script needs to run the nccl phase, flock left out.
+#: What the script (and the stub Python) need to run the nccl phase, flock left out.
 NO_FLOCK_TOOLS = (
     "bash",
     "cat",
     "date",
+    "dirname",
     "env",
     "mkdir",
     "mktemp",
@@ -89,7 +91,9 @@ class Node:
             (self.bin / name).symlink_to(STUBS / "stub.sh")
         self.path = f"{self.bin}{os.pathsep}{os.environ['PATH']}"
 
-    def configure(self, stack: GpuStack, gpus: int = 0, **keys: str) -> None:
+    def configure(self, stack: GpuStack, gpus: int = 0, agent: bool = False, **keys: str) -> None:
+        """Write the config; `agent`: cloudtrain (whose node agent runs stage 2) is installed
+        already, for runs without the cloudtrain phase."""
         values = {
             "CT_ROOT": str(self.root),
             "CT_INSTALL": "1",
@@ -101,6 +105,8 @@ class Node:
         values.update(keys)
         self.config.write_text("".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items()))
         self.put("gpus", str(gpus))
+        if agent:
+            self.put("cloudtrain-version", values["CT_CLOUDTRAIN_VERSION"])
 
     def put(self, name: str, text: str = "") -> None:
         """Stub state: see the header of stubs/stub.sh and stubs/python."""
@@ -118,6 +124,7 @@ class Node:
             STUB_STATE=str(self.state),
             STUB_SITE=str(STUBS / "site"),
             STUB_REAL_PYTHON=sys.executable,
+            STUB_AGENT=str(Path(cloudtrain.__file__).parent),
             TMPDIR=str(self.tmp),
         )
         return env
@@ -152,6 +159,17 @@ class Node:
         lines = log.read_text().splitlines() if log.exists() else []
         return [line for line in lines if line.startswith(prefix)]
 
+    def stage2(self) -> list[str]:
+        """The calls that hand over to stage 2 (`python -m cloudtrain.node.bootstrap run`)."""
+        return [
+            "python -c import cloudtrain.node.bootstrap",
+            f"python -m cloudtrain.node.bootstrap run {self.config} --lock-fd 9",
+        ]
+
+    def work(self, prefix: str = "") -> list[str]:
+        """The calls, those that hand over to stage 2 left out."""
+        return [c for c in self.calls(prefix) if c not in self.stage2()]
+
     def forget_calls(self) -> None:
         (self.state / "calls.log").unlink(missing_ok=True)
 
@@ -178,8 +196,9 @@ def node(tmp_path: Path, script: Path) -> Node:
 def assert_schema(node: Node, phases: list[str]) -> None:
     """The status file has exactly the documented shape."""
     status = node.status()
-    assert set(status) == {"phase", "state", "phases"}
-    assert status["state"] in {"running", "ready", "failed"}
+    waiting = {"waiting_for", "wheel"} if status["state"] == "waiting" else set()
+    assert set(status) == {"phase", "state", "phases"} | waiting
+    assert status["state"] in {"running", "waiting", "ready", "failed"}
     assert status["phase"] in phases
     assert [p["name"] for p in status["phases"]] == phases
     for entry in status["phases"]:
@@ -190,7 +209,7 @@ def assert_schema(node: Node, phases: list[str]) -> None:
             assert (entry["started"], entry["finished"], code) == (None, None, None)
             continue
         assert ISO.match(entry["started"])
-        if state == "running":
+        if state in {"running", "waiting"}:
             assert (entry["finished"], code) == (None, None)
             continue
         assert ISO.match(entry["finished"])
@@ -207,9 +226,9 @@ def test_cpu_node_from_scratch(node: Node) -> None:
         "base": "done",
         "nvidia-driver": "skipped",
         "python": "done",
+        "cloudtrain": "done",
         "torch": "done",
         "nccl": "skipped",
-        "cloudtrain": "done",
         "verify": "done",
     }
     assert node.status()["state"] == "ready"
@@ -220,10 +239,12 @@ def test_cpu_node_from_scratch(node: Node) -> None:
     assert installs[-1].endswith("install python3-venv python3-pip rsync")
     assert node.calls("python -m venv") == [f"python -m venv {node.root / 'venv'}"]
     assert node.calls("python -m pip install") == [
+        f"python -m pip install --no-input {node.wheel}",
         "python -m pip install --no-input torch==2.13.0 "
         "--index-url https://download.pytorch.org/whl/cpu",
-        f"python -m pip install --no-input {node.wheel}",
     ]
+    assert node.calls("python -m cloudtrain.node.bootstrap") == [node.stage2()[1],
+        "python -m cloudtrain.node.bootstrap check 0"]  # fmt: skip
     assert node.calls("python -m torch.distributed.run") == []
     assert "gloo all_reduce across 1 process(es): ok" in node.log("verify")
     assert (node.root / "nccl.env").read_text().startswith("# cloudtrain: a CPU node")
@@ -245,7 +266,7 @@ def test_v100_node_gets_the_cu12_index_and_keeps_a_recent_driver(node: Node) -> 
     assert torch_install.endswith("--index-url https://download.pytorch.org/whl/cu126")
     (torchrun,) = node.calls("python -m torch.distributed.run")
     assert "--standalone --nproc-per-node 8 " in torchrun
-    assert torchrun.endswith("/verify.py allreduce")
+    assert torchrun.endswith(" -m cloudtrain.node.bootstrap allreduce")
     assert "8 GPU(s)" in node.log("verify")
 
 
@@ -262,7 +283,7 @@ def test_old_driver_is_replaced_by_the_branch_server_package(node: Node) -> None
 
 
 def test_torch_of_the_wrong_cuda_build_is_replaced(node: Node) -> None:
-    node.configure(stack_for("V100"), gpus=1, CT_PHASES="python torch")
+    node.configure(stack_for("V100"), gpus=1, agent=True, CT_PHASES="python torch")
     node.put("torch", "2.13.0+cu130 13.0\n")  # no sm_70 kernels
     assert node.run().returncode == 0
     assert node.calls("python -m pip") == [
@@ -299,8 +320,7 @@ def test_driver_that_does_not_load_asks_for_a_reboot(node: Node) -> None:
 
 
 def test_failed_phase_is_reported_then_resumed(node: Node) -> None:
-    node.configure(stack_for(None))
-    node.copy_wheel()
+    node.configure(stack_for(None), agent=True)  # stage 1 then needs no pip
     node.put("fail.pip", "3")
     result = node.run()
     assert result.returncode == 3
@@ -311,8 +331,8 @@ def test_failed_phase_is_reported_then_resumed(node: Node) -> None:
     assert (torch["state"], torch["exit_code"]) == ("failed", 3)
     assert "pip: failing on purpose" in Path(torch["log"]).read_text()
     assert "pip: failing on purpose" in result.stderr  # the log's tail
-    assert node.states()["cloudtrain"] == "pending"
-    before = {p: node.phase(p) for p in ("base", "python")}
+    assert node.states()["nccl"] == "pending"
+    before = {p: node.phase(p) for p in ("base", "python", "cloudtrain")}
 
     (node.state / "fail.pip").unlink()
     node.forget_calls()
@@ -320,9 +340,10 @@ def test_failed_phase_is_reported_then_resumed(node: Node) -> None:
     assert result.returncode == 0, result.stderr
     assert "resuming at torch" in result.stdout
     assert node.calls("dpkg") == node.calls("apt-get") == node.calls("python -m venv") == []
-    assert node.calls()[0].startswith("python -c import torch")
+    assert node.calls()[:2] == node.stage2()
+    assert node.calls()[2].startswith("python -c import torch")
     assert node.status()["state"] == "ready"
-    assert {p: node.phase(p) for p in ("base", "python")} == before
+    assert {p: node.phase(p) for p in ("base", "python", "cloudtrain")} == before
     assert node.log("torch").count("==== ") == 2  # both attempts, in one log
 
 
@@ -334,7 +355,7 @@ def test_rerun_after_success_is_a_no_op(node: Node) -> None:
     node.forget_calls()
     result = node.run()
     assert result.returncode == 0
-    assert node.calls() == []
+    assert node.calls() == node.stage2()  # stage 2 finds its phases done too
     assert node.status() == status
     assert "every phase already done" in result.stdout
 
@@ -358,15 +379,25 @@ def test_missing_wheel_waits_for_the_coordinator(node: Node) -> None:
     node.configure(stack_for(None))
     result = node.run()
     assert result.returncode == 75
-    assert (node.status()["phase"], node.status()["state"]) == ("cloudtrain", "failed")
-    assert node.phase("cloudtrain")["exit_code"] == 75
+    status = node.status()
+    assert (status["phase"], status["state"]) == ("cloudtrain", "waiting")
+    assert (status["waiting_for"], status["wheel"]) == ("wheel", str(node.wheel))
+    assert_schema(node, ALL)
+    assert (node.phase("cloudtrain")["state"], node.phase("cloudtrain")["exit_code"]) == (
+        "waiting", None)  # fmt: skip
+    assert node.states()["torch"] == "pending"
     assert "waiting for the coordinator to copy the cloudtrain wheel" in node.log("cloudtrain")
+    assert "waiting for the coordinator" in result.stdout
+    assert node.calls("python -m cloudtrain") == []  # stage 2 waits for the wheel too
 
     node.copy_wheel()  # what the coordinator does over SSH, before running the script again
     node.forget_calls()
     assert node.run().returncode == 0
     assert node.calls()[0].startswith("python -c import cloudtrain")
-    assert node.calls("python -m pip install") == [f"python -m pip install --no-input {node.wheel}"]
+    installs = node.calls("python -m pip install")
+    assert installs[0] == f"python -m pip install --no-input {node.wheel}"
+    assert installs[1].startswith("python -m pip install --no-input torch")  # then stage 2
+    assert node.status()["state"] == "ready"
 
 
 def _wait_for(predicate: Any, what: str) -> None:
@@ -393,7 +424,9 @@ def test_concurrent_runs_are_serialised_by_the_lock(node: Node) -> None:
 
 
 def test_a_lock_held_too_long_is_a_clear_error(node: Node) -> None:
-    node.configure(stack_for(None), CT_PHASES="nccl", CT_LOCK_TIMEOUT="1")
+    node.configure(
+        stack_for(None), CT_PHASES="nccl", CT_INSTALL="0", agent=True, CT_LOCK_TIMEOUT="1"
+    )
     (node.root / "bootstrap").mkdir(parents=True)
     with (node.root / "bootstrap" / "lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -409,7 +442,9 @@ def test_mkdir_lock_where_flock_is_missing(node: Node) -> None:
     for name in NO_FLOCK_TOOLS:
         (tools / name).symlink_to(shutil.which(name) or f"/usr/bin/{name}")
     node.path = f"{node.bin}{os.pathsep}{tools}"
-    node.configure(stack_for(None), CT_PHASES="nccl", CT_LOCK_TIMEOUT="1")
+    node.configure(
+        stack_for(None), CT_PHASES="nccl", CT_INSTALL="0", agent=True, CT_LOCK_TIMEOUT="1"
+    )
     lock = node.root / "bootstrap" / "lock.d"
     lock.mkdir(parents=True)
     (lock / "pid").write_text(f"{os.getpid()}\n")  # held by a live process
@@ -427,11 +462,12 @@ def test_mkdir_lock_where_flock_is_missing(node: Node) -> None:
 
 
 def test_terminated_run_is_recorded_and_resumes(node: Node) -> None:
+    """Stage 2 (the same process as stage 1, after exec) records the signal; pip is killed."""
     node.configure(stack_for(None))
     node.copy_wheel()
-    node.put("slow.pip", "1")
+    node.put("slow.pip", "2")
     run = node.start()
-    _wait_for(lambda: node.calls("python -m pip install"), "pip")
+    _wait_for(lambda: node.calls("python -m pip install --no-input torch"), "pip")
     run.send_signal(signal.SIGTERM)
     _, err = run.communicate(timeout=60)
     assert run.returncode == 143
@@ -440,8 +476,10 @@ def test_terminated_run_is_recorded_and_resumes(node: Node) -> None:
 
     (node.state / "slow.pip").unlink()
     node.forget_calls()
-    assert node.run().returncode == 0
-    assert node.calls("python -m pip install --no-input torch") == []  # pip had finished
+    result = node.run()
+    assert result.returncode == 0, result.stderr
+    assert "resuming at torch" in result.stdout
+    assert len(node.calls("python -m pip install --no-input torch")) == 1  # pip was killed
 
 
 def test_local_provider_check_only_with_the_real_python(node: Node) -> None:
@@ -449,14 +487,14 @@ def test_local_provider_check_only_with_the_real_python(node: Node) -> None:
     node.configure(
         stack_for(None),
         CT_INSTALL="0",
-        CT_PHASES="python torch cloudtrain verify",
+        CT_PHASES="python torch cloudtrain verify",  # run in their order: cloudtrain first
         CT_PYTHON=sys.executable,
         CT_CLOUDTRAIN_WHEEL="",
         CT_CLOUDTRAIN_VERSION=cloudtrain.__version__,
     )
     result = node.run()
     assert result.returncode == 0, result.stderr + result.stdout
-    assert_schema(node, ["python", "torch", "cloudtrain", "verify"])
+    assert_schema(node, ["python", "cloudtrain", "torch", "verify"])
     assert set(node.states().values()) == {"done"}
     assert node.calls() == []
     assert "torch 2." in node.log("torch")
@@ -466,16 +504,16 @@ def test_local_provider_check_only_with_the_real_python(node: Node) -> None:
 
 
 def test_check_only_says_what_is_missing(node: Node) -> None:
-    node.configure(stack_for(None), CT_INSTALL="0", CT_PHASES="python torch")
+    node.configure(stack_for(None), agent=True, CT_INSTALL="0", CT_PHASES="python torch")
     result = node.run()
     assert result.returncode == 1
     assert node.states() == {"python": "done", "torch": "failed"}
     assert "torch is not importable by" in node.log("torch")
-    assert node.calls("python -m") == []  # check-only: no venv, no pip
+    assert node.work("python -m") == []  # check-only: no venv, no pip
 
 
 def test_verify_names_a_build_without_kernels_for_the_gpu(node: Node) -> None:
-    node.configure(stack_for("V100"), gpus=1, CT_INSTALL="0", CT_PHASES="verify")
+    node.configure(stack_for("V100"), gpus=1, agent=True, CT_INSTALL="0", CT_PHASES="verify")
     node.put("torch", "2.13.0+cu130 13.0\n")
     node.put("arches", "sm_75 sm_80 sm_86 sm_90")
     result = node.run()
@@ -488,6 +526,8 @@ def test_nccl_settings_on_efa(node: Node) -> None:
         stack_for("A100", "p4d.24xlarge"),
         gpus=8,
         CT_PHASES="nccl",
+        CT_INSTALL="0",
+        agent=True,
         CT_NCCL_SOCKET_IFNAME="^lo,docker",
     )
     assert node.run().returncode == 0
@@ -503,7 +543,13 @@ def test_nccl_settings_on_efa(node: Node) -> None:
 
 
 def test_nccl_settings_on_volta_efa_have_no_device_rdma(node: Node) -> None:
-    node.configure(stack_for("V100-32GB", "p3dn.24xlarge"), gpus=8, CT_PHASES="nccl")
+    node.configure(
+        stack_for("V100-32GB", "p3dn.24xlarge"),
+        gpus=8,
+        CT_PHASES="nccl",
+        CT_INSTALL="0",
+        agent=True,
+    )
     assert node.run().returncode == 0
     text = (node.root / "nccl.env").read_text()
     settings = dict(line.split("=", 1) for line in shlex.split(text, comments=True))
@@ -511,7 +557,13 @@ def test_nccl_settings_on_volta_efa_have_no_device_rdma(node: Node) -> None:
 
 
 def test_nccl_settings_on_infiniband_come_from_the_fabric_table(node: Node) -> None:
-    node.configure(stack_for("A100", "Standard_ND96asr_v4"), gpus=8, CT_PHASES="nccl")
+    node.configure(
+        stack_for("A100", "Standard_ND96asr_v4"),
+        gpus=8,
+        CT_PHASES="nccl",
+        CT_INSTALL="0",
+        agent=True,
+    )
     assert node.run().returncode == 0
     text = (node.root / "nccl.env").read_text()
     settings = dict(line.split("=", 1) for line in shlex.split(text, comments=True))
@@ -521,15 +573,23 @@ def test_nccl_settings_on_infiniband_come_from_the_fabric_table(node: Node) -> N
         "NCCL_IB_PCI_RELAXED_ORDERING": "1",
         "NCCL_TOPO_FILE": "/opt/microsoft/ndv4-topo.xml",
     }
-    node.configure(stack_for("A100", "Standard_ND96asr_v4"), gpus=8, CT_PHASES="nccl",
-                   CT_NCCL_ENV="NCCL_IB_DISABLE=0 not-a-setting")  # fmt: skip
+    node.configure(
+        stack_for("A100", "Standard_ND96asr_v4"),
+        gpus=8,
+        CT_PHASES="nccl",
+        CT_INSTALL="0",
+        agent=True,
+        CT_NCCL_ENV="NCCL_IB_DISABLE=0 not-a-setting",
+    )
     assert node.run().returncode == 1
     assert "CT_NCCL_ENV: 'not-a-setting' is not KEY=value" in node.log("nccl")
 
 
 def test_status_escapes_odd_paths(node: Node) -> None:
     logs = node.tmp / 'logs "quoted" \\ and\ttab'
-    node.configure(stack_for(None), CT_PHASES="nccl", CT_LOG_DIR=str(logs))
+    node.configure(
+        stack_for(None), CT_PHASES="nccl", CT_INSTALL="0", agent=True, CT_LOG_DIR=str(logs)
+    )
     assert node.run().returncode == 0
     assert node.phase("nccl")["log"] == f"{logs}/nccl.log"
 
@@ -555,11 +615,11 @@ def test_bad_config_stops_before_any_phase(node: Node, keys: dict[str, str], mes
 
 
 def test_the_config_file_is_the_whole_config(node: Node) -> None:
-    node.configure(stack_for(None), CT_PHASES="nccl")
+    node.configure(stack_for(None), CT_PHASES="nccl", CT_INSTALL="0", agent=True)
     result = node.run(CT_PHASES="base", CT_INSTALL="0", CT_STATUS=str(node.tmp / "elsewhere"))
     assert result.returncode == 0, result.stderr
     assert node.states() == {"nccl": "skipped"}
-    assert node.calls() == []
+    assert node.work() == []
 
 
 def test_missing_config_file(node: Node) -> None:

@@ -1,4 +1,6 @@
-"""A fake node agent: its version is in $STUB_STATE/cloudtrain-version once pip installed it."""
+"""A fake cloudtrain: its version is in $STUB_STATE/cloudtrain-version once pip installed it.
+Its node agent is the real one ($STUB_AGENT: the real package's folder), so stage 2 of the
+bootstrap runs for real over the fake torch."""
 
 import os
 from pathlib import Path
@@ -7,3 +9,5 @@ _version = Path(os.environ["STUB_STATE"]) / "cloudtrain-version"
 if not _version.exists():
     raise ImportError("No module named 'cloudtrain' (stub: not installed)")
 __version__ = _version.read_text().strip()
+if os.environ.get("STUB_AGENT"):
+    __path__.append(os.environ["STUB_AGENT"])
