@@ -61,6 +61,7 @@ def job_from_task(task: TaskSpec, **options: Any) -> JobSpec:
         resume_from=options.get("resume_from"),
         checkpoint_url=task.checkpoint,
         checkpoint_keep=task.checkpoint_keep,
+        min_nodes=task.min_nodes,
     )
 
 
@@ -177,15 +178,17 @@ JOB_FLAGS = (
 )  # fmt: skip
 
 
-def policy_from(options: dict[str, Any], down: bool) -> Policy | None:
-    """The managed job's policy the flags ask for (None: not managed); the flags that only
-    a managed job takes are refused without --managed."""
+def policy_from(options: dict[str, Any], down: bool, task: TaskSpec | None = None) -> Policy | None:
+    """The managed job's policy the flags (over the task file's fields) ask for; None: not
+    managed. The flags that only a managed job takes are refused without --managed."""
     from cloudtrain.errors import ConfigError
     from cloudtrain.jobs.managed import DEFAULT_MAX_RECOVERIES, Policy
 
-    managed = options.pop("managed")
+    managed = options.pop("managed") or bool(task and task.managed)
     max_recoveries = options.pop("max_recoveries")
-    retry = options.pop("retry_on_failure")
+    if max_recoveries is None and task is not None:
+        max_recoveries = task.max_recoveries
+    retry = options.pop("retry_on_failure") or bool(task and task.retry_on_failure)
     if not managed:
         if max_recoveries is not None or retry:
             flag = "--max-recoveries" if max_recoveries is not None else "--retry-on-failure"
@@ -339,19 +342,20 @@ def train(
     from cloudtrain.errors import ConfigError
 
     options["envs"] = _envs(options["envs"])
-    policy = policy_from(options, down)
     if target.suffix in TASK_SUFFIXES:
         if args:
             raise ConfigError("arguments after a task file are not used; put them in its `run:`")
         task = load_task(target)
+        policy = policy_from(options, down, task)
         job = job_from_task(task, **options)
         cluster = cluster or task.cluster.name
     else:
+        policy = policy_from(options, down)
         job = job_from_script(target, args, workdir, **options)
     if nodes is not None:
         import dataclasses
 
-        from cloudtrain.jobs.torchrun import parse_nodes
+        from cloudtrain.spec import parse_nodes
 
         low, high = parse_nodes(nodes)
         job = dataclasses.replace(job, num_nodes=high, min_nodes=low)
@@ -369,8 +373,8 @@ def launch(app: App, /, task_file: Path, detach: bool, down: bool, **flags: Any)
     """Bring up TASK_FILE's cluster (or reuse it), run its job, and with --down tear it down."""
     options = {k: flags.pop(k) for k in JOB_FLAGS}
     options["envs"] = _envs(options["envs"])
-    policy = policy_from(options, down)
     task = load_task(task_file, **flags)
+    policy = policy_from(options, down, task)
     job = job_from_task(task, **options)  # checked before anything is created
     bring_up(app, task, dry_run=False)
     _train_and_maybe_down(app, task.cluster.name, job, detach, down, policy)

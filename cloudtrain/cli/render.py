@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from cloudtrain.plan.catalog import InstanceType
     from cloudtrain.state import ClusterRecord, JobRecord
 
-JOB_STYLES = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
+JOB_STYLES = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
+              "recovering": "magenta"}  # fmt: skip
 
 
 def ago(ts: float | None, now: float | None = None) -> str:
@@ -105,7 +106,7 @@ def clusters_table(clusters: Sequence[ClusterRecord], node_counts: dict[str, int
 def jobs_table(jobs: Sequence[JobRecord]) -> Table:
     table = Table(title="jobs", title_justify="left")
     columns = ("job", "cluster", "name", "status", "nodes×procs", "on each node", "started",
-               "duration", "exit")  # fmt: skip
+               "duration", "exit", "recovered")  # fmt: skip
     for col in columns:
         table.add_column(col)
     for j in jobs:
@@ -121,8 +122,21 @@ def jobs_table(jobs: Sequence[JobRecord]) -> Table:
             ago(j.started_at),
             duration(j.started_at, j.ended_at),
             "-" if j.exit_code is None else str(j.exit_code),
+            recoveries(j),
         )
     return table
+
+
+def recoveries(job: JobRecord) -> str:
+    """A managed job's recoveries against its budget (``1/3: node 1 vanished``); ``-`` for a
+    job that is not managed."""
+    policy = job.detail.get("managed")
+    if not policy:
+        return "-"
+    done = job.detail.get("recoveries") or []
+    where = f"node {done[-1]['node']} " if done and done[-1].get("node") is not None else ""
+    last = f": {where}{done[-1]['cause']}" if done else ""
+    return f"{len(done)}/{policy.get('max_recoveries')}{last}"
 
 
 def node_states(job: JobRecord) -> str:

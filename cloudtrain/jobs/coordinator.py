@@ -88,7 +88,8 @@ def checkpoint_pull_s() -> float:
 class Verdict:
     """How one attempt of a job ended. `cause`: ``ok``, ``cancelled``, ``exit`` (a rank's own
     non-zero exit), or a node's loss: ``vanished`` (its processes were killed with no exit
-    recorded), ``lost`` (its host stopped answering), ``preempted`` (its cloud said so)."""
+    recorded), ``lost`` (its host stopped answering), ``preempted`` (its cloud said so),
+    ``hardware`` (a rank died of what the machine did: an ECC error, a GPU off the bus ...)."""
 
     status: str  # succeeded | failed | cancelled
     cause: str
@@ -100,7 +101,7 @@ class Verdict:
     @property
     def lost_node(self) -> bool:
         """The attempt ended because a node went away, not because of what the script did."""
-        return self.cause in ("vanished", "lost", "preempted")
+        return self.cause in ("vanished", "lost", "preempted", "hardware")
 
 
 @dataclass(frozen=True)
@@ -582,6 +583,8 @@ class Coordinator:
             _, node, code = min(failed, key=lambda f: (f[0], f[1].index))
             cause = "exit"
         failure = read_failure(self._read_log(node, rec, tail=80)) if code is not None else None
+        if failure is not None and failure.hardware:
+            cause = "hardware"
         if preempted:
             cause = "preempted"
         reason = failure.reason(code) if failure else "its processes vanished"

@@ -45,22 +45,6 @@ ELASTIC_LAST_CALL_S = 5
 ELASTIC_MIN_RESTARTS = 3
 
 
-def parse_nodes(text: str, field: str = "--nodes") -> tuple[int | None, int]:
-    """``N`` or ``MIN:MAX`` (an elastic job: it goes on while MIN of its MAX nodes are left)
-    as (MIN or None, MAX); `ConfigError` naming `field` for anything else."""
-    lo, sep, hi = text.partition(":")
-    try:
-        low, high = (int(lo), int(hi)) if sep else (None, int(text))
-    except ValueError:
-        low, high = 0, 0
-    if high < 1 or (low is not None and not 1 <= low <= high):
-        raise ConfigError(
-            f"{field} {text!r}: write a number of nodes (2) or MIN:MAX with 1 <= MIN <= MAX "
-            "(1:4, an elastic job that goes on while 1 of its 4 nodes is left)"
-        )
-    return low, high
-
-
 def rendezvous_first(nodes: Sequence[NodeInfo]) -> list[NodeInfo]:
     """`nodes` with the one to host the rendezvous first: the lowest index of the on-demand
     nodes when some are spot (the store dies with its host, and the job with it), else the
@@ -108,13 +92,27 @@ class Launch:
         ]  # fmt: skip
 
 
+#: What a rank prints when the machine, not the script, failed it: the GPU's memory (ECC), the
+#: GPU gone from the bus, the driver's Xid reports, NCCL's own system errors, a bus error.
+HARDWARE = re.compile(
+    r"uncorrectable ECC error|ECC_UNCORRECTABLE|cudaErrorECCUncorrectable|fallen off the bus"
+    r"|\bNVRM: Xid\b|NCCL error.*unhandled system error|\bBus error\b",
+    re.IGNORECASE,
+)
+#: A worker killed by SIGBUS (a bad page of memory) reports this exit code.
+SIGBUS_EXIT = -7
+
+
 @dataclass(frozen=True)
 class Failure:
-    """A failed node's log, with torchrun's own traceback taken out."""
+    """A failed node's log, with torchrun's own traceback taken out. `hardware`: the log
+    says the machine failed the rank (`HARDWARE`), a managed job's watcher recovers it as
+    it recovers a lost node."""
 
     tail: str
     rank: int | None = None
     worker_exit: int | None = None
+    hardware: bool = False
 
     def reason(self, agent_exit: int | None) -> str:
         if agent_exit is None:
@@ -164,4 +162,5 @@ def read_failure(log_tail: str, lines: int = 20) -> Failure:
         kept.append(line)
     if skipping:
         kept.extend(block)
-    return Failure("\n".join(kept[-lines:]), rank, worker_exit)
+    hardware = bool(HARDWARE.search(log_tail)) or worker_exit == SIGBUS_EXIT
+    return Failure("\n".join(kept[-lines:]), rank, worker_exit, hardware)

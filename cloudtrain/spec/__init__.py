@@ -25,7 +25,7 @@ MAX_DISK_GB = 65536
 # The fields of a task file, and of its `resources` block. Anything else is an error.
 TASK_FIELDS = (
     *("name", "provider", "resources", "num_nodes", "workdir", "setup", "run", "envs"),
-    *("checkpoint", "checkpoint_keep"),
+    *("checkpoint", "checkpoint_keep", "managed", "max_recoveries", "retry_on_failure"),
 )
 RESOURCE_FIELDS = ("accelerator", "spot", "region", "zone", "disk_gb", "image")
 
@@ -137,6 +137,12 @@ class TaskSpec:
     checkpoint: str | None = None
     #: how many of the newest checkpoints are kept (here and in the bucket)
     checkpoint_keep: int = 2
+    #: ``num_nodes: MIN:MAX``: an elastic job, which goes on while MIN nodes are left
+    min_nodes: int | None = None
+    #: a managed job (`cloudtrain.jobs.managed`), recovered up to `max_recoveries` times
+    managed: bool = False
+    max_recoveries: int | None = None
+    retry_on_failure: bool = False
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -283,6 +289,42 @@ def validate_env_name(name: object, field: str = "envs", label: str | None = Non
     )  # fmt: skip
 
 
+def parse_nodes(value: object, field: str = "--nodes") -> tuple[int | None, int]:
+    """``N`` or ``MIN:MAX`` (an elastic job: it goes on while MIN of its MAX nodes are left)
+    as (MIN or None, MAX); `SpecError` naming `field` for anything else."""
+    text = str(value)
+    lo, sep, hi = text.partition(":")
+    try:
+        low, high = (int(lo), int(hi)) if sep else (None, int(text))
+    except ValueError:
+        low, high = 0, 0
+    bad_low = low is not None and not 1 <= low <= high
+    if isinstance(value, bool) or not 1 <= high <= MAX_NODES or bad_low:
+        raise SpecError(
+            field,
+            f"{field} {text!r}: write a number of nodes (2) or MIN:MAX with 1 <= MIN <= MAX <= "
+            f"{MAX_NODES} (1:4, an elastic job that goes on while 1 of its 4 nodes is left)",
+        )
+    return low, high
+
+
+def _flag(data: Mapping[str, Any], field: str) -> bool:
+    value = data.get(field, False)
+    if not isinstance(value, bool):
+        raise SpecError(field, f"{field} {value!r} is not allowed; use true or false")
+    return value
+
+
+def _max_recoveries(data: Mapping[str, Any]) -> int | None:
+    value = data.get("max_recoveries")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise SpecError(
+            "max_recoveries",
+            f"max_recoveries {value!r} is not allowed; use a whole number of 0 or more",
+        )
+    return value
+
+
 def validate_num_nodes(value: object, field: str = "num_nodes") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         try:
@@ -397,7 +439,12 @@ def task_from_dict(
         )
     name = validate_name(data.get("name"))
     provider = validate_provider(data.get("provider", "local"), known.providers)
-    num_nodes = validate_num_nodes(data.get("num_nodes", 1))
+    raw_nodes = data.get("num_nodes", 1)
+    min_nodes = None
+    if isinstance(raw_nodes, str) and ":" in raw_nodes:
+        min_nodes, num_nodes = parse_nodes(raw_nodes, "num_nodes")
+    else:
+        num_nodes = validate_num_nodes(raw_nodes)
     raw_res = data.get("resources") or {}
     if not isinstance(raw_res, Mapping):
         raise SpecError("resources", f"resources must be a mapping, got {raw_res!r}")
@@ -429,4 +476,8 @@ def task_from_dict(
         envs=MappingProxyType(envs),
         checkpoint=_checkpoint(data),
         checkpoint_keep=validate_checkpoint_keep(data.get("checkpoint_keep", 2)),
+        min_nodes=min_nodes,
+        managed=_flag(data, "managed"),
+        max_recoveries=_max_recoveries(data),
+        retry_on_failure=_flag(data, "retry_on_failure"),
     )

@@ -100,6 +100,7 @@ def _read(text: str, source: str) -> tuple[dict[Any, Any], dict[str, int]]:
             lines: dict[str, int] = {}
             _index(node, "", lines, source, set())
             data: dict[Any, Any] = loader.construct_document(node)
+            _keep_node_range(node, data)
         finally:
             loader.dispose()
     except yaml.MarkedYAMLError as exc:
@@ -133,6 +134,14 @@ def _index(
         seen[key.tag, key.value] = lines[path] = _line(key)
         if isinstance(value, yaml.MappingNode) and id(value) not in walked:
             _index(value, path + ".", lines, source, walked)
+
+
+def _keep_node_range(node: yaml.MappingNode, data: dict[Any, Any]) -> None:
+    """``num_nodes: 1:4`` as written: YAML 1.1 reads a plain ``1:4`` as a base-60 number (64)."""
+    for key, value in node.value:
+        plain = isinstance(value, yaml.ScalarNode) and value.style is None
+        if isinstance(key, yaml.ScalarNode) and key.value == "num_nodes" and plain:
+            data["num_nodes"] = value.value if ":" in value.value else data["num_nodes"]
 
 
 def _line(node: yaml.Node) -> int:

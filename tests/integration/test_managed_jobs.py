@@ -111,10 +111,15 @@ def test_cancel_of_a_managed_job_stops_it_and_its_watcher_tears_the_cluster_down
     assert sh.processes() == []
 
 
-def test_a_watcher_that_died_is_started_again_by_the_next_command(sh: Shell) -> None:
-    assert sh("up", "--name", "w", "--nodes", "2").returncode == 0
-    start = sh("train", "-c", "w", "--managed", "--detach", str(SCRIPTS / "countdown.py"))
+def test_a_watcher_that_died_is_started_again_by_the_next_command(
+    sh: Shell, tmp_path: Path
+) -> None:
+    task = tmp_path / "task.yaml"
+    task.write_text(f"name: w\nnum_nodes: 2\nworkdir: {SCRIPTS}\nrun: countdown.py\n"
+                    "managed: true\nmax_recoveries: 2\n")  # fmt: skip
+    start = sh("launch", str(task), "--detach")
     assert start.returncode == 0, start.stderr
+    assert "recovers it up to 2 time(s)" in start.stderr
     found = re.search(r"watcher \(pid (\d+)\)", start.stderr)
     assert found, start.stderr
     pid = int(found.group(1))

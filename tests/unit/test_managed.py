@@ -4,17 +4,21 @@ attempt ends, what it starts again, and what it records (exactly once)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from cloudtrain.errors import ConfigError
 from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call
 from cloudtrain.jobs import managed
 from cloudtrain.jobs.coordinator import Coordinator, JobSpec, Verdict
+from cloudtrain.jobs.torchrun import Launch, read_failure, rendezvous_first
+from cloudtrain.model import NodeInfo
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 from cloudtrain.provision.provider import ProviderContext
-from cloudtrain.spec import ClusterSpec, Resources
+from cloudtrain.spec import ClusterSpec, Resources, parse_nodes
 from cloudtrain.state import State
 
 
@@ -153,3 +157,52 @@ def test_job_spec_round_trips_through_the_record(tmp_path: Path) -> None:
     job = JobSpec(entrypoint=("t.py", "--x"), workdir=tmp_path, setup="pip install x",
                   envs={"A": "1"}, nproc_per_node=2, max_restarts=1, name="t")  # fmt: skip
     assert JobSpec.from_dict(json.loads(json.dumps(job.to_dict()))) == job
+
+
+def test_the_rendezvous_is_hosted_by_an_on_demand_node_when_there_is_one() -> None:
+    def node(index: int, spot: bool) -> NodeInfo:
+        return NodeInfo("c", index, f"i-{index}", "10.0.0.1", None, "running", "z", "t",
+                        extra={"spot": spot})  # fmt: skip
+
+    spot0 = [node(0, True), node(1, True), node(2, False), node(3, False)]
+    assert [n.index for n in rendezvous_first(spot0)] == [2, 0, 1, 3]
+    all_spot = [node(1, True), node(0, True)]
+    assert [n.index for n in rendezvous_first(all_spot)] == [0, 1]
+    plain = [node(1, False), node(0, False)]
+    assert [n.index for n in rendezvous_first(plain)] == [0, 1]
+
+
+@pytest.mark.parametrize(("text", "parsed"), [("2", (None, 2)), ("1:4", (1, 4)), ("3:3", (3, 3))])
+def test_nodes_parse_as_a_count_or_an_elastic_range(text: str, parsed: tuple[int, int]) -> None:
+    assert parse_nodes(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["0", "3:2", "0:2", "a", "1:", ":2", "-1", "1:2:3"])
+def test_bad_nodes_are_refused_naming_the_flag(text: str) -> None:
+    with pytest.raises(ConfigError, match=rf"--nodes '{re.escape(text)}': write a number"):
+        parse_nodes(text)
+
+
+def test_an_elastic_launch_asks_torchrun_for_a_range_and_a_short_last_call() -> None:
+    launch = Launch(python="py", num_nodes=4, nproc_per_node=1, head="10.0.0.1:29500",
+                    job_id="c-1", is_head=True, local_addr="10.0.0.1", max_restarts=3,
+                    args=["t.py"], min_nodes=2)  # fmt: skip
+    argv = launch.argv()
+    assert argv[argv.index("--nnodes") + 1] == "2:4"
+    assert argv[argv.index("--rdzv-conf") + 1] == "is_host=1,last_call_timeout=5"
+
+
+@pytest.mark.parametrize(
+    ("log", "hardware"),
+    [
+        ("RuntimeError: CUDA error: uncorrectable ECC error encountered", True),
+        ("torch.distributed.DistBackendError: NCCL error in: x, unhandled system error", True),
+        ("NVRM: Xid (PCI:0000:00:1e): 79, GPU has fallen off the bus.", True),
+        ("ValueError: bad learning rate", False),
+        ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", False),
+    ],
+)
+def test_a_failure_the_machine_caused_is_told_from_the_scripts_own(
+    log: str, hardware: bool
+) -> None:
+    assert read_failure(f"Traceback (most recent call last):\n{log}\n").hardware is hardware

@@ -276,3 +276,35 @@ def test_bad_checkpoint_fields_name_their_line(tmp_path: Path, text: str, expect
     message = error_of(path)
     assert message.startswith(f"{path}{expected}"), message
     assert "\n" not in message
+
+
+def test_an_elastic_range_and_a_managed_policy_in_the_task(tmp_path: Path) -> None:
+    task = tmp_path / "task.yaml"
+    task.write_text(
+        "name: el\nnum_nodes: 1:4\nrun: t.py\nmanaged: true\nmax_recoveries: 5\n"
+        "retry_on_failure: true\n"
+    )
+    loaded = taskfile.load(task)
+    assert (loaded.cluster.num_nodes, loaded.min_nodes) == (4, 1), "1:4 is no base-60 number"
+    assert (loaded.managed, loaded.max_recoveries, loaded.retry_on_failure) == (True, 5, True)
+    quoted = tmp_path / "quoted.yaml"
+    quoted.write_text('name: el\nnum_nodes: "2:3"\nrun: t.py\n')
+    assert (taskfile.load(quoted).cluster.num_nodes, taskfile.load(quoted).min_nodes) == (3, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("num_nodes: 3:2", "task.yaml:2: num_nodes '3:2': write a number of nodes"),
+        ("managed: yes please", "task.yaml:2: managed 'yes please' is not allowed; use true"),
+        ("max_recoveries: -1", "task.yaml:2: max_recoveries -1 is not allowed"),
+    ],
+)
+def test_bad_managed_and_elastic_fields_name_the_line(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    task = tmp_path / "task.yaml"
+    task.write_text(f"name: el\n{text}\nrun: t.py\n")
+    with pytest.raises(ConfigError) as err:
+        taskfile.load(task)
+    assert str(err.value).startswith(f"{task.parent}/{message}"), str(err.value)
