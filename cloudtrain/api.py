@@ -120,16 +120,21 @@ def up(
     *,
     bootstrap_timeout_s: float | None = 1800,
     prov: Provider | None = None,
+    complete_only: bool = False,
 ) -> list[NodeInfo]:
     """Create the cluster, or complete it if it exists with the same spec, and wait for every
     node's bootstrap (unless `bootstrap_timeout_s` is None: stop after provisioning). Blocks.
     Idempotent. Raises `ConfigError` before any cloud call for bad input, `BootstrapError`
     when a node's bootstrap fails (the cluster is kept for inspection). `prov`: the provider
-    to use (default: the spec's, built for this call)."""
+    to use (default: the spec's, built for this call). With `complete_only`, a cluster that is
+    no longer recorded once the lock is held (a `down` went first) is `NotFoundError`, never
+    made anew: a recovery must not bring back a cluster its owner just removed."""
     from cloudtrain import locks
 
     wait = _waiting(on_event)
     with locks.cluster_lock(home, spec.name, "up", on_wait=wait):
+        if complete_only and state.cluster(spec.name) is None:
+            raise NotFoundError(f"cluster {spec.name!r} is gone (torn down); nothing to complete")
         return _up(state, home, spec, on_event, bootstrap_timeout_s, prov)
 
 

@@ -20,7 +20,8 @@ from cloudtrain.cli.options import cluster_name
 from cloudtrain.cli.options import job_id as job_id_arg
 
 if TYPE_CHECKING:
-    from cloudtrain.jobs.coordinator import Coordinator, JobSpec
+    from cloudtrain.jobs.attempts import JobSpec
+    from cloudtrain.jobs.coordinator import Coordinator
     from cloudtrain.jobs.managed import Policy
     from cloudtrain.spec import TaskSpec
     from cloudtrain.state import JobRecord
@@ -44,7 +45,7 @@ def _envs(pairs: tuple[str, ...]) -> dict[str, str]:
 
 def job_from_task(task: TaskSpec, **options: Any) -> JobSpec:
     from cloudtrain.errors import ConfigError
-    from cloudtrain.jobs.coordinator import JobSpec
+    from cloudtrain.jobs.attempts import JobSpec
 
     if not task.run:
         raise ConfigError(
@@ -69,7 +70,7 @@ def job_from_script(
     script: Path, args: tuple[str, ...], workdir: Path | None, **options: Any
 ) -> JobSpec:
     from cloudtrain.errors import ConfigError
-    from cloudtrain.jobs.coordinator import JobSpec
+    from cloudtrain.jobs.attempts import JobSpec
 
     if not script.is_file():
         raise ConfigError(f"script {str(script)!r} does not exist (or is not a file)")

@@ -14,29 +14,45 @@ Job lifecycle (the ``status`` column)::
                   │    └──► failed        a node exited non-zero (the others are stopped), its
                   │                       process vanished, or its host went away while the
                   │                       job was followed; `detail` names node and log tail
-                  └───────► cancelled     `cancel`, or an interrupted start
+                  ├───────► cancelled     `cancel`, or an interrupted start
+                  └─► recovering ─► running   a managed job's watcher replaces a lost node
+                                              and starts the next attempt (`jobs.managed`)
+
+How an attempt ended is `cloudtrain.jobs.attempts.judge`'s to say; a final status is recorded
+once (`State.finish_job`). While a job is followed its nodes are asked for their part every
+`HEARTBEAT_S`: one that has not answered for `heartbeat_timeout_s()` is lost.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import logging
-import os
 import shlex
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from cloudtrain.errors import CommandError, ConfigError, JobError, NotFoundError, ProviderError
 from cloudtrain.executors.base import SSH_FAILED, Executor, RunResult, fan_out
 from cloudtrain.jobs import checkpoints
+from cloudtrain.jobs.attempts import (
+    HEARTBEAT_S,
+    JobSpec,
+    Verdict,
+    attempt_of,
+    checkpoint_pull_s,
+    elastic,
+    heartbeat_timeout_s,
+    job_dir,
+    judge,
+    node_state,
+    run_dir,
+    unreachable,
+)
 from cloudtrain.jobs.torchrun import (
     ELASTIC_MIN_RESTARTS,
     Launch,
@@ -52,119 +68,6 @@ log = logging.getLogger(__name__)
 
 OnLine = Callable[[int, str], None]
 KILL_GRACE_S = 10.0
-#: How often a followed job's checkpoints are copied to the user's machine.
-CHECKPOINT_PULL_S = 30.0
-
-
-#: How often a followed job's nodes are asked for their part (the heartbeat).
-HEARTBEAT_S = 5.0
-HEARTBEAT_TIMEOUT_ENV = "CLOUDTRAIN_HEARTBEAT_TIMEOUT_S"
-CHECKPOINT_PULL_ENV = "CLOUDTRAIN_CHECKPOINT_PULL_S"
-
-
-def _seconds(env: str, default: float) -> float:
-    raw = os.environ.get(env, "").strip()
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise ConfigError(f"{env} {raw!r} is not a number of seconds (> 0)")
-    return value
-
-
-def heartbeat_timeout_s() -> float:
-    """How long a followed node may not answer before it counts as lost
-    (``$CLOUDTRAIN_HEARTBEAT_TIMEOUT_S``, default 60 s)."""
-    return _seconds(HEARTBEAT_TIMEOUT_ENV, 60.0)
-
-
-def checkpoint_pull_s() -> float:
-    """How often a followed job's checkpoints come home (``$CLOUDTRAIN_CHECKPOINT_PULL_S``)."""
-    return _seconds(CHECKPOINT_PULL_ENV, CHECKPOINT_PULL_S)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """How one attempt of a job ended. `cause`: ``ok``, ``cancelled``, ``exit`` (a rank's own
-    non-zero exit), or a node's loss: ``vanished`` (its processes were killed with no exit
-    recorded), ``lost`` (its host stopped answering), ``preempted`` (its cloud said so),
-    ``hardware`` (a rank died of what the machine did: an ECC error, a GPU off the bus ...)."""
-
-    status: str  # succeeded | failed | cancelled
-    cause: str
-    node: int | None = None
-    exit_code: int | None = None
-    reason: str = ""
-    tail: str = ""
-
-    @property
-    def lost_node(self) -> bool:
-        """The attempt ended because a node went away, not because of what the script did."""
-        return self.cause in ("vanished", "lost", "preempted", "hardware")
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """What to run: `entrypoint` is a script and its arguments (``train.py --epochs 3``),
-    ``-m module ...``, or any command; a leading ``python`` is dropped (torchrun runs it)."""
-
-    entrypoint: tuple[str, ...]
-    workdir: Path | None = None
-    setup: str | None = None
-    envs: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    nproc_per_node: int | None = None
-    max_restarts: int = 0
-    #: how many of the cluster's nodes run it (default: all)
-    num_nodes: int | None = None
-    #: an elastic job (``--nodes MIN:MAX``) goes on while this many of its nodes are left
-    min_nodes: int | None = None
-    name: str | None = None
-    #: a job whose newest kept checkpoint every node gets before this one starts
-    resume_from: str | None = None
-    #: a bucket (``s3://BUCKET/PREFIX``) that keeps the job's checkpoints too; a `resume_from`
-    #: job that this home keeps nothing of is restored from it (`cloudtrain.jobs.buckets`)
-    checkpoint_url: str | None = None
-    #: how many of the newest checkpoints are kept, here and in the bucket
-    checkpoint_keep: int = checkpoints.KEEP
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, for the job's record (a managed job's watcher starts it again)."""
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        data["entrypoint"] = list(self.entrypoint)
-        data["workdir"] = None if self.workdir is None else str(self.workdir)
-        data["envs"] = dict(self.envs)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
-        values["entrypoint"] = tuple(values.get("entrypoint") or ())
-        if values.get("workdir") is not None:
-            values["workdir"] = Path(values["workdir"])
-        values["envs"] = MappingProxyType(dict(values.get("envs") or {}))
-        return cls(**values)
-
-
-def _job_dir(node: NodeInfo, job_id: str, attempt: int = 0) -> str:
-    """Where a job runs on `node`: ``jobs/<id>``, and ``jobs/<id>.<n>`` for the n-th recovery
-    of a managed job (a fresh folder: no exit code or log of the attempt before it)."""
-    return f"{node.root}/jobs/{job_id}" + (f".{attempt}" if attempt else "")
-
-
-def attempt_of(rec: JobRecord) -> int:
-    """Which start of the job runs now: 0, then one more for each recovery."""
-    return int(rec.detail.get("attempt") or 0)
-
-
-def _dir(node: NodeInfo, rec: JobRecord) -> str:
-    return _job_dir(node, rec.id, attempt_of(rec))
-
-
-def elastic(rec: JobRecord) -> bool:
-    """An elastic job (``--nodes MIN:MAX``): a node lost on the way does not end it."""
-    return bool((rec.detail.get("spec") or {}).get("min_nodes"))
 
 
 def _workdir(node: NodeInfo) -> str:
@@ -469,7 +372,7 @@ class Coordinator:
             argv,
             env=self._env(rec, node, nodes, job),
             cwd=_workdir(node),
-            job_dir=_job_dir(node, rec.id, attempt),
+            job_dir=job_dir(node, rec.id, attempt),
         )
 
     # -- watching ---------------------------------------------------------------------------
@@ -490,11 +393,11 @@ class Coordinator:
         """The job's state on `node` as its agent reads it, or ``{"unreachable": why}`` when
         the node cannot be reached (the job may still run there)."""
         try:
-            done = self._agent(node, "status", _dir(node, rec))
+            done = self._agent(node, "status", run_dir(node, rec))
         except ProviderError as exc:  # could not (re)connect
-            return _unreachable(str(exc))
+            return unreachable(str(exc))
         if done.returncode == SSH_FAILED:  # the connection broke; the agent never exits 255
-            return _unreachable(done.stderr.strip().splitlines()[-1:] or ["connection lost"])
+            return unreachable(done.stderr.strip().splitlines()[-1:] or ["connection lost"])
         return dict(json.loads(done.check().stdout))
 
     def _note_preemptions(
@@ -519,7 +422,7 @@ class Coordinator:
             self.state.update_job(rec.id, detail={"preemptions": known})
 
     def _read_log(self, node: NodeInfo, rec: JobRecord, tail: int | None = None) -> str:
-        args = ["follow", "--once", _dir(node, rec)]
+        args = ["follow", "--once", run_dir(node, rec)]
         if tail is not None:
             args[2:2] = ["--tail", str(tail)]
         return self._agent(node, *args, timeout=300).stdout
@@ -549,46 +452,11 @@ class Coordinator:
         it runs, or cannot be told). A node that cannot be reached keeps the job open, unless
         `lost` says its host went away while the job was followed (then the job failed
         there)."""
-        lost = lost or {}
         states = [node_state(s) for s in statuses]
         self.state.update_job(rec.id, detail={"nodes": states})
         self._note_preemptions(rec, nodes, statuses)
-        if any(s["state"] == "running" for s in states):
-            return None
-        gone = [(n, s) for n, s in zip(nodes, states, strict=True) if s["state"] == "unreachable"]
-        if any(n.index not in lost for n, _ in gone):
-            return None  # cannot tell yet
-        preempted = any(s.get("preemption") for s in statuses)
-        codes = [s["exit_code"] for s in statuses]
-        if elastic(rec) and 0 in codes and all(c in (0, None) for c in codes):
-            return Verdict("succeeded", "ok", exit_code=0)  # on the nodes it had left
-        if gone:
-            node = gone[0][0]
-            cause = "preempted" if preempted else "lost"
-            return Verdict("failed", cause, node.index, -1, f"went away ({lost[node.index]})")
-        if any(s["cancelled"] for s in statuses):
-            return Verdict("cancelled", "cancelled", exit_code=_first_nonzero(codes))
-        now = time.time()
-        failed = [
-            (s.get("ended") or now, n, c)
-            for n, s, c in zip(nodes, statuses, codes, strict=True)
-            if c != 0
-        ]
-        if not failed:
-            return Verdict("succeeded", "ok", exit_code=0)
-        vanished = [n for n, st in zip(nodes, states, strict=True) if st["state"] == "vanished"]
-        if vanished:  # its processes were killed under it: the cause, whatever the others said
-            node, code, cause = vanished[0], None, "vanished"
-        else:
-            _, node, code = min(failed, key=lambda f: (f[0], f[1].index))
-            cause = "exit"
-        failure = read_failure(self._read_log(node, rec, tail=80)) if code is not None else None
-        if failure is not None and failure.hardware:
-            cause = "hardware"
-        if preempted:
-            cause = "preempted"
-        reason = failure.reason(code) if failure else "its processes vanished"
-        return Verdict("failed", cause, node.index, code, reason, failure.tail if failure else "")
+        return judge(rec, nodes, statuses, lost or {},
+                     lambda node: read_failure(self._read_log(node, rec, tail=80)))  # fmt: skip
 
     def record(self, rec: JobRecord, verdict: Verdict) -> JobRecord:
         """Record how the job ended (once: a job that already ended keeps its status)."""
@@ -653,7 +521,7 @@ class Coordinator:
                     on_line(node.index, line)
 
                 with contextlib.suppress(ProviderError):  # unreachable: the status says so
-                    self._agent(node, "follow", _dir(node, rec), timeout=None,
+                    self._agent(node, "follow", run_dir(node, rec), timeout=None,
                                 on_output=emit)  # fmt: skip
             status = self._status(node, rec)
             if "unreachable" in status:
@@ -790,7 +658,7 @@ class Coordinator:
                 "--grace",
                 str(KILL_GRACE_S),
                 "--job-dir",
-                _dir(node, rec),
+                run_dir(node, rec),
             ]
             if mark:
                 args.append("--mark")
@@ -826,28 +694,3 @@ class Coordinator:
             raise JobError(rec.id, "cancelled", cancelled=True)
         where = f"node {rec.detail.get('failed_node')} {rec.detail.get('reason', '')}".strip()
         raise JobError(rec.id, f"failed: {where}")
-
-
-def _unreachable(why: str | Sequence[str]) -> dict[str, Any]:
-    text = why if isinstance(why, str) else " ".join(why)
-    return {"unreachable": text, "exit_code": None, "alive": False, "cancelled": False}
-
-
-def node_state(status: Mapping[str, Any]) -> dict[str, Any]:
-    """One node's part in a job, for `status`: ``running``, ``exited`` (with its code),
-    ``cancelled``, ``vanished`` (no process and no exit code) or ``unreachable``."""
-    if "unreachable" in status:
-        return {"state": "unreachable", "exit_code": None, "why": status["unreachable"]}
-    code = status["exit_code"]
-    if code is None:
-        state = "running" if status["alive"] else "vanished"
-    else:
-        state = "cancelled" if status["cancelled"] else "exited"
-    found = {"state": state, "exit_code": code}
-    if status.get("preemption"):
-        found["preempted"] = True
-    return found
-
-
-def _first_nonzero(codes: Sequence[int | None]) -> int | None:
-    return next((c for c in codes if c not in (0, None)), None)

@@ -37,6 +37,7 @@ the cluster, would recover at once; it would also need its own credentials and i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -49,7 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.errors import CloudtrainError, NotFoundError
-from cloudtrain.jobs.coordinator import HEARTBEAT_S, Coordinator, Verdict, attempt_of
+from cloudtrain.jobs.attempts import HEARTBEAT_S, Verdict, attempt_of
+from cloudtrain.jobs.coordinator import Coordinator
 from cloudtrain.model import Event
 from cloudtrain.provision.provider import Provider
 from cloudtrain.spec import ClusterSpec
@@ -236,10 +238,9 @@ class Watcher:
                 coord.record(rec, verdict)
                 return
             if used >= policy.max_recoveries:
-                spent = f"{verdict.reason or verdict.cause}; its {policy.max_recoveries} recover"
-                coord.record(rec, Verdict(verdict.status, verdict.cause, verdict.node,
-                                           verdict.exit_code, f"{spent}ies are spent",
-                                           verdict.tail))  # fmt: skip
+                spent = f"its {policy.max_recoveries} recoveries are spent"
+                reason = f"{verdict.reason or verdict.cause}; {spent}"
+                coord.record(rec, dataclasses.replace(verdict, reason=reason))
                 return
             self._recover(coord, rec, verdict, used + 1, policy)
         finally:
@@ -324,7 +325,8 @@ class Watcher:
             self._say(rec, "recovery", f"job {rec.id}: replacing node(s) "
                       f"{', '.join(map(str, missing))} of {rec.cluster}")  # fmt: skip
             api.up(self.state, self.home, record.spec, self._on_event,
-                   bootstrap_timeout_s=self.bootstrap_timeout_s, prov=prov)  # fmt: skip
+                   bootstrap_timeout_s=self.bootstrap_timeout_s, prov=prov,
+                   complete_only=True)  # fmt: skip
         return missing
 
     def _teardown(self, rec: JobRecord) -> None:

@@ -36,8 +36,9 @@ from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call
 from cloudtrain.executors.local import LocalExecutor
 from cloudtrain.jobs import checkpoints
+from cloudtrain.jobs.attempts import JobSpec
 from cloudtrain.jobs.buckets import MARKER, Bucket, Pushed
-from cloudtrain.jobs.coordinator import Coordinator, JobSpec
+from cloudtrain.jobs.coordinator import Coordinator
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 from cloudtrain.provision.provider import ProviderContext
 from cloudtrain.spec import ClusterSpec, Resources

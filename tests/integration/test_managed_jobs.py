@@ -153,3 +153,42 @@ def test_an_elastic_job_goes_on_with_the_nodes_it_has_left(sh: Shell) -> None:
     assert "epoch 8/8" in rest
     assert "job e-1 succeeded" in rest
     assert sh("down", "e").returncode == 0
+
+
+def test_a_managed_job_on_ssh_hosts_survives_a_host_that_goes_away_and_comes_back(
+    sh: Shell, tmp_path: Path
+) -> None:
+    """A host whose sshd and processes die mid-job is lost once it has not answered for the
+    heartbeat timeout; the watcher tries to recover until the host answers again (a reboot),
+    then resumes the job there from the newest checkpoint."""
+    from tests.sshd import Lab
+
+    lab = Lab(tmp_path / "lab", addresses=(7, 8))
+    name = "ssh-managed"
+    sh.env.update({"CLOUDTRAIN_HEARTBEAT_TIMEOUT_S": "3", "CLOUDTRAIN_CHECKPOINT_PULL_S": "1"})
+    try:
+        assert sh(*lab.up_args(name)).returncode == 0
+        train = sh.popen("train", "-c", name, "--managed", "--max-recoveries", "8", str(EXAMPLE),
+                         "--", "--epochs", "8", "--pause", "1")  # fmt: skip
+        before = read_until(train, r"epoch 3/8")
+        lab.hosts[1].cut()  # the host goes away: its sshd, then what it ran
+        agent.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(Path.home() / ".cloudtrain" / name /
+                                                          "node-1")}, grace_s=0)  # fmt: skip
+        during = read_until(train, r"recovery 1/8: node 1 went away")
+        time.sleep(2)  # the host is down a little longer: the watcher's tries fail, and count
+        lab.hosts[1].start()
+        rest, _ = train.communicate(timeout=300)
+        out = before + during + rest
+        assert train.returncode == 0, out
+        resumed = re.search(r"resumed from epoch (\d+)", rest)
+        assert resumed, out
+        assert int(resumed.group(1)) >= 2, out
+        assert "epoch 8/8" in rest
+        assert "[node 1] rank 1/2 on node 1" in rest, "node 1 is back in the job"
+        job = sh.job(f"{name}-1")
+        assert job["status"] == "succeeded"
+        assert job["detail"]["recoveries"][0]["cause"] == "lost"
+        assert sh("down", name).returncode == 0
+    finally:
+        lab.stop()
+        agent.kill_matching({"CLOUDTRAIN_CLUSTER": name}, grace_s=2)

@@ -10,7 +10,8 @@ import pytest
 from cloudtrain.errors import ConfigError, JobError, NotFoundError
 from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call
-from cloudtrain.jobs.coordinator import Coordinator, JobSpec
+from cloudtrain.jobs.attempts import JobSpec
+from cloudtrain.jobs.coordinator import Coordinator
 from cloudtrain.jobs.torchrun import entrypoint_args
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 from cloudtrain.provision.provider import ProviderContext

@@ -4,6 +4,7 @@ attempt ends, what it starts again, and what it records (exactly once)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from cloudtrain.errors import ConfigError
 from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call
 from cloudtrain.jobs import managed
-from cloudtrain.jobs.coordinator import Coordinator, JobSpec, Verdict
+from cloudtrain.jobs.attempts import JobSpec, Verdict
+from cloudtrain.jobs.coordinator import Coordinator
 from cloudtrain.jobs.torchrun import Launch, read_failure, rendezvous_first
 from cloudtrain.model import NodeInfo
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
@@ -206,3 +208,42 @@ def test_a_failure_the_machine_caused_is_told_from_the_scripts_own(
     log: str, hardware: bool
 ) -> None:
     assert read_failure(f"Traceback (most recent call last):\n{log}\n").hardware is hardware
+
+
+def test_a_recovery_never_makes_anew_a_cluster_torn_down_meanwhile(tmp_path: Path) -> None:
+    """The watcher's `up` waits for the cluster's lock; a `down` that held it went first."""
+    from cloudtrain import api
+    from cloudtrain.errors import NotFoundError
+
+    cloud = FakeCloud()
+    provider = FakeProvider(ProviderContext(home=tmp_path, options={"cloud": cloud}))
+    spec = ClusterSpec("gone", "fake", 2, Resources(accelerator="A100", count=8))
+    with State.open(tmp_path) as state, pytest.raises(NotFoundError, match="is gone"):
+        api.up(state, tmp_path, spec, bootstrap_timeout_s=None, prov=provider,
+               complete_only=True)  # fmt: skip
+    assert not cloud.live()
+
+
+def test_one_watcher_per_job(tmp_path: Path) -> None:
+    assert managed.watcher_pid(tmp_path, "c1-1") is None
+    with managed.watching(tmp_path, "c1-1") as first:
+        assert first
+        with managed.watching(tmp_path, "c1-1") as second:
+            assert not second, "a second watcher of the same job leaves it to the first"
+        assert managed.watcher_pid(tmp_path, "c1-1") == os.getpid()
+        with managed.watching(tmp_path, "c1-2") as other:
+            assert other, "another job has its own"
+    assert managed.watcher_pid(tmp_path, "c1-1") is None
+
+
+def test_a_watcher_started_mid_recovery_finishes_the_recovery(setup: Setup) -> None:
+    """The watcher before it died had marked the job recovering; the next one goes on."""
+    watcher, provider, _, state = setup
+    job_id = submit(setup, managed.Policy())
+    state.update_job(job_id, status="recovering", detail={"recovering_cause": "preempted"})
+    rec = watcher.run(job_id)
+    assert rec.status == "succeeded"
+    assert rendezvous_ids(provider) == [job_id, f"{job_id}.1"]
+    assert [r["cause"] for r in rec.detail["recoveries"]] == ["preempted"]
+    messages = [e.message for e in state.events(job_id=job_id)]
+    assert f"job {job_id}: recovery 1/3: again after preempted" in messages
