@@ -593,17 +593,19 @@ class Coordinator:
                 on_line(index, line)
         return rec
 
-    def pull_checkpoints(self, job_id: str) -> Path | None:
-        """Copy the head node's checkpoint folder of `job_id` to the user's machine
-        (`cloudtrain.jobs.checkpoints`), then a new snapshot to the job's bucket if it has one;
-        the newest snapshot kept, or None. A node or a bucket that does not answer is logged,
-        not raised: the snapshot before it stands (an unpushed one is pushed next time)."""
+    def pull_checkpoints(self, job_id: str, *, lost: int | None = None) -> Path | None:
+        """Copy the checkpoint folder of `job_id` on its first node (or, when node `lost` is
+        the first, on the next one: every node's local rank 0 writes its own copy) to the
+        user's machine (`cloudtrain.jobs.checkpoints`), then a new snapshot to the job's bucket
+        if it has one; the newest snapshot kept, or None. A node or a bucket that does not
+        answer is logged, not raised: the snapshot before it stands (an unpushed one is pushed
+        next time)."""
         from cloudtrain.errors import CloudtrainError
 
         rec = self._job(job_id)
         keep = rec.detail.get("checkpoint_keep") or checkpoints.KEEP
         kept = checkpoints.Kept(self.home, job_id, keep=keep)
-        nodes = self.state.nodes(rec.cluster)
+        nodes = [n for n in self.state.nodes(rec.cluster) if n.index != lost]
         newest = kept.newest()
         if nodes:
             head = nodes[0]
@@ -611,7 +613,8 @@ class Coordinator:
             try:
                 newest = kept.pull(self._executor(head), remote)
             except (CommandError, ProviderError, OSError) as exc:
-                log.warning("could not copy the checkpoints of %s from node 0: %s", job_id, exc)
+                log.warning("could not copy the checkpoints of %s from node %d: %s", job_id,
+                            head.index, exc)  # fmt: skip
         url = rec.detail.get("checkpoint_url")
         if url and newest is not None:
             try:

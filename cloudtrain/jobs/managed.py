@@ -263,7 +263,7 @@ class Watcher:
             with contextlib.suppress(CloudtrainError):  # what still answers stops
                 coord.stop(rec.id, [n for n in self.state.nodes(rec.cluster)
                                     if n.index != verdict.node])  # fmt: skip
-            snapshot = coord.pull_checkpoints(rec.id)
+            snapshot = coord.pull_checkpoints(rec.id, lost=verdict.node)
             replaced = self.complete_cluster(rec)
             if self._job(rec.id).detail.get("cancel_requested"):
                 return
