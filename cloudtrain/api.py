@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,7 @@ def up(
     bootstrap_timeout_s: float | None = 1800,
     prov: Provider | None = None,
     complete_only: bool = False,
+    zones_last: Collection[str] = (),
 ) -> list[NodeInfo]:
     """Create the cluster, or complete it if it exists with the same spec, and wait for every
     node's bootstrap (unless `bootstrap_timeout_s` is None: stop after provisioning). Blocks.
@@ -128,14 +129,15 @@ def up(
     when a node's bootstrap fails (the cluster is kept for inspection). `prov`: the provider
     to use (default: the spec's, built for this call). With `complete_only`, a cluster that is
     no longer recorded once the lock is held (a `down` went first) is `NotFoundError`, never
-    made anew: a recovery must not bring back a cluster its owner just removed."""
+    made anew: a recovery must not bring back a cluster its owner just removed. `zones_last`:
+    zones tried only after every other zone of an offer (one that just preempted a node)."""
     from cloudtrain import locks
 
     wait = _waiting(on_event)
     with locks.cluster_lock(home, spec.name, "up", on_wait=wait):
         if complete_only and state.cluster(spec.name) is None:
             raise NotFoundError(f"cluster {spec.name!r} is gone (torn down); nothing to complete")
-        return _up(state, home, spec, on_event, bootstrap_timeout_s, prov)
+        return _up(state, home, spec, on_event, bootstrap_timeout_s, prov, zones_last)
 
 
 def _waiting(on_event: OnEvent) -> Callable[[str], None]:
@@ -149,6 +151,7 @@ def _up(
     on_event: OnEvent,
     bootstrap_timeout_s: float | None,
     prov: Provider | None = None,
+    zones_last: Collection[str] = (),
 ) -> list[NodeInfo]:
     check_existing(state, spec)
     current = state.cluster(spec.name)
@@ -158,6 +161,11 @@ def _up(
     )
     prov = prov or provider_for(spec, home)  # built once for the command
     the_plan = plan(spec, home, prov=prov)  # validates against the catalog first
+    if zones_last:
+        the_plan = dataclasses.replace(the_plan, offers=tuple(
+            dataclasses.replace(o, zones=tuple(sorted(o.zones, key=lambda z: z in zones_last)))
+            for o in the_plan.offers
+        ))  # fmt: skip
     state.put_cluster(
         the_plan.spec,  # as resolved: where SSH is open from is recorded, not "the default"
         status="provisioning",

@@ -44,7 +44,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -264,7 +264,12 @@ class Watcher:
                 coord.stop(rec.id, [n for n in self.state.nodes(rec.cluster)
                                     if n.index != verdict.node])  # fmt: skip
             snapshot = coord.pull_checkpoints(rec.id, lost=verdict.node)
-            replaced = self.complete_cluster(rec)
+            preempted = {
+                n.zone
+                for n in self.state.nodes(rec.cluster)
+                if n.index == verdict.node and n.zone and verdict.cause == "preempted"
+            }
+            replaced = self.complete_cluster(rec, zones_last=preempted)  # fmt: skip
             if self._job(rec.id).detail.get("cancel_requested"):
                 return
             rec = coord.relaunch(rec.id, snapshot)
@@ -308,10 +313,11 @@ class Watcher:
         recoveries.append(entry)
         self.state.update_job(rec.id, detail={"recoveries": recoveries})
 
-    def complete_cluster(self, rec: JobRecord) -> list[int]:
+    def complete_cluster(self, rec: JobRecord, zones_last: Collection[str] = ()) -> list[int]:
         """Make again the nodes of `rec`'s cluster that the cloud no longer runs (``up`` of the
         recorded spec, through the engine: in the zone of the others, failing over as any
-        ``up`` does; it waits for their bootstrap); the indices replaced."""
+        ``up`` does, a zone in `zones_last` (one that just preempted a node) tried last when no
+        node is left to pin the zone; it waits for their bootstrap); the indices replaced."""
         from cloudtrain import api
 
         record = self.state.cluster(rec.cluster)
@@ -326,7 +332,7 @@ class Watcher:
                       f"{', '.join(map(str, missing))} of {rec.cluster}")  # fmt: skip
             api.up(self.state, self.home, record.spec, self._on_event,
                    bootstrap_timeout_s=self.bootstrap_timeout_s, prov=prov,
-                   complete_only=True)  # fmt: skip
+                   complete_only=True, zones_last=zones_last)  # fmt: skip
         return missing
 
     def _teardown(self, rec: JobRecord) -> None:

@@ -247,3 +247,26 @@ def test_a_watcher_started_mid_recovery_finishes_the_recovery(setup: Setup) -> N
     assert [r["cause"] for r in rec.detail["recoveries"]] == ["preempted"]
     messages = [e.message for e in state.events(job_id=job_id)]
     assert f"job {job_id}: recovery 1/3: again after preempted" in messages
+
+
+def test_a_node_preempted_in_a_zone_comes_back_in_another_first(tmp_path: Path) -> None:
+    """With no node left to pin the cluster's zone, the zone that just preempted it is tried
+    last; with nodes left, the replacement joins their zone (the engine's rule)."""
+    from cloudtrain import api
+
+    cloud = FakeCloud()
+    provider = FakeProvider(ProviderContext(home=tmp_path, options={"cloud": cloud}))
+    with State.open(tmp_path) as state:
+        spec = ClusterSpec("solo", "fake", 1, Resources(accelerator="A100", count=8))
+        (first,) = api.up(state, tmp_path, spec, bootstrap_timeout_s=None, prov=provider)
+        assert first.zone == "fake-1a"
+        job = state.new_job("solo", "t", num_nodes=1, nproc_per_node=1, command=["t.py"])
+        for inst in cloud.live("solo"):
+            inst.state = "terminated"  # preempted
+        watcher = managed.Watcher(
+            state, tmp_path, lambda c: Coordinator(state, provider, home=tmp_path),
+            provider=lambda s: provider, bootstrap_timeout_s=None,
+        )  # fmt: skip
+        assert watcher.complete_cluster(job, zones_last={"fake-1a"}) == [0]
+        (again,) = provider.describe("solo")
+        assert again.zone == "fake-1b"
