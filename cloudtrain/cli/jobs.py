@@ -153,8 +153,9 @@ def run_job(
         else:
             rec = coord.follow(rec.id, app.node_line)
     except KeyboardInterrupt:
+        watched = ", and its watcher keeps recovering it" if policy is not None else ""
         app.note(
-            f"\nstopped following; job {rec.id} keeps running on its nodes.\n"
+            f"\nstopped following; job {rec.id} keeps running on its nodes{watched}.\n"
             f"  cloudtrain logs {rec.id} -f    # follow it again\n"
             f"  cloudtrain cancel {rec.id}     # stop it"
         )
@@ -274,7 +275,8 @@ def _train_and_maybe_down(
     if detach and down:
         raise ConfigError(
             "--detach and --down together would tear the cluster down under the "
-            "running job; use one of them"
+            "running job; use one of them, or add --managed: its watcher tears the cluster "
+            "down when the job ends"
         )
     record = app.state.cluster(cluster)
     if record is None:

@@ -113,6 +113,26 @@ CASES = [
     (["train", "-c", "x", "no/such/script.py"], "script 'no/such/script.py' does not exist"),
     (["train", "examples/digits_ddp.py"], "which cluster? pass --cluster"),
     (["train", "-c", "x", "--env", "NOEQUALS", "examples/digits_ddp.py"], "--env 'NOEQUALS'"),
+    (
+        ["train", "-c", "x", "--max-recoveries", "2", "examples/digits_ddp.py"],
+        "--max-recoveries is for a managed job: add --managed",
+    ),
+    (
+        ["train", "-c", "x", "--retry-on-failure", "examples/digits_ddp.py"],
+        "--retry-on-failure is for a managed job: add --managed",
+    ),
+    (
+        ["train", "-c", "x", "--managed", "--max-recoveries", "-1", "examples/digits_ddp.py"],
+        "Invalid value for '--max-recoveries'",
+    ),
+    (["train", "-c", "x", "--nodes", "3:2", "examples/digits_ddp.py"], "--nodes '3:2': write"),
+    (["train", "-c", "x", "--nodes", "0", "examples/digits_ddp.py"], "--nodes '0': write"),
+    (
+        ["train", "-c", "x", "--detach", "--down", "examples/digits_ddp.py"],
+        "or add --managed: its watcher tears the cluster down when the job ends",
+    ),
+    (["jobs", "watch", "../x-1"], "job id '../x-1' is not a job id"),
+    (["jobs", "watch", "nosuch-3"], "no job 'nosuch-3'"),
     (["logs", "nope-1"], "no job 'nope-1'"),
     (["cancel", "nope-1"], "no job 'nope-1'"),
     (["gpus", "--accelerator", "Z100"], "unknown accelerator 'Z100'"),
