@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -331,11 +332,16 @@ def _down(
             for job in state.jobs(name):
                 if not job.finished:
                     on_event(Event("job", f"cancelling job {job.id}"))
+                    # a managed job's watcher, mid-recovery, starts nothing more
+                    state.update_job(job.id, detail={"cancel_requested": time.time()})
                     try:
                         coord.cancel(job.id)
                     except CloudtrainError as exc:  # a node that does not answer must not
                         on_event(Event("warning", f"could not stop job {job.id} on every "
                                        f"node ({exc}); terminating anyway"))  # fmt: skip
+                    if coord.finish(job.id, "cancelled"):  # its nodes could not say: gone now
+                        state.add_event(name, "job", f"job {job.id} cancelled: its cluster was "
+                                        "torn down", job_id=job.id)  # fmt: skip
             coord.archive_logs(name)
         finally:
             coord.close()

@@ -270,3 +270,38 @@ def test_a_node_preempted_in_a_zone_comes_back_in_another_first(tmp_path: Path) 
         assert watcher.complete_cluster(job, zones_last={"fake-1a"}) == [0]
         (again,) = provider.describe("solo")
         assert again.zone == "fake-1b"
+
+
+def test_down_records_a_job_its_nodes_could_not_account_for_as_cancelled(
+    tmp_path: Path,
+) -> None:
+    """A node that no longer answers keeps a job open; tearing its cluster down ends it, and a
+    managed job's watcher is told first (it starts nothing more)."""
+    from cloudtrain import api
+    from cloudtrain.providers.fake.provider import _CLOUDS, _HANDLERS
+
+    nodes = Nodes()
+    _CLOUDS[tmp_path], _HANDLERS[tmp_path] = FakeCloud(), nodes
+    try:
+        provider = api.provider("fake", tmp_path)
+        with State.open(tmp_path) as state:
+            spec = ClusterSpec("gone", "fake", 2, Resources(accelerator="A100", count=8))
+            api.up(state, tmp_path, spec, bootstrap_timeout_s=None, prov=provider)
+            coord = Coordinator(state, provider, home=tmp_path)
+            job = coord.submit("gone", JobSpec(entrypoint=("t.py",)),
+                               managed=managed.Policy().to_dict())  # fmt: skip
+
+            def deaf(call: Call) -> RunResult:  # its nodes stop answering
+                if call.argv[1:4] == ("-m", "cloudtrain.node", "status"):
+                    return RunResult(call.argv, 255, "", "ssh: connect: timed out")
+                return nodes(call)
+
+            _HANDLERS[tmp_path] = deaf
+            assert api.down(state, tmp_path, "gone")
+            rec = state.job(job.id)
+            assert rec is not None
+            assert (rec.status, bool(rec.detail.get("cancel_requested"))) == ("cancelled", True)
+            assert not _CLOUDS[tmp_path].live()
+    finally:
+        _CLOUDS.pop(tmp_path, None)
+        _HANDLERS.pop(tmp_path, None)
