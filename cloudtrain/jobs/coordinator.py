@@ -514,6 +514,9 @@ class Coordinator:
 
         def watch(node: NodeInfo) -> None:
             with open(copy_dir / f"node-{node.index}.log", "a" if append else "w") as copy:
+                if append:  # a managed job's copy holds every attempt: say where one starts
+                    copy.write(f"cloudtrain: attempt {attempt_of(rec) + 1} of {job_id}\n")
+                    copy.flush()
 
                 def emit(line: str) -> None:
                     copy.write(line + "\n")

@@ -269,7 +269,7 @@ class Watcher:
                 for n in self.state.nodes(rec.cluster)
                 if n.index == verdict.node and n.zone and verdict.cause == "preempted"
             }
-            replaced = self.complete_cluster(rec, zones_last=preempted)  # fmt: skip
+            replaced = self.complete_cluster(rec, zones_last=preempted)
             if self._job(rec.id).detail.get("cancel_requested"):
                 return
             rec = coord.relaunch(rec.id, snapshot)
