@@ -60,9 +60,7 @@ def cluster_lock(
     cluster name."""
     validate_name(cluster, "cluster")
     limit = timeout_s() if wait_s is None else wait_s
-    folder = home / "locks"
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(folder / f"{cluster}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(_path(home, cluster), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         _acquire(fd, cluster, limit, on_wait)
         os.ftruncate(fd, 0)
@@ -74,6 +72,43 @@ def cluster_lock(
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _path(home: Path, key: str) -> Path:
+    folder = home / "locks"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return folder / f"{key}.lock"
+
+
+@contextmanager
+def held_if_free(home: Path, key: str) -> Iterator[bool]:
+    """Hold the lock `key` (``<home>/locks/<key>.lock``, with this pid in it) for the block if
+    no other process holds it; never waits. Yields whether this process holds it (one
+    managed job's watcher: ``watch-<job>``). `key` must be checked by the caller."""
+    fd = os.open(_path(home, key), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def holder(home: Path, key: str) -> int | None:
+    """The pid holding the lock `key` (-1 when it wrote none yet), or None when it is free."""
+    with held_if_free(home, key) as mine:
+        if mine:
+            return None
+    text = _path(home, key).read_text().strip()
+    return int(text) if text.isdigit() else -1
 
 
 def _acquire(fd: int, cluster: str, limit: float, on_wait: Callable[[str], None] | None) -> None:

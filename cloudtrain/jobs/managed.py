@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import logging
 import os
 import subprocess
@@ -49,12 +48,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cloudtrain import locks
 from cloudtrain.errors import CloudtrainError, NotFoundError
 from cloudtrain.jobs.attempts import HEARTBEAT_S, Verdict, attempt_of
 from cloudtrain.jobs.coordinator import Coordinator
 from cloudtrain.model import Event
 from cloudtrain.provision.provider import Provider
-from cloudtrain.spec import ClusterSpec
+from cloudtrain.spec import ClusterSpec, validate_job_id
 from cloudtrain.state import JobRecord, State
 
 log = logging.getLogger(__name__)
@@ -98,40 +98,17 @@ class Policy:
 # -- one watcher per job ------------------------------------------------------------------
 
 
-def _lock_path(home: Path, job_id: str) -> Path:
-    folder = home / "locks"
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return folder / f"watch-{job_id}.lock"
-
-
 @contextlib.contextmanager
 def watching(home: Path, job_id: str) -> Iterator[bool]:
     """Hold the job's watcher lock for the block, if no other process holds it: yields whether
     this process is the job's watcher."""
-    fd = os.open(_lock_path(home, job_id), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        try:
-            yield True
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+    with locks.held_if_free(home, f"watch-{validate_job_id(job_id)}") as mine:
+        yield mine
 
 
 def watcher_pid(home: Path, job_id: str) -> int | None:
     """The pid of the job's live watcher, or None when none runs."""
-    with watching(home, job_id) as mine:
-        if mine:
-            return None
-    text = _lock_path(home, job_id).read_text().strip()
-    return int(text) if text.isdigit() else -1
+    return locks.holder(home, f"watch-{validate_job_id(job_id)}")
 
 
 def start_watcher(home: Path, job_id: str) -> int:

@@ -239,15 +239,19 @@ def _bucket_name(name: str) -> bool:
     )
 
 
+def _whole(value: object, field: str, minimum: int, meaning: str = "") -> int:
+    """`value` when it is a whole number of at least `minimum` (a bool is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SpecError(
+            field, f"{field} {value!r} is not allowed; use a whole number of {minimum} or more"
+            + (f" ({meaning})" if meaning else ""),
+        )  # fmt: skip
+    return value
+
+
 def validate_checkpoint_keep(value: object, field: str = "checkpoint_keep") -> int:
     """How many of a job's newest checkpoints are kept: a whole number, 1 or more."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError(
-            field,
-            f"{field} {value!r} is not allowed; use a whole number of 1 or more (how many of "
-            "the newest checkpoints are kept)",
-        )
-    return value
+    return _whole(value, field, 1, "how many of the newest checkpoints are kept")
 
 
 def parse_gpus(
@@ -289,15 +293,16 @@ def validate_env_name(name: object, field: str = "envs", label: str | None = Non
     )  # fmt: skip
 
 
+_NODES_RE = re.compile(r"(?:([0-9]{1,6}):)?([0-9]{1,6})")
+
+
 def parse_nodes(value: object, field: str = "--nodes") -> tuple[int | None, int]:
     """``N`` or ``MIN:MAX`` (an elastic job: it goes on while MIN of its MAX nodes are left)
     as (MIN or None, MAX); `SpecError` naming `field` for anything else."""
     text = str(value)
-    lo, sep, hi = text.partition(":")
-    try:
-        low, high = (int(lo), int(hi)) if sep else (None, int(text))
-    except ValueError:
-        low, high = 0, 0
+    found = _NODES_RE.fullmatch(text)  # digits only: int() would take " 2\n" or "+2"
+    low = int(found[1]) if found and found[1] else None
+    high = int(found[2]) if found else 0
     bad_low = low is not None and not 1 <= low <= high
     if isinstance(value, bool) or not 1 <= high <= MAX_NODES or bad_low:
         raise SpecError(
@@ -317,12 +322,7 @@ def _flag(data: Mapping[str, Any], field: str) -> bool:
 
 def _max_recoveries(data: Mapping[str, Any]) -> int | None:
     value = data.get("max_recoveries")
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise SpecError(
-            "max_recoveries",
-            f"max_recoveries {value!r} is not allowed; use a whole number of 0 or more",
-        )
-    return value
+    return None if value is None else _whole(value, "max_recoveries", 0)
 
 
 def validate_num_nodes(value: object, field: str = "num_nodes") -> int:

@@ -179,9 +179,11 @@ def test_nodes_parse_as_a_count_or_an_elastic_range(text: str, parsed: tuple[int
     assert parse_nodes(text) == parsed
 
 
-@pytest.mark.parametrize("text", ["0", "3:2", "0:2", "a", "1:", ":2", "-1", "1:2:3"])
+@pytest.mark.parametrize(
+    "text", ["0", "3:2", "0:2", "a", "1:", ":2", "-1", "1:2:3", "1:2\n", " 2", "+2", "1 :2"]
+)
 def test_bad_nodes_are_refused_naming_the_flag(text: str) -> None:
-    with pytest.raises(ConfigError, match=rf"--nodes '{re.escape(text)}': write a number"):
+    with pytest.raises(ConfigError, match=rf"--nodes {re.escape(repr(text))}: write a number"):
         parse_nodes(text)
 
 

@@ -16,6 +16,7 @@ from cloudtrain.executors.base import (
     sync_size,
 )
 from cloudtrain.executors.local import LocalExecutor
+from tests.conftest import unavailable
 
 TREE = {
     "train.py": "print('hi')\n",
@@ -71,7 +72,7 @@ def test_every_folders_gitignore_and_the_cloudtrainignore_keep_what_they_name_ho
 
 def test_the_local_walk_copies_what_rsync_copies(tree: Path, tmp_path: Path) -> None:
     if shutil.which("rsync") is None:
-        pytest.skip("rsync is not installed")
+        unavailable("rsync is not installed (.ci/run installs it)")
     by_rsync = tmp_path / "rsync"
     rules = [a for p in ignore_patterns(tree) for a in ("--exclude", p)]
     rules += ["--filter", GITIGNORE_FILTER]  # as the ssh executor tells it
