@@ -193,6 +193,10 @@ def bench_sync(
         for i in range(rounds):
             changed = paths[(i * 37) % len(paths)]
             changed.write_bytes(os.urandom(size))
+            # rsync's quick check compares size and mtime: a same-size rewrite within the second
+            # the first put copied looks unchanged (CI saw it). An edit seconds later is the case.
+            mtime = changed.stat().st_mtime + 2
+            os.utime(changed, (mtime, mtime))
             incremental.append(timed(lambda: ex.put(tree, str(remote))))
             if not filecmp.cmp(changed, remote / changed.relative_to(tree), shallow=False):
                 raise SystemExit(f"the incremental put did not copy {changed}")
