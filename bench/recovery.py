@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cloudtrain import node as agent  # noqa: E402
+from cloudtrain.node import procs  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "digits_ddp.py"
 MARK = "cloudtrain: first step"
@@ -63,7 +63,7 @@ class Home:
     def kill_node(self, cluster: str, index: int) -> float:
         root = self.home / "local" / cluster / f"node-{index}"
         killed = time.perf_counter()
-        agent.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(root)}, grace_s=0)
+        procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(root)}, grace_s=0)
         shutil.rmtree(root)
         return killed
 

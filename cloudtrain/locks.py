@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cloudtrain.errors import ClusterBusyError, ConfigError
+from cloudtrain.node import procs
 from cloudtrain.spec import validate_name
 
 TIMEOUT_ENV = "CLOUDTRAIN_LOCK_TIMEOUT_S"
@@ -85,21 +86,8 @@ def held_if_free(home: Path, key: str) -> Iterator[bool]:
     """Hold the lock `key` (``<home>/locks/<key>.lock``, with this pid in it) for the block if
     no other process holds it; never waits. Yields whether this process holds it (one
     managed job's watcher: ``watch-<job>``). `key` must be checked by the caller."""
-    fd = os.open(_path(home, key), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        try:
-            yield True
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+    with procs.held_if_free(_path(home, key)) as mine:
+        yield mine
 
 
 def holder(home: Path, key: str) -> int | None:

@@ -110,9 +110,12 @@ def config(
     root: str = NODE_ROOT,
     nccl_ifname: str | None = None,
     torch_index: str | None = None,
+    agent: str = "systemd",
 ) -> str:
     """The bootstrap's settings as ``KEY='value'`` lines (shell-quoted: safe to source).
-    `torch_index` replaces the wheel index the GPU stack table picks (a mirror)."""
+    `torch_index` replaces the wheel index the GPU stack table picks (a mirror). `agent` says
+    who runs the node's resident agent: ``systemd`` (a cloud node's unit, `agent_unit`) or
+    ``detached`` (stage 2 starts it, supervised: ssh and local nodes)."""
     from cloudtrain.boot.gpustack import stack_for
 
     stack = stack_for(shape.accelerator, shape.instance_type)
@@ -131,26 +134,29 @@ def config(
         "CT_NCCL_ENV": " ".join(f"{k}={v}" for k, v in stack.nccl.items()),
         "CT_CLOUDTRAIN_WHEEL": f"{root}/dist/cloudtrain-{__version__}-py3-none-any.whl",
         "CT_CLOUDTRAIN_VERSION": __version__,
+        "CT_AGENT": agent,
     }
     if phases is not None:
         values["CT_PHASES"] = phases
     return "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
 
 
-def agent_unit(notices: str) -> str:
-    """The systemd unit of a spot node's agent: it watches `notices` as the ``cloudtrain``
-    user (whose jobs it tells) and comes back whenever it dies, also while the bootstrap has
-    not installed cloudtrain yet; a watcher that saw the notice exits 0 and stays down."""
+def agent_unit(notices: str | None) -> str:
+    """The systemd unit of a node's resident agent (`cloudtrain.node.agent`): it runs as the
+    ``cloudtrain`` user (whose jobs it tells), watches `notices` on a spot node, and comes back
+    whenever it stops, also while the bootstrap has not installed cloudtrain yet."""
     python = f"{NODE_ROOT}/venv/bin/python"
+    watch = f" --source {notices}" if notices else ""
     return (
         "[Unit]\n"
-        f"Description=cloudtrain node agent: the cloud's preemption notice ({notices})\n"
-        "After=network-online.target\n"
+        "Description=cloudtrain node agent"
+        + (f": the cloud's preemption notice ({notices})\n" if notices else "\n")
+        + "After=network-online.target\n"
         "StartLimitIntervalSec=0\n\n"
         "[Service]\n"
         f"User={NODE_USER}\n"
-        f"ExecStart={python} -m cloudtrain.node watch --source {notices} --root {NODE_ROOT}\n"
-        "Restart=on-failure\n"
+        f"ExecStart={python} -m cloudtrain.node agent --root {NODE_ROOT}{watch}\n"
+        "Restart=always\n"
         "RestartSec=5\n\n"
         "[Install]\n"
         "WantedBy=multi-user.target\n"
@@ -171,7 +177,7 @@ def _values(shape: NodeShape, keys: NodeKeys) -> dict[str, object]:
         "host_public_key": keys.host_public,
         "config": config(shape).rstrip("\n"),
         "script_gz_b64": packed,
-        "agent_unit": agent_unit(shape.notices).rstrip("\n") if shape.notices else "",
+        "agent_unit": agent_unit(shape.notices).rstrip("\n"),
     }
 
 

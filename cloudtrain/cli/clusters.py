@@ -291,13 +291,23 @@ def _every_cluster(
     return [(n, p, acct) for n, (p, acct) in sorted(found.items()) if not provider or p == provider]
 
 
+#: The latest events `status` shows (of one cluster with --cluster, else of all).
+EVENTS_SHOWN = 20
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--cluster", "-c", callback=cluster_name, help="Only this cluster's jobs.")
+@click.option("--cluster", "-c", callback=cluster_name,
+              help="Only this cluster: its jobs and its latest events.")  # fmt: skip
 @click.option("--refresh", is_flag=True, help="Ask each provider which nodes really exist.")
+@click.argument("name", required=False, callback=cluster_name)
 @pass_app
-def status(app: App, as_json: bool, cluster: str | None, refresh: bool) -> None:
-    """Clusters, their nodes, and jobs (running jobs are read from their nodes)."""
+def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: str | None) -> None:
+    """Clusters, their nodes, and jobs (running jobs are read from their nodes). With a NAME
+    (or --cluster), that cluster only, and what happened to it lately."""
+    if name is not None and cluster is not None and name != cluster:
+        raise click.UsageError(f"NAME {name!r} and --cluster {cluster!r} differ; give one")
+    cluster = cluster or name
     from cloudtrain import api
     from cloudtrain.cli import render
     from cloudtrain.errors import CloudtrainError
@@ -335,6 +345,7 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool) -> None:
                 coord.close()
     jobs = [refreshed.get(j.id, j) for j in state.jobs(cluster)]
     nodes = {c.name: state.nodes(c.name) for c in clusters}
+    events = state.events(cluster, limit=EVENTS_SHOWN)
     if as_json:
         data = {
             "clusters": [
@@ -350,6 +361,7 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool) -> None:
                 for c in clusters
             ],
             "jobs": [render.job_json(j) for j in jobs],
+            "events": [render.event_json(e) for e in events],
         }
         click.echo(json.dumps(data, indent=2))
         return
@@ -359,6 +371,8 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool) -> None:
     app.out.print(render.clusters_table(clusters, {k: len(v) for k, v in nodes.items()}))
     if jobs:
         app.out.print(render.jobs_table(jobs[:20]))
+    if cluster is not None and events:  # one cluster's story: what happened to it lately
+        app.out.print(render.events_table(events))
 
 
 def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:

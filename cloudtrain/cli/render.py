@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     from cloudtrain.model import NodeInfo, Plan
     from cloudtrain.plan.catalog import InstanceType
-    from cloudtrain.state import ClusterRecord, JobRecord
+    from cloudtrain.state import ClusterRecord, EventRecord, JobRecord
 
 JOB_STYLES = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
               "recovering": "magenta"}  # fmt: skip
@@ -125,6 +126,22 @@ def jobs_table(jobs: Sequence[JobRecord]) -> Table:
             recoveries(j),
         )
     return table
+
+
+def events_table(events: Sequence[EventRecord]) -> Table:
+    """The event log, oldest first; a message is text, never markup (it may quote a cloud's
+    or a node's words)."""
+    table = Table(title="events", title_justify="left")
+    for col in ("when", "kind", "job", "what happened"):
+        table.add_column(col)
+    for e in events:
+        table.add_row(ago(e.ts), e.kind, e.job_id or "-", Text(e.message))
+    return table
+
+
+def event_json(e: EventRecord) -> dict[str, Any]:
+    return {"ts": e.ts, "cluster": e.cluster, "job": e.job_id, "kind": e.kind,
+            "message": e.message}  # fmt: skip
 
 
 def recoveries(job: JobRecord) -> str:

@@ -421,6 +421,18 @@ class Coordinator:
             )  # fmt: skip
             self.state.update_job(rec.id, detail={"preemptions": known})
 
+    def _note_agents(
+        self, rec: JobRecord, nodes: Sequence[NodeInfo], statuses: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """A node whose resident agent had stopped, and that the heartbeat started again, is
+        an event of the cluster."""
+        for node, status in zip(nodes, statuses, strict=True):
+            why = (status.get("agent") or {}).get("restarted")
+            if why:
+                self.state.add_event(rec.cluster, "agent",
+                                     f"node {node.index}'s agent was not running ({why}); "
+                                     "started again", job_id=rec.id)  # fmt: skip
+
     def _read_log(self, node: NodeInfo, rec: JobRecord, tail: int | None = None) -> str:
         args = ["follow", "--once", run_dir(node, rec)]
         if tail is not None:
@@ -455,6 +467,7 @@ class Coordinator:
         states = [node_state(s) for s in statuses]
         self.state.update_job(rec.id, detail={"nodes": states})
         self._note_preemptions(rec, nodes, statuses)
+        self._note_agents(rec, nodes, statuses)
         return judge(rec, nodes, statuses, lost or {},
                      lambda node: read_failure(self._read_log(node, rec, tail=80)))  # fmt: skip
 
@@ -493,18 +506,35 @@ class Coordinator:
         return self.record(rec, verdict)
 
     def watch_attempt(
-        self, job_id: str, on_line: OnLine, *, append: bool = False
+        self,
+        job_id: str,
+        on_line: OnLine,
+        *,
+        append: bool = False,
+        regrow: Callable[[NodeInfo], bool] | None = None,
     ) -> Verdict | None:
         """Follow the job's current attempt to its end (see `follow`) and say how it ended,
         recording nothing but the nodes' states. Every `HEARTBEAT_S` each node is asked for
         its part: one that has not answered for `heartbeat_timeout_s()` is lost, and the
-        others are stopped. With `append`, the log copies grow (a managed job's attempts)."""
+        others are stopped. With `append`, the log copies grow (a managed job's attempts).
+
+        An elastic job's survivors go on without a lost node; with `regrow` (a managed elastic
+        job's watcher), `regrow(node)` runs in a thread of its own for each one, making it
+        again while they train. Once it says the node is back, the attempt is stopped and its
+        verdict is ``regrow``: the watcher starts the next one on every node. (A replacement
+        that joins the running attempt instead, at torchrun's next round, deadlocked in
+        torch 2.13's rank assignment when it came while the survivors re-formed; a restart
+        from the newest checkpoint costs what a membership change costs: every worker
+        restarts and resumes.)"""
         rec = self._job(job_id)
         nodes = self._job_nodes(rec)
         stop_once = threading.Lock()
         lost: dict[int, str] = {}
         copy_dir = self.home / "logs" / job_id
         copy_dir.mkdir(parents=True, exist_ok=True)
+        back: list[int] = []  # the nodes made again (filled by the regrow threads)
+        restart: int | None = None  # the node whose return stopped the attempt
+        regrowing: dict[int, threading.Thread] = {}
 
         def stop_others(node: NodeInfo, why: str) -> None:
             if stop_once.acquire(blocking=False):
@@ -535,6 +565,12 @@ class Coordinator:
             if code is not None or not elastic(rec):  # an elastic job's survivors go on
                 stop_others(node, node_state(status)["state"])
 
+        def make_again(node: NodeInfo) -> None:
+            assert regrow is not None
+            with contextlib.suppress(Exception):  # `regrow` says why; the survivors go on
+                if regrow(node):
+                    back.append(node.index)
+
         threads = {n.index: threading.Thread(target=watch, args=(n,), daemon=True) for n in nodes}
         for t in threads.values():
             t.start()
@@ -549,9 +585,14 @@ class Coordinator:
         while any(t.is_alive() for i, t in threads.items() if followed(i)):
             for t in threads.values():
                 t.join(timeout=0.2 / len(threads))
+            if back and stop_once.acquire(blocking=False):  # the cluster is whole again
+                restart = back[0]
+                log.info("job %s: node %d is back; stopping the attempt", job_id, restart)
+                self._stop(rec, [n for n in nodes if n.index not in lost], mark=False)
             now = time.monotonic()
             if now > next_beat:
                 beats = fan_out(lambda n: self._status(n, rec), nodes)
+                self._note_agents(rec, nodes, beats)
                 for node, status in zip(nodes, beats, strict=True):
                     state = node_state(status)["state"]
                     if state != "unreachable":
@@ -565,13 +606,26 @@ class Coordinator:
                         vanished[node.index] = vanished.get(node.index, 0) + 1
                         if not elastic(rec):
                             stop_others(node, state)
+                if regrow is not None and elastic(rec):
+                    for node, status in zip(nodes, beats, strict=True):
+                        gone = not followed(node.index) or not threads[node.index].is_alive()
+                        ended = node_state(status)["state"] in ("vanished", "unreachable")
+                        if gone and ended and node.index not in regrowing:
+                            regrowing[node.index] = threading.Thread(
+                                target=make_again, args=(node,), daemon=True
+                            )
+                            regrowing[node.index].start()
                 next_beat = time.monotonic() + HEARTBEAT_S
             if now > next_pull:  # brought up to date while the job runs
                 self.pull_checkpoints(job_id)
                 next_pull = time.monotonic() + checkpoint_pull_s()
+        for thread in regrowing.values():  # a node made again is the next attempt's
+            thread.join()
         self.pull_checkpoints(job_id)
         if self._job(job_id).finished:
             return None
+        if restart is not None:
+            return Verdict("failed", "regrow", node=restart, reason="is back")
         statuses = fan_out(lambda n: self._status(n, rec), nodes)
         return self._verdict(rec, nodes, statuses, lost=lost)
 

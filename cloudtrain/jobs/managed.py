@@ -50,9 +50,9 @@ from typing import Any
 
 from cloudtrain import locks
 from cloudtrain.errors import CloudtrainError, NotFoundError
-from cloudtrain.jobs.attempts import HEARTBEAT_S, Verdict, attempt_of
+from cloudtrain.jobs.attempts import HEARTBEAT_S, Verdict, attempt_of, elastic
 from cloudtrain.jobs.coordinator import Coordinator
-from cloudtrain.model import Event
+from cloudtrain.model import Event, NodeInfo
 from cloudtrain.provision.provider import Provider
 from cloudtrain.spec import ClusterSpec, validate_job_id
 from cloudtrain.state import JobRecord, State
@@ -198,12 +198,18 @@ class Watcher:
             if rec.status == "recovering":  # an earlier watcher died mid-recovery, or it failed
                 verdict = Verdict("failed", str(rec.detail.get("recovering_cause") or "lost"))
             else:
-                verdict = coord.watch_attempt(rec.id, lambda i, line: None, append=True)
+                regrow = (lambda node: self._regrow(rec, node, policy)) if elastic(
+                    rec) else None  # fmt: skip
+                verdict = coord.watch_attempt(rec.id, lambda i, line: None, append=True,
+                                              regrow=regrow)  # fmt: skip
             rec = self._job(rec.id)
             if rec.finished:
                 return
             if verdict is None:  # a node does not answer yet: ask again
                 time.sleep(HEARTBEAT_S)
+                return
+            if verdict.cause == "regrow" and not rec.detail.get("cancel_requested"):
+                self._grow(coord, rec)
                 return
             if rec.detail.get("cancel_requested") or verdict.status != "failed":
                 if verdict.status == "failed":
@@ -263,6 +269,47 @@ class Watcher:
         restored = f"the checkpoint kept {age:.0f} s before" if age is not None else "no checkpoint"
         self._say(rec, "recovery", f"job {rec.id} recovered in {time.time() - began:.1f} s "
                   f"(attempt {attempt_of(rec) + 1}), from {restored}")  # fmt: skip
+
+    def _regrow(self, rec: JobRecord, node: NodeInfo, policy: Policy) -> bool:
+        """An elastic job goes on without `node`: make it again meanwhile (a recovery, counted;
+        the cluster back to its size). Whether it is back (not: budget spent, cancelled, or an
+        error, which an event names)."""
+        used = len(self._job(rec.id).detail.get("recoveries") or [])
+        if used >= policy.max_recoveries or self._job(rec.id).detail.get("cancel_requested"):
+            return False
+        began = time.time()
+        verdict = Verdict("failed", "lost", node=node.index, reason="was lost")
+        self._say(rec, "recovery", f"job {rec.id}: recovery {used + 1}/{policy.max_recoveries}: "
+                  f"node {node.index} was lost; the others go on (elastic) while it is "
+                  "made again")  # fmt: skip
+        try:
+            replaced = self.complete_cluster(rec)
+        except CloudtrainError as exc:
+            self._count(rec, verdict, began, None, error=str(exc))
+            self._say(rec, "recovery", f"job {rec.id}: node {node.index} not made again: {exc}")
+            return False
+        self._count(rec, verdict, began, None, replaced=replaced)
+        took = time.time() - began
+        self._say(rec, "recovery", f"job {rec.id}: node {node.index} is back after {took:.1f} s; "
+                  "the job starts again on all its nodes")  # fmt: skip
+        return True
+
+    def _grow(self, coord: Coordinator, rec: JobRecord) -> None:
+        """Start the next attempt on every node, from the newest checkpoint (the nodes made
+        again by `_regrow` are in the cluster now)."""
+        began = time.time()
+        try:
+            snapshot = coord.pull_checkpoints(rec.id)
+            if self._job(rec.id).detail.get("cancel_requested"):
+                return
+            rec = coord.relaunch(rec.id, snapshot)
+        except CloudtrainError as exc:  # the next step recovers it as any lost attempt
+            self.state.update_job(rec.id, status="recovering",
+                                  detail={"recovering_cause": "lost"})  # fmt: skip
+            self._say(rec, "recovery", f"job {rec.id}: could not start again: {exc}")
+            return
+        self._say(rec, "recovery", f"job {rec.id} runs on {rec.num_nodes} node(s) again in "
+                  f"{time.time() - began:.1f} s (attempt {attempt_of(rec) + 1})")  # fmt: skip
 
     def _count(
         self,

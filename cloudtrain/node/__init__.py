@@ -8,31 +8,31 @@ Stdlib only and quick to start, because it runs on every node for every job::
     python -m cloudtrain.node status JOB_DIR          one JSON line: exit code, alive, pid
     python -m cloudtrain.node kill --match K=V ...    stop every process whose environment has
                      [--grace S] [--mark JOB_DIR]     all K=V (TERM, then KILL after S seconds)
-    python -m cloudtrain.node watch --source S        wait for the cloud's preemption notice
-                     --root ROOT [--endpoint URL]     (`cloudtrain.node.notices`); on one,
-                                                      record it in ROOT and tell the job
+    python -m cloudtrain.node agent --root ROOT       the resident agent (`cloudtrain.node.agent`):
+        [--source S] [--endpoint URL]                 beats, and watches the notice if a source
+        [--ensure | --supervise]                      is given; --ensure starts it detached
 
-Processes are found by environment variables the coordinator sets on every job
-(``CLOUDTRAIN_JOB_ID``, ``CLOUDTRAIN_NODE_ROOT``), which torchrun passes on to its workers —
-workers run in sessions of their own, so a process-group kill would miss them.
+`status` answers the coordinator's heartbeat for the job and for the node's agent (a detached
+agent that is not there is started again).
+Processes are found by their environment (`cloudtrain.node.procs`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from cloudtrain.node import notices
+from cloudtrain.node import agent, notices
+from cloudtrain.node.procs import POLL_S, alive, find_processes, kill_matching, tell_job
 
-POLL_S = 0.05
+__all__ = ["find_processes", "kill_matching", "main", "tell_job"]
+
 MAX_POLL_S = 0.1
 
 
@@ -40,75 +40,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return int(sock.getsockname()[1])
-
-
-def _alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    except PermissionError:
-        return True
-    return state not in (b"Z", b"X")
-
-
-def _ancestors() -> set[int]:
-    pids, pid = {os.getpid()}, os.getpid()
-    while pid > 1:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            break
-        pids.add(pid)
-    return pids
-
-
-def find_processes(match: Mapping[str, str]) -> list[int]:
-    """Pids whose environment holds every KEY=VALUE of `match` (never this process's own line)."""
-    wanted = {f"{k}={v}".encode() for k, v in match.items()}
-    skip = _ancestors()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) in skip:
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                env = set(f.read().split(b"\0"))
-        except OSError:
-            continue
-        if wanted <= env and _alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
-
-
-def kill_matching(
-    match: Mapping[str, str], grace_s: float = 10.0, spare: int | None = None
-) -> dict[str, int]:
-    """TERM every matching process but `spare`, wait up to `grace_s` for all of them (`spare`
-    too: a job's wrapper, which then writes the exit code), then KILL the rest. Blocks until
-    they are gone (or 5 s after KILL). Returns counts; idempotent."""
-    pids = find_processes(match)
-    for pid in pids:
-        if pid != spare:
-            _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(POLL_S)
-    stubborn = [p for p in pids if _alive(p)] + [p for p in find_processes(match) if p not in pids]
-    for pid in stubborn:
-        _signal(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_alive(p) for p in stubborn):
-        time.sleep(POLL_S)
-    return {"terminated": len(pids), "killed": len(stubborn)}
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
 
 
 def job_status(job_dir: Path) -> dict[str, object]:
@@ -121,40 +52,12 @@ def job_status(job_dir: Path) -> dict[str, object]:
         "exit_code": int(code_text) if code_text and code_text.lstrip("-").isdigit() else None,
         "ended": exit_file.stat().st_mtime if code_text is not None else None,
         "cancelled": (job_dir / "cancelled").exists(),
-        "alive": pid is not None and _alive(pid),
+        "alive": pid is not None and alive(pid),
         "pid": pid,
         "log_bytes": log.stat().st_size if log.exists() else 0,
         # the node's preemption notice, if its cloud gave one (<root>/jobs/<id> is the job's)
         "preemption": notices.read(job_dir.parent.parent),
     }
-
-
-def tell_job(root: Path, notice: notices.Notice) -> list[int]:
-    """Record `notice` in `root` and send the notice signal to every process of the node's
-    jobs (found by ``CLOUDTRAIN_NODE_ROOT``) that catches it; the pids signalled."""
-    notices.record(root, notice)
-    signum = signal.Signals[notices.NOTICE_SIGNAL_NAME]
-    told = []
-    for pid in find_processes({"CLOUDTRAIN_NODE_ROOT": str(root)}):
-        if notices.catches(pid, signum):
-            _signal(pid, signum)
-            told.append(pid)
-    return told
-
-
-def watch(source: str, root: Path, endpoint: str | None, interval_s: float) -> int:
-    """The resident watcher: block until the notice, tell the job, print what was done."""
-
-    def report(exc: Exception) -> None:
-        print(f"cloudtrain-agent: {source}: {exc}", file=sys.stderr, flush=True)
-
-    notice = notices.watch(notices.source(source, endpoint), interval_s=interval_s,
-                           on_error=report)  # fmt: skip
-    if notice is None:
-        return 1
-    told = tell_job(root, notice)
-    print(json.dumps({**notice.to_dict(), "signalled": told}), flush=True)
-    return 0
 
 
 def _read(path: Path) -> str | None:
@@ -221,6 +124,16 @@ def _tail_offset(log: Path, lines: int) -> int:
     return start + cut + 1
 
 
+def _agent(args: argparse.Namespace) -> int:
+    root = args.root.absolute()
+    if args.ensure:
+        print(json.dumps(agent.ensure(root, args.source, args.endpoint)))
+        return 0
+    if args.supervise:
+        return agent.supervise(agent.argv(root, args.source, args.endpoint))
+    return agent.resident(root, args.source, args.endpoint)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m cloudtrain.node",
@@ -242,11 +155,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--job-dir", type=Path, help="spare the job's wrapper (it records the exit)"
     )
     p_kill.add_argument("--mark", action="store_true", help="write JOB_DIR/cancelled first")
-    p_watch = sub.add_parser("watch")
-    p_watch.add_argument("--source", required=True, choices=sorted(notices.ENDPOINTS))
-    p_watch.add_argument("--root", type=Path, required=True)
-    p_watch.add_argument("--endpoint", help="the metadata server (default: the cloud's own)")
-    p_watch.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
+    p_agent = sub.add_parser("agent")
+    p_agent.add_argument("--root", type=Path, required=True)
+    p_agent.add_argument("--source", choices=sorted(notices.ENDPOINTS))
+    p_agent.add_argument("--endpoint", help="the metadata server (default: the cloud's own)")
+    mode = p_agent.add_mutually_exclusive_group()
+    mode.add_argument("--ensure", action="store_true", help="start it detached, supervised")
+    mode.add_argument("--supervise", action="store_true", help="run it, again when it dies")
     args = parser.parse_args(argv)
 
     if args.command == "port":
@@ -254,9 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "follow":
         return follow(args.job_dir, once=args.once, tail=args.tail)
     elif args.command == "status":
-        print(json.dumps(job_status(args.job_dir)))
-    elif args.command == "watch":
-        return watch(args.source, args.root, args.endpoint, args.interval)
+        root = args.job_dir.absolute().parent.parent  # <root>/jobs/<id>
+        print(json.dumps({**job_status(args.job_dir), "agent": agent.heal(root)}))
+    elif args.command == "agent":
+        return _agent(args)
     else:
         match = dict(item.split("=", 1) for item in args.match)
         spare = None

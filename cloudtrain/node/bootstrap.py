@@ -44,6 +44,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from cloudtrain.node import agent
+
 ALL_PHASES = ("base", "nvidia-driver", "python", "cloudtrain", "torch", "nccl", "verify")
 PHASES = ("torch", "nccl", "verify")
 MODULE = "cloudtrain.node.bootstrap"
@@ -416,6 +418,19 @@ class Stage2:
             say(f"{name}: done ({took})")
         return code
 
+    def start_agent(self) -> None:
+        """Where the node's agent runs detached (``CT_AGENT=detached``: ssh and local nodes;
+        systemd runs it on clouds), start it unless it is resident: before the node says
+        ready, so a node that is ready has its agent."""
+        if self.config["CT_AGENT"] != "detached":
+            return
+        try:
+            beat = agent.ensure(self.config.root, wait_s=10)
+        except OSError as exc:  # the heartbeat starts it later
+            say(f"agent: did not start ({exc})", sys.stderr)
+            return
+        say(f"agent: {'started' if beat['launched'] else 'resident already'}")
+
     def main(self) -> int:
         """Run the stage-2 phases from the first one not done; 0 when the node is ready. A
         signal records the running phase as failed (the command it ran is killed)."""
@@ -439,6 +454,7 @@ class Stage2:
                 return EXIT_CONFIG
         todo = [p for p in mine if not self.records.read(p).finished_for(c.inputs(p))]
         if not todo:
+            self.start_agent()
             self.records.status("ready", phases[-1])
             say(f"ready: every phase already done ({c['CT_PHASES']})")
             return 0
@@ -451,6 +467,7 @@ class Stage2:
             code = self.run_phase(name)
             if code:
                 return code
+        self.start_agent()
         self.records.status("ready", phases[-1])
         say("ready")
         return 0

@@ -4,6 +4,11 @@ The local main process of each node (``LOCAL_RANK`` 0) writes its own copy, so r
 no shared filesystem: DDP replicas hold identical state. On a shared filesystem the nodes'
 writes race harmlessly, since each goes to its own temp file and the rename is atomic.
 This suits replicated state (DDP); FSDP's sharded state belongs in ``torch.distributed.checkpoint``.
+
+Copies may disagree: a node that joined an elastic job, or one given the copy the user's machine
+kept, can hold an older checkpoint than the nodes that kept training. So each checkpoint carries
+when it was saved (`STAMP`, inside the file: it travels with every copy), and `load_checkpoint`
+in a group of several ranks hands every rank the newest any rank holds.
 """
 
 from __future__ import annotations
@@ -13,11 +18,13 @@ import logging
 import os
 import re
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from cloudtrain.errors import CheckpointError
 from cloudtrain.runtime.dist import barrier, local_rank
@@ -27,6 +34,9 @@ log = logging.getLogger(__name__)
 __all__ = ["CheckpointError", "checkpoint_dir", "load_checkpoint", "save_checkpoint"]
 
 StrPath = str | os.PathLike[str]
+#: The key `save_checkpoint` adds to the state (the wall-clock time of the save) and
+#: `load_checkpoint` removes again.
+STAMP = "_cloudtrain_saved_at"
 
 
 def checkpoint_dir() -> Path:
@@ -75,7 +85,7 @@ def _write_atomic(path: Path, state: Mapping[str, Any]) -> None:
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(dict(state), f)
+            torch.save({**state, STAMP: time.time()}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -104,7 +114,12 @@ def save_checkpoint(path: StrPath, state: Mapping[str, Any]) -> None:
 
 
 def load_checkpoint(path: StrPath) -> dict[str, Any] | None:
-    """The state saved at `path`, or None when there is no such file. Does not block.
+    """The state saved at `path`, or None when there is no such file.
+
+    Collective when a group of several ranks is initialised (call it on all ranks, as
+    `save_checkpoint`): every rank gets the newest checkpoint any rank's `path` holds (by when
+    it was saved), sent from that rank only when the ranks' copies differ. Without a group it
+    does not block.
 
     Tensors are loaded to CPU (move them with ``load_state_dict``) with
     ``weights_only=True``: the file can hold tensors, numbers, strings and the usual
@@ -112,7 +127,15 @@ def load_checkpoint(path: StrPath) -> dict[str, Any] | None:
     loaded. Other types must be registered with ``torch.serialization.add_safe_globals``.
     Raises CheckpointError, naming the path, when the file is corrupt or holds anything else.
     """
-    target = Path(path)
+    state = _read(Path(path))
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        state = _newest_of_all(state)
+    if state is not None:
+        state.pop(STAMP, None)
+    return state
+
+
+def _read(target: Path) -> dict[str, Any] | None:
     try:
         f = target.open("rb")
     except FileNotFoundError:
@@ -126,3 +149,20 @@ def load_checkpoint(path: StrPath) -> dict[str, Any] | None:
         raise CheckpointError(target, f"holds a {type(state).__name__}, expected a dict")
     log.info("checkpoint loaded: %s", target)
     return state
+
+
+def _newest_of_all(state: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The state of the rank whose checkpoint was saved last (none: -1; one saved before
+    stamps: 0), on every rank; nothing is sent when all ranks hold the same one."""
+    stamp = -1.0 if state is None else float(state.get(STAMP, 0.0))
+    stamps: list[float] = [0.0] * dist.get_world_size()
+    dist.all_gather_object(stamps, stamp)
+    newest = max(stamps)
+    if all(s == newest for s in stamps):
+        return state
+    source = stamps.index(newest)
+    box = [state if dist.get_rank() == source else None]
+    dist.broadcast_object_list(box, src=source)
+    if dist.get_rank() != source:
+        log.info("checkpoint taken from rank %d: it is newer than this rank's", source)
+    return box[0]

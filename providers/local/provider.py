@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from cloudtrain import node as agent
 from cloudtrain.boot import bootstrap
 from cloudtrain.errors import ConfigError
 from cloudtrain.executors.local import LocalExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
+from cloudtrain.node import procs
 from cloudtrain.providers.local import OPTIONS
 from cloudtrain.provision.provider import Option, ProviderContext
 from cloudtrain.spec import ClusterSpec
@@ -97,6 +97,7 @@ class LocalProvider:
                 phases=LOCAL_PHASES,
                 python=sys.executable,
                 root=str(root),
+                agent="detached",
             )
         )
         LocalExecutor().start_detached(
@@ -136,7 +137,7 @@ class LocalProvider:
         if not cdir.exists():
             return
         for node_dir in sorted(cdir.glob("node-*")):
-            agent.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node_dir)}, grace_s=5.0)
+            procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node_dir)}, grace_s=5.0)
         shutil.rmtree(cdir, ignore_errors=True)
 
     def clusters(self) -> list[str]:

@@ -176,7 +176,7 @@ class SshProvider:
         shape = bootstrap.NodeShape("ssh", spec.resources.accelerator, spec.resources.count)
         config = bootstrap.config(shape, install=self.install, phases=self.phases,
                                   python=self.python, root=root,
-                                  torch_index=self.torch_index)  # fmt: skip
+                                  torch_index=self.torch_index, agent="detached")  # fmt: skip
         write = (
             f"mkdir -p {shlex.quote(root)}/bootstrap && cd {shlex.quote(root)} && "
             f"printf '%s\\n' {shlex.quote(tags)} > node.json && "

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from cloudtrain import node as agent
 from cloudtrain.errors import ConfigError
 from cloudtrain.model import Capability, Event
+from cloudtrain.node import procs
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 from cloudtrain.providers.local.provider import LocalProvider
 from cloudtrain.provision.engine import Engine
@@ -42,7 +42,7 @@ def local_harness(home: Path, request: pytest.FixtureRequest) -> Harness:
         """The node's machine goes away: its processes (the bootstrap apply started) die with
         its files; removing the files alone races the bootstrap still writing into them."""
         node_dir = home / "local" / cluster / f"node-{index}"
-        agent.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node_dir)}, grace_s=5.0)
+        procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node_dir)}, grace_s=5.0)
         shutil.rmtree(node_dir)
 
     def is_empty() -> bool:

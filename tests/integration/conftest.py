@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cloudtrain import node as agent
+from cloudtrain.node import procs
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -58,16 +58,32 @@ class Shell:
 
     def processes(self) -> list[int]:
         """Every live process started for this home (jobs inherit CLOUDTRAIN_HOME)."""
-        return agent.find_processes({"CLOUDTRAIN_HOME": str(self.home)})
+        return procs.find_processes({"CLOUDTRAIN_HOME": str(self.home)})
+
+    def agents(self) -> list[int]:
+        """The resident node agents (and their supervisors) of this home's clusters: they
+        stay while a cluster is up."""
+        return [p for p in self.processes() if is_agent(p)]
+
+    def strays(self) -> list[int]:
+        """This home's processes but the node agents: none once no job runs."""
+        return [p for p in self.processes() if not is_agent(p)]
+
+
+def is_agent(pid: int) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return argv[1:4] == [b"-m", b"cloudtrain.node", b"agent"]
 
 
 @pytest.fixture
 def sh(tmp_path: Path) -> Iterator[Shell]:
     shell = Shell(tmp_path / "home")
     yield shell
-    leftovers = shell.processes()
-    if leftovers:  # never leave a test's processes behind, even when it failed
-        agent.kill_matching({"CLOUDTRAIN_HOME": str(shell.home)}, grace_s=2)
+    leftovers = shell.strays()  # a cluster a test leaves up keeps its agents: stop them too
+    procs.kill_matching({"CLOUDTRAIN_HOME": str(shell.home)}, grace_s=2)
     assert not leftovers, f"processes left behind: {leftovers}"
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import node as agent
+from cloudtrain.node import procs
 from tests.integration.conftest import REPO, SCRIPTS, Shell, wait_for
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,7 @@ def kill_node(home: Path, cluster: str, index: int) -> float:
     at once (no exit code is written), and its folder, the node's "instance", gone."""
     root = home / "local" / cluster / f"node-{index}"
     killed = time.time()
-    agent.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(root)}, grace_s=0)
+    procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(root)}, grace_s=0)
     shutil.rmtree(root)
     return killed
 
@@ -124,7 +124,7 @@ def test_a_watcher_that_died_is_started_again_by_the_next_command(
     assert found, start.stderr
     pid = int(found.group(1))
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not agent._alive(pid), what="the watcher to die")
+    wait_for(lambda: not procs.alive(pid), what="the watcher to die")
     status = sh("status")
     assert "the watcher of managed job w-1 was not running; started it" in status.stderr
     follow = sh("logs", "w-1", "-f")
@@ -155,6 +155,39 @@ def test_an_elastic_job_goes_on_with_the_nodes_it_has_left(sh: Shell) -> None:
     assert sh("down", "e").returncode == 0
 
 
+def test_a_managed_elastic_job_gets_its_lost_node_back_while_it_runs(sh: Shell) -> None:
+    """`--managed --nodes 1:2`: node 1 is killed; node 0 goes on alone while the watcher makes
+    node 1 again (here, a local node in a few seconds, often before node 0 re-formed), then the
+    job starts again on both from the newest checkpoint and ends there."""
+    sh.env["CLOUDTRAIN_CHECKPOINT_PULL_S"] = "1"
+    assert sh("up", "--name", "g", "--nodes", "2").returncode == 0
+    train = sh.popen("train", "-c", "g", "--managed", "--nodes", "1:2", str(EXAMPLE), "--",
+                     "--epochs", "16", "--pause", "2")  # fmt: skip
+    before = read_until(train, r"epoch 3/16")
+    kill_node(sh.home, "g", 1)
+    back = read_until(train, r"job g-1 runs on 2 node\(s\) again in \d+\.\d s \(attempt 2\)")
+    rest, _ = train.communicate(timeout=300)
+    out = before + back + rest
+    print(out)
+    assert train.returncode == 0, out
+    assert "recovery 1/3: node 1 was lost; the others go on (elastic) while it is made" in out
+    assert "replacing node(s) 1 of g" in out
+    assert re.search(r"node 1 is back after \d+\.\d s; the job starts again on all", back)
+    assert "rank 1/2 on node 1" in rest, "node 1 trains again, one of two"
+    resumed = [int(e) for e in re.findall(r"resumed from epoch (\d+)", back + rest)]
+    assert resumed, out
+    assert resumed == sorted(resumed), "never back to an older checkpoint"
+    assert resumed[-1] >= 2, out
+    assert "epoch 16/16" in rest
+    accuracy = re.search(r"final test accuracy: (\d\.\d+)", rest)
+    assert accuracy, out
+    assert float(accuracy.group(1)) >= 0.9
+    job = sh.job("g-1")
+    assert job["status"] == "succeeded"
+    assert [r["replaced"] for r in job["detail"]["recoveries"]] == [[1]]
+    assert sh("down", "g").returncode == 0
+
+
 def test_a_managed_job_on_ssh_hosts_survives_a_host_that_goes_away_and_comes_back(
     sh: Shell, tmp_path: Path
 ) -> None:
@@ -172,7 +205,7 @@ def test_a_managed_job_on_ssh_hosts_survives_a_host_that_goes_away_and_comes_bac
                          "--", "--epochs", "8", "--pause", "1")  # fmt: skip
         before = read_until(train, r"epoch 3/8")
         lab.hosts[1].cut()  # the host goes away: its sshd, then what it ran
-        agent.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(Path.home() / ".cloudtrain" / name /
+        procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(Path.home() / ".cloudtrain" / name /
                                                           "node-1")}, grace_s=0)  # fmt: skip
         during = read_until(train, r"recovery 1/8: node 1 went away")
         time.sleep(2)  # the host is down a little longer: the watcher's tries fail, and count
@@ -191,4 +224,4 @@ def test_a_managed_job_on_ssh_hosts_survives_a_host_that_goes_away_and_comes_bac
         assert sh("down", name).returncode == 0
     finally:
         lab.stop()
-        agent.kill_matching({"CLOUDTRAIN_CLUSTER": name}, grace_s=2)
+        procs.kill_matching({"CLOUDTRAIN_CLUSTER": name}, grace_s=2)

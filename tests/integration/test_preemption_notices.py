@@ -1,5 +1,5 @@
-"""The node agent's preemption watcher against local stand-ins of the three clouds' metadata
-endpoints (`tests/metadata.py`): on a notice it records it on the node and a job's process
+"""The resident node agent's preemption watcher against local stand-ins of the three clouds'
+metadata endpoints (`tests/metadata.py`): on a notice it records it on the node and a job's process
 that registered `runtime.on_preemption` is told at once; a process that did not register is
 left alone (the signal would kill it)."""
 
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import node as agent
+from cloudtrain.node import agent as resident
 from cloudtrain.node import notices
 from tests.metadata import serving
 
@@ -54,9 +55,9 @@ def test_a_notice_is_recorded_and_the_job_is_told_at_once(source: str, tmp_path:
                            stdout=subprocess.PIPE, text=True)  # fmt: skip
     bystander = subprocess.Popen(["sleep", "60"], env=env)  # same node, catches nothing
     with serving() as (endpoint, meta):
-        watcher = subprocess.Popen(
-            [sys.executable, "-m", "cloudtrain.node", "watch", "--source", source,
-             "--root", str(root), "--endpoint", endpoint],
+        watcher = subprocess.Popen(  # the resident agent, as a cloud node's unit runs it
+            [sys.executable, "-m", "cloudtrain.node", "agent", "--root", str(root),
+             "--source", source, "--endpoint", endpoint],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
@@ -66,10 +67,14 @@ def test_a_notice_is_recorded_and_the_job_is_told_at_once(source: str, tmp_path:
             assert watcher.poll() is None
             assert not (root / notices.NOTICE_FILE).exists()
             announced = meta.announce(source)
-            out, err = watcher.communicate(timeout=30)
             at, seen = wait_for(told).split()
             delay = float(at) - announced
             print(f"{source}: the job was told {delay:.2f} s after the notice")
+            time.sleep(2 * resident.BEAT_S)
+            assert watcher.poll() is None, "the agent stays after the notice: it still beats"
+            assert resident.beat(root)["notice"] is True
+            watcher.terminate()
+            out, err = watcher.communicate(timeout=30)
         finally:
             for proc in (watcher, job, bystander):
                 if proc.poll() is None:
@@ -78,7 +83,7 @@ def test_a_notice_is_recorded_and_the_job_is_told_at_once(source: str, tmp_path:
             if job.stdout is not None:
                 job.stdout.close()
     assert watcher.returncode == 0, err
-    assert json.loads(out)["signalled"] == [job.pid]
+    assert json.loads(out.splitlines()[-1])["signalled"] == [job.pid]
     assert seen == "True", "preempting() says so in the callback"
     assert delay < 5, "bounded by the watcher's interval (1 s), not by a timeout"
     recorded = notices.read(root)

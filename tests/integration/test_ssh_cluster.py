@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import node as agent
+from cloudtrain.node import agent as resident
+from cloudtrain.node import procs
 from tests.conftest import unavailable
-from tests.integration.conftest import REPO, SCRIPTS, Shell, wait_for
+from tests.integration.conftest import REPO, SCRIPTS, Shell, is_agent, wait_for
 from tests.sshd import Lab, keygen
 
 pytestmark = pytest.mark.integration
@@ -33,8 +34,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 def name() -> Iterator[str]:
     cluster = f"lab{uuid.uuid4().hex[:8]}"
     yield cluster
-    left = agent.find_processes({"CLOUDTRAIN_CLUSTER": cluster})
-    agent.kill_matching({"CLOUDTRAIN_CLUSTER": cluster}, grace_s=2)
+    left = procs.find_processes({"CLOUDTRAIN_CLUSTER": cluster})
+    procs.kill_matching({"CLOUDTRAIN_CLUSTER": cluster}, grace_s=2)
     assert not left, f"processes left behind: {left}"
     assert not (Path.home() / ".cloudtrain" / cluster).exists()
 
@@ -44,6 +45,11 @@ def test_ddp_across_two_ssh_hosts_and_down_leaves_nothing(sh: Shell, lab: Lab, n
     assert up.returncode == 0, up.stdout + up.stderr
     assert f"cluster {name} is up: 2 node(s)" in up.stdout
     assert "verify: ready" in up.stderr
+    roots = [Path.home() / ".cloudtrain" / name / f"node-{i}" for i in range(2)]
+    for root in roots:  # each host runs its node's agent, detached, started by stage 2
+        assert resident.beat(root)["resident"], root
+        assert len([p for p in procs.find_processes({"CLOUDTRAIN_NODE_ROOT": str(root)})
+                    if is_agent(p)]) == 2, "the agent and its supervisor"  # fmt: skip
     train = sh("train", "-c", name, str(REPO / "examples" / "digits_ddp.py"), "--", "--epochs", "5")
     assert train.returncode == 0, train.stdout + train.stderr
     accuracy = re.search(r"final test accuracy: (\d\.\d+)", train.stdout)
@@ -54,6 +60,8 @@ def test_ddp_across_two_ssh_hosts_and_down_leaves_nothing(sh: Shell, lab: Lab, n
     down = sh("down", name)
     assert down.returncode == 0, down.stderr
     assert not (Path.home() / ".cloudtrain" / name).exists()
+    for root in roots:
+        assert procs.find_processes({"CLOUDTRAIN_NODE_ROOT": str(root)}) == []
 
 
 def test_the_job_outlives_a_killed_cli_and_cancel_stops_every_rank(
@@ -79,11 +87,11 @@ def test_the_job_outlives_a_killed_cli_and_cancel_stops_every_rank(
     second = re.search(rf"job ({name}-\d+) running", started.stderr)
     assert second, started.stderr
     wait_for(lambda: "tick 1" in sh("logs", second.group(1)).stdout, what="the sleeper's output")
-    assert agent.find_processes({"CLOUDTRAIN_JOB_ID": second.group(1)})
+    assert procs.find_processes({"CLOUDTRAIN_JOB_ID": second.group(1)})
     cancel = sh("cancel", second.group(1))
     assert cancel.returncode == 0, cancel.stderr
     assert "cancelled" in cancel.stdout
-    assert agent.find_processes({"CLOUDTRAIN_JOB_ID": second.group(1)}) == []
+    assert procs.find_processes({"CLOUDTRAIN_JOB_ID": second.group(1)}) == []
     assert sh("down", name).returncode == 0
 
 
@@ -136,9 +144,9 @@ def test_a_host_that_goes_away_mid_job_fails_the_job_naming_it(
         assert job["detail"]["failed_node"] == 1
         assert [s["state"] for s in job["detail"]["nodes"]] == ["exited", "unreachable"]
         head_root = Path.home() / ".cloudtrain" / name / "node-0"
-        assert not agent.find_processes({"CLOUDTRAIN_NODE_ROOT": str(head_root),
+        assert not procs.find_processes({"CLOUDTRAIN_NODE_ROOT": str(head_root),
                                          "CLOUDTRAIN_JOB_ID": job["id"]})  # fmt: skip
-        agent.kill_matching({"CLOUDTRAIN_JOB_ID": job["id"]}, grace_s=2)  # the host died
+        procs.kill_matching({"CLOUDTRAIN_JOB_ID": job["id"]}, grace_s=2)  # the host died
         refreshed = sh("status", "--refresh", "--json")
         cluster = json.loads(refreshed.stdout)["clusters"][0]
         assert (cluster["status"], [n["state"] for n in cluster["nodes"]]) == (

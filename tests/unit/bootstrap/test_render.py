@@ -131,15 +131,20 @@ def test_the_cloud_config_holds_what_the_node_needs(tmp_path: Path) -> None:
     assert "/whl/cu12" in index, "V100 (sm_70) needs a CUDA 12.x build"
     assert count == "1"
     assert branch.isdigit()
-    assert doc["runcmd"][2] == ["bash", "/usr/local/lib/cloudtrain/bootstrap.sh",
+    assert doc["runcmd"][3] == ["bash", "/usr/local/lib/cloudtrain/bootstrap.sh",
                                 "/etc/cloudtrain/bootstrap.env"]  # fmt: skip
-    assert "/etc/systemd/system/cloudtrain-agent.service" not in files, "on demand: no agent"
+    unit = files["/etc/systemd/system/cloudtrain-agent.service"]["content"].splitlines()
+    root = "/home/cloudtrain/.cloudtrain"
+    assert f"ExecStart={root}/venv/bin/python -m cloudtrain.node agent --root {root}" in unit, (
+        "an on-demand node has its resident agent too, watching no notice"
+    )
 
 
 @pytest.mark.parametrize("provider", sorted(NOTICES))
 def test_a_spot_node_starts_its_agent_before_the_bootstrap(tmp_path: Path, provider: str) -> None:
-    """The unit watches the provider's notices as the cloudtrain user, from the start: it is
-    enabled before the bootstrap runs and comes back until the venv has cloudtrain."""
+    """The unit runs the resident agent as the cloudtrain user, watching the provider's
+    notices, from the start: it is enabled before the bootstrap runs and comes back whenever
+    it stops (until the venv has cloudtrain, and after)."""
     from cloudtrain.model import Offer
 
     spot = Offer(
@@ -154,9 +159,9 @@ def test_a_spot_node_starts_its_agent_before_the_bootstrap(tmp_path: Path, provi
     lines = unit["content"].splitlines()
     assert "User=cloudtrain" in lines
     root = "/home/cloudtrain/.cloudtrain"
-    watch = f"-m cloudtrain.node watch --source {NOTICES[provider]} --root {root}"
+    watch = f"-m cloudtrain.node agent --root {root} --source {NOTICES[provider]}"
     assert f"ExecStart={root}/venv/bin/python {watch}" in lines
-    assert "Restart=on-failure" in lines
+    assert "Restart=always" in lines
     enable = doc["runcmd"].index(["systemctl", "enable", "--now", "cloudtrain-agent.service"])
     assert enable < doc["runcmd"].index(
         ["bash", "/usr/local/lib/cloudtrain/bootstrap.sh", "/etc/cloudtrain/bootstrap.env"]

@@ -20,6 +20,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from cloudtrain import runtime
+from cloudtrain.runtime.checkpoint import STAMP
 
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -135,6 +136,17 @@ def worker(rank: int, world: int, port: int, folder: str) -> None:
     loaded = runtime.load_checkpoint(path)  # the barrier made the file complete for rank 1
     assert loaded == {"writer": 0}, loaded
 
+    # Each node's copy, and they differ (a node that joined late holds an older one, another
+    # none): every rank gets the newest, and the stamp stays inside cloudtrain.
+    own = Path(folder) / f"rank{rank}" / "ckpt.pt"
+    own.parent.mkdir()
+    torch.save({"epoch": 5 if rank == 0 else 3, STAMP: 200.0 if rank == 0 else 100.0}, own)
+    assert runtime.load_checkpoint(own) == {"epoch": 5}
+    if rank == 1:
+        torch.save({"epoch": 2, STAMP: 1.0}, own.with_name("only.pt"))
+    assert runtime.load_checkpoint(own.with_name("only.pt")) == {"epoch": 2}
+    assert runtime.load_checkpoint(own.with_name("none.pt")) is None
+
     # Rank r feeds a batch of (r + 1)s: the weight gradient is 2 (r + 1) per element on each
     # rank and the all-reduced mean is 3.
     x = torch.full((2, 4), float(rank + 1))
@@ -159,7 +171,7 @@ def test_two_processes_in_a_real_gloo_group(tmp_path: Path) -> None:
     mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
         worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True
     )
-    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "rank0", "rank1"]
 
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "digits_ddp.py"

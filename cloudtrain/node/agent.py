@@ -1,0 +1,213 @@
+"""The resident node agent: one per node, from the end of its bootstrap to its teardown.
+
+Stdlib only. On a cloud node systemd runs it (``cloudtrain-agent.service``, restarted
+whenever it dies); on ssh and local nodes the bootstrap's stage 2 starts it detached under a
+supervisor of its own (`ensure`), which starts it again when it dies, and the coordinator's
+heartbeat starts a new one when both are gone (`heal`)::
+
+    python -m cloudtrain.node agent --root ROOT [--source S] [--endpoint URL]
+        the agent, in the foreground (systemd's ExecStart)
+    python -m cloudtrain.node agent --root ROOT --ensure [--source S] [--endpoint URL]
+        start it detached and supervised unless one is resident; prints its beat
+
+What it does, every `BEAT_S`: writes ``<root>/agent/beat.json`` (its pid, since when, the
+node's running jobs, since when the node has had none) — the coordinator's heartbeat reads it
+through ``python -m cloudtrain.node status``, so a node answers for its agent as well as for
+its job. With a `--source`, it watches the cloud's preemption notice (`cloudtrain.node.notices`)
+in a thread and, on one, records it and tells the node's jobs (`cloudtrain.node.tell_job`).
+
+One agent per node: the resident one holds ``<root>/agent/lock`` (flock); a second one sees it
+held and exits 0, which its supervisor takes as "nothing to do". The agent exits 0 when its
+node's folder is gone (a teardown on ssh or local removes it), and on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cloudtrain.node import notices, procs
+
+#: Seconds between two beats; a beat older than `STALE_S` is an agent that is not there.
+BEAT_S = 2.0
+STALE_S = 3 * BEAT_S + 2
+#: How long the supervisor waits before it starts a dead agent again (doubling up to the max).
+RESTART_S, MAX_RESTART_S = 1.0, 30.0
+#: A file present on nodes whose agent runs detached (`ensure`): their heartbeat heals it.
+DETACHED = "detached"
+
+
+def agent_dir(root: Path) -> Path:
+    return root / "agent"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def running_jobs(root: Path) -> list[str]:
+    """The ids of the jobs that have a process on the node at `root`."""
+    mine, jobs = str(root).encode(), set()
+    for _, env in procs.environments():
+        if env.get(b"CLOUDTRAIN_NODE_ROOT") == mine and b"CLOUDTRAIN_JOB_ID" in env:
+            jobs.add(env[b"CLOUDTRAIN_JOB_ID"].decode(errors="replace"))
+    return sorted(jobs)
+
+
+def _held(root: Path) -> contextlib.AbstractContextManager[bool]:
+    """Whether this process got the node's agent lock (held until the block ends)."""
+    agent_dir(root).mkdir(parents=True, exist_ok=True)
+    return procs.held_if_free(agent_dir(root) / "lock")
+
+
+def resident(
+    root: Path,
+    source: str | None = None,
+    endpoint: str | None = None,
+    *,
+    interval_s: float = 1.0,
+    beat_s: float = BEAT_S,
+) -> int:
+    """The agent's life: 0 when another one is resident, the node's folder went away or a
+    SIGTERM came."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with _held(root) as mine:
+        if not mine:
+            print(f"cloudtrain-agent: one is resident at {root} already", flush=True)
+            return 0
+        if source is not None:
+            threading.Thread(target=_notices, args=(root, source, endpoint, interval_s),
+                             daemon=True).start()  # fmt: skip
+        since = time.time()
+        idle_since: float | None = since
+        while not stop.is_set():
+            if not root.is_dir():
+                return 0
+            jobs = running_jobs(root)
+            now = time.time()
+            idle_since = None if jobs else (idle_since or now)
+            beat = {"pid": os.getpid(), "since": since, "beat": now, "source": source,
+                    "endpoint": endpoint, "notice": notices.read(root) is not None,
+                    "jobs": jobs, "idle_since": idle_since}  # fmt: skip
+            with contextlib.suppress(FileNotFoundError):  # the folder went away meanwhile
+                _write_atomic(agent_dir(root) / "beat.json", json.dumps(beat) + "\n")
+            stop.wait(beat_s)
+    return 0
+
+
+def _notices(root: Path, source: str, endpoint: str | None, interval_s: float) -> None:
+    if notices.read(root) is not None:
+        return  # told already (an agent that came back after the notice)
+
+    def report(exc: Exception) -> None:
+        print(f"cloudtrain-agent: {source}: {exc}", file=sys.stderr, flush=True)
+
+    notice = notices.watch(notices.source(source, endpoint), interval_s=interval_s,
+                           on_error=report)  # fmt: skip
+    if notice is not None:
+        told = procs.tell_job(root, notice)
+        print(json.dumps({**notice.to_dict(), "signalled": told}), flush=True)
+
+
+def supervise(child: Sequence[str]) -> int:
+    """Run `child` until it exits 0, starting it again after each death (1 s, doubling up to
+    30 s; back to 1 s after a minute's life). SIGTERM stops the child and this."""
+    stopping = threading.Event()
+    current: list[subprocess.Popen[bytes]] = []
+
+    def on_term(signum: int, frame: object) -> None:
+        stopping.set()
+        for proc in current:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+
+    signal.signal(signal.SIGTERM, on_term)
+    delay = RESTART_S
+    while not stopping.is_set():
+        t0 = time.monotonic()
+        proc = subprocess.Popen(child, stdin=subprocess.DEVNULL)
+        current[:] = [proc]
+        code = proc.wait()
+        if stopping.is_set() or code == 0:
+            return 0
+        delay = RESTART_S if time.monotonic() - t0 > 60 else delay
+        print(f"cloudtrain-agent: the agent exited {code}; starting it again in {delay:.0f} s",
+              file=sys.stderr, flush=True)  # fmt: skip
+        stopping.wait(delay)
+        delay = min(delay * 2, MAX_RESTART_S)
+    return 0
+
+
+def beat(root: Path) -> dict[str, Any]:
+    """The agent's last beat as the node sees it: ``resident`` (a beat younger than
+    `STALE_S`), ``age`` in seconds, and the beat's own fields."""
+    try:
+        last = dict(json.loads((agent_dir(root) / "beat.json").read_text()))
+    except (OSError, ValueError):
+        return {"resident": False, "age": None}
+    age = max(0.0, time.time() - float(last.get("beat", 0)))
+    return {**last, "resident": age < STALE_S, "age": round(age, 1)}
+
+
+def argv(root: Path, source: str | None, endpoint: str | None) -> list[str]:
+    """The command line of the agent of the node at `root` (in the foreground)."""
+    line = [sys.executable, "-m", "cloudtrain.node", "agent", "--root", str(root)]
+    if source is not None:
+        line += ["--source", source]
+    if endpoint is not None:
+        line += ["--endpoint", endpoint]
+    return line
+
+
+def ensure(
+    root: Path, source: str | None = None, endpoint: str | None = None, *, wait_s: float = 0
+) -> dict[str, Any]:
+    """Start the agent detached, under its supervisor, unless one is resident; its beat, with
+    ``launched`` saying whether this call started it (waiting up to `wait_s` for its first
+    beat)."""
+    root = root.absolute()
+    now = beat(root)
+    if now["resident"]:
+        return {**now, "launched": False}
+    with _held(root) as free:
+        if not free:  # alive but late with its beat: leave it be
+            return {**now, "launched": False}
+    folder = agent_dir(root)
+    (folder / DETACHED).touch()
+    with open(folder / "agent.log", "ab") as log:
+        subprocess.Popen(
+            [*argv(root, source, endpoint), "--supervise"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=root,
+            env={**os.environ, "CLOUDTRAIN_NODE_ROOT": str(root)},
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not beat(root)["resident"]:
+        time.sleep(0.05)
+    return {**beat(root), "launched": True}
+
+
+def heal(root: Path) -> dict[str, Any]:
+    """The heartbeat's answer for the agent: its beat; a detached agent that is not there is
+    started again (``restarted``: why)."""
+    now = beat(root)
+    if now["resident"] or not (agent_dir(root) / DETACHED).exists():
+        return now
+    why = "it never beat" if now["age"] is None else f"its last beat was {now['age']:.0f} s ago"
+    started = ensure(root, now.get("source"), now.get("endpoint"))
+    return {**started, "restarted": why} if started["launched"] else now

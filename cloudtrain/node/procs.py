@@ -1,0 +1,128 @@
+"""Finding, signalling and stopping a node's processes by their environment. Stdlib only.
+
+Processes are found by environment variables the coordinator sets on every job
+(``CLOUDTRAIN_JOB_ID``, ``CLOUDTRAIN_NODE_ROOT``), which torchrun passes on to its workers —
+workers run in sessions of their own, so a process-group kill would miss them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from cloudtrain.node import notices
+
+POLL_S = 0.05
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except PermissionError:
+        return True
+    return state not in (b"Z", b"X")
+
+
+def _ancestors() -> set[int]:
+    pids, pid = {os.getpid()}, os.getpid()
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        pids.add(pid)
+    return pids
+
+
+def environments() -> Iterator[tuple[int, dict[bytes, bytes]]]:
+    """(pid, environment) of every live process this user can read, but this process and
+    its ancestors (whose command lines may name what they look for)."""
+    skip = _ancestors()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) in skip:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                pairs = f.read().split(b"\0")
+        except OSError:
+            continue
+        if alive(int(entry.name)):
+            yield int(entry.name), dict(p.split(b"=", 1) for p in pairs if b"=" in p)
+
+
+def find_processes(match: Mapping[str, str]) -> list[int]:
+    """Pids whose environment holds every KEY=VALUE of `match` (never this process's own line)."""
+    wanted = {k.encode(): v.encode() for k, v in match.items()}
+    return [pid for pid, env in environments()
+            if all(env.get(k) == v for k, v in wanted.items())]  # fmt: skip
+
+
+def kill_matching(
+    match: Mapping[str, str], grace_s: float = 10.0, spare: int | None = None
+) -> dict[str, int]:
+    """TERM every matching process but `spare`, wait up to `grace_s` for all of them (`spare`
+    too: a job's wrapper, which then writes the exit code), then KILL the rest. Blocks until
+    they are gone (or 5 s after KILL). Returns counts; idempotent."""
+    pids = find_processes(match)
+    for pid in pids:
+        if pid != spare:
+            _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(POLL_S)
+    stubborn = [p for p in pids if alive(p)] + [p for p in find_processes(match) if p not in pids]
+    for pid in stubborn:
+        _signal(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(alive(p) for p in stubborn):
+        time.sleep(POLL_S)
+    return {"terminated": len(pids), "killed": len(stubborn)}
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def tell_job(root: Path, notice: notices.Notice) -> list[int]:
+    """Record `notice` in `root` and send the notice signal to every process of the node's
+    jobs (found by ``CLOUDTRAIN_NODE_ROOT``) that catches it; the pids signalled."""
+    notices.record(root, notice)
+    signum = signal.Signals[notices.NOTICE_SIGNAL_NAME]
+    told = []
+    for pid in find_processes({"CLOUDTRAIN_NODE_ROOT": str(root)}):
+        if notices.catches(pid, signum):
+            _signal(pid, signum)
+            told.append(pid)
+    return told
+
+
+@contextlib.contextmanager
+def held_if_free(path: Path) -> Iterator[bool]:
+    """Hold the flock on `path` (made 0600, this pid written in it) for the block if no other
+    process holds it; never waits. Yields whether this process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
