@@ -106,6 +106,7 @@ def main() -> None:
             loss = loss_fn(out, y)
             loss.backward()
             optimizer.step()
+            runtime.step()  # the job's progress: a recovery counts the steps it redid
             if first_step and runtime.is_main():
                 print("cloudtrain: first step", flush=True)
             first_step = False

@@ -368,11 +368,12 @@ class Coordinator:
             args=args,
             min_nodes=job.min_nodes,
         ).argv()
+        folder = job_dir(node, rec.id, attempt)
         return self._executor(node).start_detached(
             argv,
-            env=self._env(rec, node, nodes, job),
+            env={**self._env(rec, node, nodes, job), "CLOUDTRAIN_RUN_DIR": folder},
             cwd=_workdir(node),
-            job_dir=job_dir(node, rec.id, attempt),
+            job_dir=folder,
         )
 
     # -- watching ---------------------------------------------------------------------------
@@ -433,6 +434,26 @@ class Coordinator:
                                      f"node {node.index}'s agent was not running ({why}); "
                                      "started again", job_id=rec.id)  # fmt: skip
 
+    def _note_progress(self, rec: JobRecord, statuses: Sequence[Mapping[str, Any]]) -> None:
+        """Record the furthest step a node reported (``detail["progress"]``); once a recovered
+        attempt says where it resumed, the recovery's ``steps_redone`` (an event too)."""
+        reports = [s["progress"] for s in statuses if isinstance(s.get("progress"), dict)]
+        if not reports:
+            return
+        furthest = max(reports, key=lambda p: int(p.get("step") or 0))
+        detail: dict[str, Any] = {"progress": furthest}
+        recoveries = list(self._job(rec.id).detail.get("recoveries") or [])
+        last = recoveries[-1] if recoveries else None
+        resumed = furthest.get("resumed_from")
+        if last and "step_at_loss" in last and "steps_redone" not in last and resumed is not None:
+            redone = max(0, int(last["step_at_loss"]) - int(resumed))
+            last.update(resumed_at_step=int(resumed), steps_redone=redone)
+            detail["recoveries"] = recoveries
+            self.state.add_event(rec.cluster, "recovery",
+                                 f"job {rec.id}: resumed at step {resumed}, {redone} step(s) "
+                                 "redone", job_id=rec.id)  # fmt: skip
+        self.state.update_job(rec.id, detail=detail)
+
     def _read_log(self, node: NodeInfo, rec: JobRecord, tail: int | None = None) -> str:
         args = ["follow", "--once", run_dir(node, rec)]
         if tail is not None:
@@ -468,6 +489,7 @@ class Coordinator:
         self.state.update_job(rec.id, detail={"nodes": states})
         self._note_preemptions(rec, nodes, statuses)
         self._note_agents(rec, nodes, statuses)
+        self._note_progress(rec, statuses)
         return judge(rec, nodes, statuses, lost or {},
                      lambda node: read_failure(self._read_log(node, rec, tail=80)))  # fmt: skip
 
@@ -593,6 +615,7 @@ class Coordinator:
             if now > next_beat:
                 beats = fan_out(lambda n: self._status(n, rec), nodes)
                 self._note_agents(rec, nodes, beats)
+                self._note_progress(rec, beats)
                 for node, status in zip(nodes, beats, strict=True):
                     state = node_state(status)["state"]
                     if state != "unreachable":

@@ -332,6 +332,9 @@ class Watcher:
             "checkpoint_age_s": None if checkpoint_age_s is None else round(checkpoint_age_s, 1),
             "replaced": replaced or [],
         }
+        reached = (self._job(rec.id).detail.get("progress") or {}).get("step")
+        if reached is not None:  # the steps redone are counted once the next attempt resumes
+            entry["step_at_loss"] = int(reached)
         if error:
             entry["error"] = error
         recoveries.append(entry)

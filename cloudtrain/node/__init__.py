@@ -57,7 +57,18 @@ def job_status(job_dir: Path) -> dict[str, object]:
         "log_bytes": log.stat().st_size if log.exists() else 0,
         # the node's preemption notice, if its cloud gave one (<root>/jobs/<id> is the job's)
         "preemption": notices.read(job_dir.parent.parent),
+        # the steps the job counted (`cloudtrain.runtime.progress`), if it counts them
+        "progress": _json(job_dir / "progress.json"),
     }
+
+
+def _json(path: Path) -> dict[str, object] | None:
+    text = _read(path)
+    try:
+        found = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def _read(path: Path) -> str | None:

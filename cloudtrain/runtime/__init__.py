@@ -4,6 +4,7 @@
     sampler = runtime.BalancedSampler(dataset)
     model = runtime.wrap(model, "ddp")      # or "fsdp" (FSDP2)
     loss = runtime.average(loss.item())     # mean over all replicas
+    runtime.step()                          # once per optimizer step: the job's progress
     runtime.save_checkpoint(runtime.checkpoint_dir() / "last.pt", state)
     runtime.on_preemption(lambda: save_and_stop())   # the cloud's notice, a minute ahead
 
@@ -29,6 +30,7 @@ from cloudtrain.runtime.dist import (
 )
 from cloudtrain.runtime.parallel import STRATEGIES, wrap
 from cloudtrain.runtime.preemption import on_preemption, preempting
+from cloudtrain.runtime.progress import step
 from cloudtrain.runtime.sampler import BalancedSampler
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "rank",
     "save_checkpoint",
     "shutdown",
+    "step",
     "world_size",
     "wrap",
 ]

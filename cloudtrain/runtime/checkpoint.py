@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from cloudtrain.errors import CheckpointError
+from cloudtrain.runtime import progress
 from cloudtrain.runtime.dist import barrier, local_rank
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,9 @@ log = logging.getLogger(__name__)
 __all__ = ["CheckpointError", "checkpoint_dir", "load_checkpoint", "save_checkpoint"]
 
 StrPath = str | os.PathLike[str]
-#: The key `save_checkpoint` adds to the state (the wall-clock time of the save) and
-#: `load_checkpoint` removes again.
-STAMP = "_cloudtrain_saved_at"
+#: The keys `save_checkpoint` adds to the state (the wall-clock time of the save, and the
+#: steps counted: `cloudtrain.runtime.progress`) and `load_checkpoint` removes again.
+STAMP, STEP = "_cloudtrain_saved_at", "_cloudtrain_step"
 
 
 def checkpoint_dir() -> Path:
@@ -85,7 +86,7 @@ def _write_atomic(path: Path, state: Mapping[str, Any]) -> None:
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save({**state, STAMP: time.time()}, f)
+            torch.save({**state, STAMP: time.time(), STEP: progress.current()}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -109,6 +110,7 @@ def save_checkpoint(path: StrPath, state: Mapping[str, Any]) -> None:
     try:
         if local_rank() == 0:
             _write_atomic(target, state)
+            progress.write()
     finally:
         barrier()
 
@@ -132,6 +134,9 @@ def load_checkpoint(path: StrPath) -> dict[str, Any] | None:
         state = _newest_of_all(state)
     if state is not None:
         state.pop(STAMP, None)
+        step = state.pop(STEP, None)
+        if isinstance(step, int):
+            progress.resume(step)
     return state
 
 

@@ -72,6 +72,14 @@ def test_a_managed_job_replaces_a_killed_node_and_resumes_from_its_checkpoint(
     assert [(r["cause"], r["node"], r["replaced"]) for r in recoveries] == [("vanished", 1, [1])]
     print(f"recovered {recoveries[0]['seconds']} s after the failure was seen, "
           f"{recoveries[0]['at'] - killed:.1f} s after the kill")  # fmt: skip
+    # the steps it redid: from the last step seen before the loss back to the checkpoint's
+    per_epoch = recoveries[0]["resumed_at_step"] // int(resumed.group(1))
+    assert per_epoch == 23, "719 of the 1437 samples on each rank, batches of 32"
+    assert 0 <= recoveries[0]["steps_redone"] <= 2 * per_epoch, recoveries[0]
+    assert recoveries[0]["step_at_loss"] >= recoveries[0]["resumed_at_step"]
+    events = [e["message"] for e in sh.status()["events"]]
+    assert (f"job m-1: resumed at step {recoveries[0]['resumed_at_step']}, "
+            f"{recoveries[0]['steps_redone']} step(s) redone") in events  # fmt: skip
     logs = sh("logs", "m-1")
     assert logs.stdout.count("final test accuracy") == 1
     assert "epoch 3/8" in logs.stdout, "the copy keeps the attempt before the recovery"
