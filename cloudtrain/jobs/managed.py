@@ -21,7 +21,13 @@ brought home (`cloudtrain.jobs.checkpoints`); a node the cloud no longer runs is
 ``up`` of the recorded spec (the engine completes a half-made cluster where it is, and fails
 over as for any ``up``); the job starts again as its next attempt (``jobs/<id>.<n>`` on the
 nodes, the rendezvous ``<id>.<n>``) with every node given that checkpoint. Each recovery is an
-event with its cause, its downtime and the age of the checkpoint it resumed from.
+event with its cause, its downtime and the age of the checkpoint it resumed from; once the next
+attempt reports where it resumed (`cloudtrain.runtime.progress`), the steps it redid.
+
+An elastic job (``--nodes MIN:MAX``) is not stopped by a lost node: its survivors go on, and
+the watcher makes the node again meanwhile (`_regrow`, a counted recovery); once it is back,
+the attempt is stopped and the next starts on every node (`_grow`), from the newest checkpoint,
+which `runtime.load_checkpoint` hands every rank alike.
 
 A cancel (``cloudtrain cancel``) asks first, in the record, then stops what runs: a watcher in
 the middle of a recovery starts nothing more. With ``--down`` the watcher tears the cluster
