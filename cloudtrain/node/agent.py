@@ -67,7 +67,7 @@ def running_jobs(root: Path) -> list[str]:
 
 def _held(root: Path) -> contextlib.AbstractContextManager[bool]:
     """Whether this process got the node's agent lock (held until the block ends)."""
-    agent_dir(root).mkdir(parents=True, exist_ok=True)
+    agent_dir(root).mkdir(mode=0o700, parents=True, exist_ok=True)
     return procs.held_if_free(agent_dir(root) / "lock")
 
 
