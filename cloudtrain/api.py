@@ -248,6 +248,60 @@ def wait_bootstrap(
             ex.close()
 
 
+def check_autostop(spec: ClusterSpec) -> None:
+    """`ConfigError`, before any call, when `spec`'s provider cannot stop an idle cluster."""
+    if Capability.AUTOSTOP not in registry.provider_class(spec.provider).capabilities:
+        raise ConfigError(
+            f"--idle-minutes: the {spec.provider} provider cannot stop an idle cluster by "
+            "itself yet (local and ssh can); `cloudtrain down` it when you are done"
+        )
+
+
+def autostop(
+    state: State, home: Path, name: str, idle_minutes: float | None
+) -> list[dict[str, Any]]:
+    """Give every node of cluster `name` its idle clock: it stops itself (its agent, with no
+    one on this side) after `idle_minutes` without a job; None: never. Each node's beat."""
+    record = state.cluster(name)
+    if record is None:
+        raise NotFoundError(f"no cluster named {name!r}; `cloudtrain status` lists them")
+    if idle_minutes is not None:
+        check_autostop(record.spec)
+    policy = ["--idle-s", repr(idle_minutes * 60)] if idle_minutes is not None else ["--off"]
+    beats = _ask_agents(state, home, name, policy)
+    what = f"after {idle_minutes:g} idle minute(s)" if idle_minutes is not None else "never"
+    state.add_event(name, "autostop", f"autostop: the nodes stop themselves {what}")
+    return beats
+
+
+def agent_beats(state: State, home: Path, name: str) -> list[dict[str, Any]]:
+    """Each node's agent as it sees itself: its beat (``resident``, ``jobs``,
+    ``idle_since``) and autostop policy (``autostop``, ``stops_at``). One round trip."""
+    return _ask_agents(state, home, name, [])
+
+
+def _ask_agents(state: State, home: Path, name: str, policy: list[str]) -> list[dict[str, Any]]:
+    import json
+
+    from cloudtrain.executors.base import fan_out
+
+    record = state.cluster(name)
+    if record is None:
+        raise NotFoundError(f"no cluster named {name!r}; `cloudtrain status` lists them")
+    prov = provider_for(record.spec, home)
+
+    def one(node: NodeInfo) -> dict[str, Any]:
+        ex = prov.executor(node)
+        try:
+            done = ex.run([node.python, "-m", "cloudtrain.node", "autostop", "--root", node.root,
+                           *policy], timeout=60).check()  # fmt: skip
+        finally:
+            ex.close()
+        return {"node": node.index, **json.loads(done.stdout)}
+
+    return fan_out(one, state.nodes(name))
+
+
 def down(
     state: State,
     home: Path,

@@ -49,6 +49,8 @@ class Capability(enum.Enum):
     IMAGE = "image"
     #: boots its nodes from cloud-init user-data (``cloudtrain bootstrap render`` shows it)
     USER_DATA = "user-data"
+    #: its nodes stop themselves when idle (``--idle-minutes``), with no one on the user's side
+    AUTOSTOP = "autostop"
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,8 @@ def bring_up(
     is_flag=True,
     help="Tear the cluster down when a node's bootstrap fails (default: keep it for inspection).",
 )
+@click.option("--idle-minutes", help="Each node removes itself after this long without a job "
+              "(its agent does it; this machine may be off). local and ssh.")  # fmt: skip
 @pass_app
 def up(
     app: App,
@@ -170,17 +172,43 @@ def up(
     dry_run: bool,
     no_setup: bool,
     down_on_failure: bool,
+    idle_minutes: str | None,
     **flags: Any,
 ) -> None:
     """Create a cluster (or complete a half-made one) from flags and/or TASK_FILE, and wait
     until every node's bootstrap reports ready."""
-    bring_up(
-        app,
-        load_task(task_file, **flags),
-        dry_run,
-        setup=not no_setup,
-        down_on_failure=down_on_failure,
+    from cloudtrain import api
+    from cloudtrain.spec import validate_idle_minutes
+
+    task = load_task(task_file, **flags)
+    idle = None if idle_minutes is None else validate_idle_minutes(idle_minutes)
+    if idle is not None:
+        api.check_autostop(task.cluster)  # before anything is made
+    bring_up(app, task, dry_run, setup=not no_setup, down_on_failure=down_on_failure)
+    if idle is not None and not dry_run:
+        api.autostop(app.state, app.home, task.cluster.name, idle)
+        app.note(f"{task.cluster.name} removes itself after {idle:g} minute(s) without a job")
+
+
+@click.command()
+@click.argument("name", callback=cluster_name)
+@click.option("--idle-minutes", help="Minutes without a job before each node removes itself.")
+@click.option("--off", is_flag=True, help="Never: the cluster stays until `cloudtrain down`.")
+@pass_app
+def autostop(app: App, name: str, idle_minutes: str | None, off: bool) -> None:
+    """Set when cluster NAME stops itself when idle (the idle clock starts again now), or
+    --off. Its nodes' agents act on it, with this machine on or off."""
+    from cloudtrain import api
+    from cloudtrain.spec import validate_idle_minutes
+
+    if off == (idle_minutes is not None):
+        raise click.UsageError("give --idle-minutes N or --off")
+    idle = None if off else validate_idle_minutes(idle_minutes)
+    beats = api.autostop(app.state, app.home, name, idle)
+    when = (
+        "never stops by itself" if idle is None else f"removes itself after {idle:g} idle minute(s)"
     )
+    app.out.print(f"cluster {name} {when} ({len(beats)} node(s) told)", markup=False)
 
 
 @click.command()
@@ -371,8 +399,31 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
     app.out.print(render.clusters_table(clusters, {k: len(v) for k, v in nodes.items()}))
     if jobs:
         app.out.print(render.jobs_table(jobs[:20]))
-    if cluster is not None and events:  # one cluster's story: what happened to it lately
-        app.out.print(render.events_table(events))
+    if cluster is not None:  # one cluster's story: its agents, what happened to it lately
+        _print_agents(app, clusters)
+        if events:
+            app.out.print(render.events_table(events))
+
+
+def _print_agents(app: App, clusters: list[ClusterRecord]) -> None:
+    """A line per node of each cluster whose nodes can stop themselves: how long it has been
+    idle and when it removes itself (one round trip to its agents)."""
+    from cloudtrain import api
+    from cloudtrain.cli import render
+    from cloudtrain.errors import CloudtrainError
+    from cloudtrain.model import Capability
+    from cloudtrain.provision import registry
+
+    for c in clusters:
+        if Capability.AUTOSTOP not in registry.provider_class(c.provider).capabilities:
+            continue
+        try:
+            beats = api.agent_beats(app.state, app.home, c.name)
+        except CloudtrainError as exc:
+            app.note(f"warning: could not ask the agents of {c.name!r}: {exc}")
+            continue
+        for beat in beats:
+            app.out.print(render.agent_line(beat), markup=False)
 
 
 def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
@@ -404,8 +455,9 @@ def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
         left = [] if found else prov.leftovers(c.name, c.spec.cluster_id)
         if left:
             status = "leftovers"
-            app.note(f"{c.name}: no node is left, but {', '.join(left)} remain; "
-                     f"`cloudtrain down {c.name}` removes them")  # fmt: skip
+            said = f"no node is left, but {', '.join(left)} remain"
+            state.add_event(c.name, "leftovers", said)
+            app.note(f"{c.name}: {said}; `cloudtrain down {c.name}` removes them")
         state.set_cluster_status(c.name, status)
     recorded = {c.name for c in state.clusters()}
     accounts = {(c.provider, json.dumps(account(c.spec.extra, c.provider), sort_keys=True)): c
@@ -457,4 +509,4 @@ def gpus(
     app.out.print(render.gpus_table(rows, spot, cat.prices_read_on))
 
 
-COMMANDS = (up, down, status, gpus)
+COMMANDS = (up, down, status, gpus, autostop)

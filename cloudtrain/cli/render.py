@@ -139,6 +139,23 @@ def events_table(events: Sequence[EventRecord]) -> Table:
     return table
 
 
+def agent_line(beat: dict[str, Any], now: float | None = None) -> str:
+    """``node 0: agent up, idle 2m, removes itself in 3m`` from a node's beat."""
+    now = time.time() if now is None else now
+    if not beat.get("resident"):
+        return f"node {beat.get('node')}: its agent is not running"
+    jobs = beat.get("jobs") or []
+    doing = (
+        f"running {', '.join(jobs)}"
+        if jobs
+        else (f"idle for {duration(beat['idle_since'], now)}" if beat.get("idle_since") else "idle")
+    )
+    stops = beat.get("stops_at")
+    when = (f", removes itself in {duration(now, max(now, float(stops)))}" if stops
+            else ", stays until `cloudtrain down`")  # fmt: skip
+    return f"node {beat.get('node')}: agent up, {doing}{when}"
+
+
 def event_json(e: EventRecord) -> dict[str, Any]:
     return {"ts": e.ts, "cluster": e.cluster, "job": e.job_id, "kind": e.kind,
             "message": e.message}  # fmt: skip

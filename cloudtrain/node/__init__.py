@@ -11,6 +11,9 @@ Stdlib only and quick to start, because it runs on every node for every job::
     python -m cloudtrain.node agent --root ROOT       the resident agent (`cloudtrain.node.agent`):
         [--source S] [--endpoint URL]                 beats, and watches the notice if a source
         [--ensure | --supervise]                      is given; --ensure starts it detached
+    python -m cloudtrain.node autostop --root ROOT    the node stops itself after S idle seconds
+        [--idle-s S] [--deadline T] | --off           or at T (epoch seconds); prints the beat
+                                                      (with neither: only prints it)
 
 `status` answers the coordinator's heartbeat for the job and for the node's agent (a detached
 agent that is not there is started again).
@@ -173,6 +176,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode = p_agent.add_mutually_exclusive_group()
     mode.add_argument("--ensure", action="store_true", help="start it detached, supervised")
     mode.add_argument("--supervise", action="store_true", help="run it, again when it dies")
+    p_stop = sub.add_parser("autostop")
+    p_stop.add_argument("--root", type=Path, required=True)
+    p_stop.add_argument("--idle-s", type=float)
+    p_stop.add_argument("--deadline", type=float)
+    p_stop.add_argument("--off", action="store_true")
     args = parser.parse_args(argv)
 
     if args.command == "port":
@@ -184,6 +192,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({**job_status(args.job_dir), "agent": agent.heal(root)}))
     elif args.command == "agent":
         return _agent(args)
+    elif args.command == "autostop":
+        root = args.root.absolute()
+        if args.off or args.idle_s is not None or args.deadline is not None:
+            agent.set_policy(root, args.idle_s, args.deadline)  # --off: both None
+        print(json.dumps(agent.view(root)))
     else:
         match = dict(item.split("=", 1) for item in args.match)
         spare = None

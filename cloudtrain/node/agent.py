@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,6 +45,8 @@ STALE_S = 3 * BEAT_S + 2
 RESTART_S, MAX_RESTART_S = 1.0, 30.0
 #: A file present on nodes whose agent runs detached (`ensure`): their heartbeat heals it.
 DETACHED = "detached"
+#: The autostop policy in the agent's folder (`set_policy`).
+POLICY = "policy.json"
 
 
 def agent_dir(root: Path) -> Path:
@@ -69,6 +72,76 @@ def _held(root: Path) -> contextlib.AbstractContextManager[bool]:
     """Whether this process got the node's agent lock (held until the block ends)."""
     agent_dir(root).mkdir(mode=0o700, parents=True, exist_ok=True)
     return procs.held_if_free(agent_dir(root) / "lock")
+
+
+def read_policy(root: Path) -> dict[str, Any] | None:
+    """The node's autostop policy (`set_policy`), or None when it has none."""
+    try:
+        found = json.loads((agent_dir(root) / POLICY).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def set_policy(root: Path, idle_s: float | None, deadline: float | None) -> dict[str, Any] | None:
+    """Stop the node after `idle_s` seconds without a job, or at `deadline` (epoch seconds),
+    whichever comes first; both None: never (the policy removed). The idle clock starts again
+    now. Only an agent that runs detached (ssh, local) acts on it."""
+    path = agent_dir(root) / POLICY
+    if idle_s is None and deadline is None:
+        path.unlink(missing_ok=True)
+        return None
+    agent_dir(root).mkdir(mode=0o700, parents=True, exist_ok=True)
+    policy = {"idle_s": idle_s, "deadline": deadline, "set_at": time.time()}
+    _write_atomic(path, json.dumps(policy) + "\n")
+    return policy
+
+
+def stops_at(policy: dict[str, Any], idle_since: float | None) -> tuple[float, str] | None:
+    """When the node stops itself if nothing changes, and why; None: not while it works."""
+    due: list[tuple[float, str]] = []
+    if policy.get("deadline") is not None:
+        due.append((float(policy["deadline"]), "its lifetime ended"))
+    if policy.get("idle_s") is not None and idle_since is not None:
+        idle_s = float(policy["idle_s"])
+        start = max(idle_since, float(policy.get("set_at") or 0))
+        due.append((start + idle_s, f"idle for {idle_s:g} s"))
+    return min(due) if due else None
+
+
+def stopped_record(root: Path) -> Path:
+    """Where a node that stopped itself says why: beside its folder, which it removed."""
+    return root.parent / f"{root.name}.stopped.json"
+
+
+def stopped_reasons(cluster_dir: Path) -> list[str]:
+    """What the nodes of a cluster that removed themselves said (`stopped_record`)."""
+    found = []
+    for record in sorted(cluster_dir.glob("node-*.stopped.json")):
+        try:
+            text = record.read_text()
+        except OSError:
+            text = ""
+        found.append(said_when_stopped(record.name.split(".")[0], text))
+    return found
+
+
+def said_when_stopped(node: str, text: str) -> str:
+    """One line from the text of a node's `stopped_record` (a bad one still says it stopped)."""
+    try:
+        said = json.loads(text)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(said["at"])))
+        return f"{node} removed itself at {when}: {str(said['why'])[:200]}"
+    except (ValueError, KeyError, TypeError):
+        return f"{node} removed itself"
+
+
+def _stop_node(root: Path, why: str) -> None:
+    """The node removes itself (ssh, local: the machines are the user's; nothing bills):
+    its processes stopped, its folder deleted, the reason left beside it."""
+    _write_atomic(stopped_record(root), json.dumps({"at": time.time(), "why": why}) + "\n")
+    procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(root)}, grace_s=10)  # not this agent
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def resident(
@@ -98,9 +171,15 @@ def resident(
             jobs = running_jobs(root)
             now = time.time()
             idle_since = None if jobs else (idle_since or now)
+            policy = read_policy(root)
+            due = stops_at(policy, idle_since) if policy else None
+            if due is not None and due[0] <= now and (agent_dir(root) / DETACHED).exists():
+                _stop_node(root, due[1])
+                return 0
             beat = {"pid": os.getpid(), "since": since, "beat": now, "source": source,
                     "endpoint": endpoint, "notice": notices.read(root) is not None,
-                    "jobs": jobs, "idle_since": idle_since}  # fmt: skip
+                    "jobs": jobs, "idle_since": idle_since, "autostop": policy,
+                    "stops_at": due[0] if due else None}  # fmt: skip
             with contextlib.suppress(FileNotFoundError):  # the folder went away meanwhile
                 _write_atomic(agent_dir(root) / "beat.json", json.dumps(beat) + "\n")
             stop.wait(beat_s)
@@ -159,6 +238,15 @@ def beat(root: Path) -> dict[str, Any]:
         return {"resident": False, "age": None}
     age = max(0.0, time.time() - float(last.get("beat", 0)))
     return {**last, "resident": age < STALE_S, "age": round(age, 1)}
+
+
+def view(root: Path) -> dict[str, Any]:
+    """The agent's beat with its autostop policy as it is now (``autostop``, ``stops_at``:
+    the policy may be newer than the last beat)."""
+    now, policy = beat(root), read_policy(root)
+    idle_since = now.get("idle_since")
+    due = stops_at(policy, idle_since if now["resident"] else None) if policy else None
+    return {**now, "autostop": policy, "stops_at": due[0] if due else None}
 
 
 def argv(root: Path, source: str | None, endpoint: str | None) -> list[str]:

@@ -254,6 +254,24 @@ def validate_checkpoint_keep(value: object, field: str = "checkpoint_keep") -> i
     return _whole(value, field, 1, "how many of the newest checkpoints are kept")
 
 
+#: The longest idle time a cluster may be given before it stops itself: a week.
+MAX_IDLE_MINUTES = 7 * 24 * 60
+
+
+def validate_idle_minutes(value: object, field: str = "--idle-minutes") -> float:
+    """Minutes without a job before a cluster stops itself: more than 0 (0.05 is 3 s), at most
+    a week."""
+    try:
+        minutes = float(str(value).strip())
+    except ValueError:
+        minutes = float("nan")
+    if not 0 < minutes <= MAX_IDLE_MINUTES or isinstance(value, bool):
+        raise SpecError(field, f"{field} {value!r}: give minutes above 0 (0.05 is 3 s) and at "
+                        f"most {MAX_IDLE_MINUTES} (a week), or `cloudtrain autostop NAME "
+                        "--off`")  # fmt: skip
+    return minutes
+
+
 def parse_gpus(
     value: str, known: Sequence[str], field: str = "resources.accelerator"
 ) -> tuple[str, int]:

@@ -23,6 +23,7 @@ from cloudtrain.boot import bootstrap
 from cloudtrain.errors import ConfigError
 from cloudtrain.executors.local import LocalExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
+from cloudtrain.node import agent as resident
 from cloudtrain.node import procs
 from cloudtrain.providers.local import OPTIONS
 from cloudtrain.provision.provider import Option, ProviderContext
@@ -37,7 +38,9 @@ class LocalProvider:
     """Clusters of folders and processes on this machine."""
 
     name: ClassVar[str] = "local"
-    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.MULTI_NODE})
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.MULTI_NODE, Capability.AUTOSTOP}
+    )
     options: ClassVar[tuple[Option, ...]] = OPTIONS
 
     def __init__(self, context: ProviderContext) -> None:
@@ -144,10 +147,12 @@ class LocalProvider:
         return sorted({p.parent.parent.name for p in self._root.glob("*/node-*/node.json")})
 
     def leftovers(self, cluster: str, cluster_id: str | None = None) -> list[str]:
-        """The cluster's folder when it holds no node any more (a crash mid-`terminate`)."""
+        """The cluster's folder when it holds no node any more (a crash mid-`terminate`, or
+        nodes that removed themselves when idle: it says why)."""
         folder = self._cluster_dir(cluster)
         if folder.is_dir() and not any(folder.glob("node-*/node.json")):
-            return [f"folder {folder}"]
+            why = resident.stopped_reasons(folder)
+            return [f"folder {folder}" + (f" ({'; '.join(why)})" if why else "")]
         return []
 
     def executor(self, node: NodeInfo) -> LocalExecutor:

@@ -28,6 +28,7 @@ from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.base import fan_out
 from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
+from cloudtrain.node import agent as resident
 from cloudtrain.providers.ssh import OPTIONS
 from cloudtrain.providers.ssh.hosts import Host, load_inventory, parse_hosts
 from cloudtrain.provision.provider import Option, ProviderContext
@@ -70,7 +71,7 @@ class SshProvider:
 
     name: ClassVar[str] = "ssh"
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.MULTI_NODE, Capability.GPU}
+        {Capability.MULTI_NODE, Capability.GPU, Capability.AUTOSTOP}
     )
     options: ClassVar[tuple[Option, ...]] = OPTIONS
 
@@ -250,9 +251,24 @@ class SshProvider:
             raise ProviderError("ssh", "NotCleaned", "could not clean " + ", ".join(failed))
 
     def leftovers(self, cluster: str, cluster_id: str | None = None) -> list[str]:
-        """Nothing: a node's folder is all the ssh provider makes on a host, and `describe`
-        finds it."""
-        return []
+        """What nodes that removed themselves when idle left on their hosts: a line each, with
+        why (a node's folder is all else the ssh provider makes, and `describe` finds it)."""
+
+        def said(item: tuple[int, Host]) -> list[str]:
+            index, host = item
+            ex = self._executor(host)
+            try:
+                done = ex.run(["sh", "-c", f'cat "$HOME/.cloudtrain/{cluster}/node-{index}'
+                               '.stopped.json" 2>/dev/null'], timeout=60)  # fmt: skip
+            except ProviderError:
+                return []
+            finally:
+                ex.release()
+            if done.returncode != 0:
+                return []
+            return [f"{host}: " + resident.said_when_stopped(f"node-{index}", done.stdout)]
+
+        return [line for found in fan_out(said, list(enumerate(self.hosts))) for line in found]
 
     def clusters(self) -> list[str]:
         def names(host: Host) -> list[str]:

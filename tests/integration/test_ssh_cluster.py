@@ -253,3 +253,26 @@ def tiny_wheel(folder: Path) -> Path:
         for name, text in files.items():
             archive.writestr(name, text)
     return wheel
+
+
+def test_an_idle_cluster_on_ssh_hosts_removes_itself_and_says_why(
+    sh: Shell, lab: Lab, name: str
+) -> None:
+    """The hosts' agents judge the idle time and remove their nodes, nothing of cloudtrain
+    running on the user's side; the next command says why, and `down` clears the rest."""
+    up = sh(*lab.up_args(name), "--idle-minutes", "0.05")
+    assert up.returncode == 0, up.stdout + up.stderr
+    base = Path.home() / ".cloudtrain" / name
+    assert sh.strays() == []
+    wait_for(lambda: not list(base.glob("node-*/node.json")), timeout=60,
+             what="the nodes to remove themselves")  # fmt: skip
+    wait_for(lambda: procs.find_processes({"CLOUDTRAIN_CLUSTER": name}) == [] and not [
+        p for i in range(2) for p in procs.find_processes(
+            {"CLOUDTRAIN_NODE_ROOT": str(base / f"node-{i}")})], timeout=30,
+        what="the agents to leave")  # fmt: skip
+    refreshed = sh("status", name, "--refresh")
+    assert refreshed.returncode == 0, refreshed.stderr
+    assert "node-0 removed itself at" in refreshed.stderr
+    assert "node-1 removed itself at" in refreshed.stderr
+    assert "idle for 3 s" in refreshed.stderr
+    assert sh("down", name).returncode == 0

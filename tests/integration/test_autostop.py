@@ -1,0 +1,89 @@
+"""Clusters that remove themselves when idle (local provider, the clock in seconds): the
+nodes' agents act with nothing running on the user's side; a running job keeps them; the next
+command says what happened and `down` clears what is left."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.conftest import SCRIPTS, Shell, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def gone(sh: Shell, name: str) -> bool:
+    return not list((sh.home / "local" / name).glob("node-*/node.json"))
+
+
+def test_an_idle_cluster_removes_itself_with_nothing_running_here(sh: Shell) -> None:
+    up = sh("up", "--name", "idle", "--nodes", "2", "--idle-minutes", "0.05")
+    assert up.returncode == 0, up.stderr
+    assert "idle removes itself after 0.05 minute(s) without a job" in up.stderr
+    assert sh.strays() == [], "nothing of cloudtrain runs on this side: only the nodes' agents"
+    wait_for(lambda: gone(sh, "idle"), timeout=60, what="the nodes to remove themselves")
+    wait_for(lambda: sh.processes() == [], timeout=30, what="the agents to leave")
+
+    refreshed = sh("status", "idle", "--refresh")
+    assert refreshed.returncode == 0, refreshed.stderr
+    assert "node-0 removed itself at" in refreshed.stderr
+    assert "idle for 3 s" in refreshed.stderr
+    assert "`cloudtrain down idle` removes them" in refreshed.stderr
+    assert sh("down", "idle").returncode == 0
+    assert not (sh.home / "local" / "idle").exists()
+    assert sh.status()["clusters"] == []
+
+
+def test_a_running_job_keeps_it_and_the_clock_starts_when_the_job_ends(sh: Shell) -> None:
+    assert sh("up", "--name", "busy", "--nodes", "1").returncode == 0
+    start = sh("train", "-c", "busy", "--detach", str(SCRIPTS / "sleeper.py"))
+    assert start.returncode == 0, start.stderr
+    told = sh("autostop", "busy", "--idle-minutes", "0.05")
+    assert told.returncode == 0, told.stderr
+    assert "cluster busy removes itself after 0.05 idle minute(s) (1 node(s) told)" in told.stdout
+    time.sleep(8)  # well past the idle time: the job holds it
+    assert not gone(sh, "busy")
+    shown = sh("status", "busy")
+    assert "node 0: agent up, running busy-1, removes itself" not in shown.stdout
+    assert "node 0: agent up, running busy-1" in shown.stdout, shown.stdout
+    assert sh("cancel", "busy-1").returncode == 0
+    ended = time.monotonic()
+    wait_for(lambda: gone(sh, "busy"), timeout=60, what="the node to remove itself")
+    assert time.monotonic() - ended >= 2, "the idle clock started when the job ended"
+    assert sh("down", "busy").returncode == 0
+
+
+def test_off_keeps_the_cluster_and_status_says_when_it_would_stop(sh: Shell) -> None:
+    assert sh("up", "--name", "keep", "--nodes", "1", "--idle-minutes", "60").returncode == 0
+    shown = sh("status", "keep")
+    assert "node 0: agent up, idle for" in shown.stdout, shown.stdout
+    assert "removes itself in 59m" in shown.stdout or "removes itself in 1h" in shown.stdout
+    off = sh("autostop", "keep", "--off")
+    assert off.returncode == 0, off.stderr
+    assert "cluster keep never stops by itself" in off.stdout
+    assert "stays until `cloudtrain down`" in sh("status", "keep").stdout
+    events = [e["message"] for e in sh.status()["events"]]
+    assert events[-2:] == ["autostop: the nodes stop themselves after 60 idle minute(s)",
+                           "autostop: the nodes stop themselves never"]  # fmt: skip
+    assert sh("down", "keep").returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--idle-minutes", "0"), "--idle-minutes '0': give minutes above 0"),
+        (("--idle-minutes", "soon"), "--idle-minutes 'soon': give minutes above 0"),
+        (("--idle-minutes", "20000"), "at most 10080 (a week)"),
+        (
+            ("--provider", "aws", "--idle-minutes", "5"),
+            "--idle-minutes: the aws provider cannot stop an idle cluster by itself yet",
+        ),
+    ],
+)
+def test_a_bad_idle_time_costs_nothing(sh: Shell, args: tuple[str, ...], message: str) -> None:
+    done = sh("up", "--name", "bad", *args)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert sh.status()["clusters"] == []
+    assert not (sh.home / "local" / "bad").exists()
