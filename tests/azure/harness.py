@@ -20,7 +20,8 @@ def harness(home: Path, request: pytest.FixtureRequest) -> Harness:
     provider = AzureProvider(ProviderContext(home=home, options=options))
 
     def remove_node(cluster: str, index: int) -> None:
-        """The VM is deleted behind cloudtrain's back (with its disk, NIC and IP)."""
+        """The VM is deleted behind cloudtrain's back (with its disk, NIC and IP): in the
+        portal, or evicted (a Spot VM's evictionPolicy is Delete: the same thing)."""
         node = next(n for n in provider.describe(cluster) if n.index == index)
         with azure.lock:
             azure.store.delete_vm(str(node.extra["id"]))

@@ -24,7 +24,8 @@ def harness(home: Path, request: pytest.FixtureRequest) -> Harness:
     provider = GcpProvider(ProviderContext(home=home, options=options))
 
     def remove_node(cluster: str, index: int) -> None:
-        """The instance goes away behind cloudtrain's back (deleted in the console)."""
+        """The instance goes away behind cloudtrain's back: deleted in the console, or
+        preempted (a spot node's instanceTerminationAction is DELETE: the same thing)."""
         gcp.delete_instance(f"cloudtrain-{cluster}-{index}")
 
     def spec(name: str, nodes: int) -> ClusterSpec:
