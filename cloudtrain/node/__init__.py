@@ -11,6 +11,8 @@ Stdlib only and quick to start, because it runs on every node for every job::
     python -m cloudtrain.node agent --root ROOT       the resident agent (`cloudtrain.node.agent`):
         [--source S] [--endpoint URL]                 beats, and watches the notice if a source
         [--ensure | --supervise]                      is given; --ensure starts it detached
+    python -m cloudtrain.node bootstrap run CONFIG    stage 2 of the node's bootstrap
+                                                      (`cloudtrain.node.bootstrap`)
     python -m cloudtrain.node autostop --root ROOT    the node stops itself after S idle seconds
         [--idle-s S] [--deadline T] | --off           or at T (epoch seconds); prints the beat
                                                       (with neither: only prints it)
@@ -149,6 +151,11 @@ def _agent(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["bootstrap"]:  # stage 2, with its own arguments and --help
+        from cloudtrain.node import bootstrap
+
+        return bootstrap.main(words[1:])
     parser = argparse.ArgumentParser(
         prog="python -m cloudtrain.node",
         description=__doc__,
@@ -181,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_stop.add_argument("--idle-s", type=float)
     p_stop.add_argument("--deadline", type=float)
     p_stop.add_argument("--off", action="store_true")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(words)
 
     if args.command == "port":
         print(free_port())

@@ -87,7 +87,10 @@ def test_no_module_imports_itself_back() -> None:
         ("cloudtrain.spec", {"cloudtrain.errors"}),
         ("cloudtrain.model", set()),
         # the node agent runs on the nodes, with whatever cloudtrain is there: stdlib only
-        ("cloudtrain.node", {"cloudtrain.node." + m for m in ("agent", "notices", "procs")}),
+        (
+            "cloudtrain.node",
+            {"cloudtrain.node." + m for m in ("agent", "bootstrap", "notices", "procs")},
+        ),
         ("cloudtrain.node.agent", {"cloudtrain.node.notices", "cloudtrain.node.procs"}),
         ("cloudtrain.node.procs", {"cloudtrain.node.notices"}),
         ("cloudtrain.node.notices", set()),

@@ -125,3 +125,12 @@ def test_by_hand_with_this_python_it_verifies_and_reports_ready(tmp_path: Path) 
     again = run_by_hand(path)
     assert again.returncode == 0
     assert "every phase already done" in again.stdout
+
+
+def test_stage_2_is_also_the_node_agents_bootstrap_command(tmp_path: Path) -> None:
+    """`python -m cloudtrain.node bootstrap ...` is stage 2 itself, arguments and all."""
+    done = subprocess.run([sys.executable, "-m", "cloudtrain.node", "bootstrap", "run",
+                           str(tmp_path / "missing.env")], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    assert done.returncode == stage2.EXIT_CONFIG
+    assert "cannot load the config file" in done.stderr
