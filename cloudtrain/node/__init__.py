@@ -201,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _agent(args)
     elif args.command == "autostop":
         root = args.root.absolute()
+        if not root.is_dir():  # never make a node's folder again: it went away
+            print(f"cloudtrain: no node at {root} (it went away)", file=sys.stderr)
+            return 3
         if args.off or args.idle_s is not None or args.deadline is not None:
             agent.set_policy(root, args.idle_s, args.deadline)  # --off: both None
         print(json.dumps(agent.view(root)))

@@ -261,10 +261,8 @@ MAX_IDLE_MINUTES = 7 * 24 * 60
 def validate_idle_minutes(value: object, field: str = "--idle-minutes") -> float:
     """Minutes without a job before a cluster stops itself: more than 0 (0.05 is 3 s), at most
     a week."""
-    try:
-        minutes = float(str(value).strip())
-    except ValueError:
-        minutes = float("nan")
+    text = str(value)
+    minutes = float(text) if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text) else float("nan")
     if not 0 < minutes <= MAX_IDLE_MINUTES or isinstance(value, bool):
         raise SpecError(field, f"{field} {value!r}: give minutes above 0 (0.05 is 3 s) and at "
                         f"most {MAX_IDLE_MINUTES} (a week), or `cloudtrain autostop NAME "

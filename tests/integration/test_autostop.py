@@ -4,6 +4,7 @@ command says what happened and `down` clears what is left."""
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import pytest
@@ -87,3 +88,17 @@ def test_a_bad_idle_time_costs_nothing(sh: Shell, args: tuple[str, ...], message
     assert message in done.stderr
     assert sh.status()["clusters"] == []
     assert not (sh.home / "local" / "bad").exists()
+
+
+def test_autostop_on_a_node_that_went_away_says_so_and_makes_nothing_again(sh: Shell) -> None:
+    from cloudtrain.node import procs
+
+    assert sh("up", "--name", "lost", "--nodes", "1").returncode == 0
+    root = sh.home / "local" / "lost" / "node-0"
+    procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(root)}, grace_s=0)
+    shutil.rmtree(root)
+    told = sh("autostop", "lost", "--idle-minutes", "5")
+    assert told.returncode == 3, told.stderr
+    assert f"no node at {root} (it went away)" in told.stderr
+    assert not root.exists(), "its folder is not made again"
+    assert sh("down", "lost").returncode == 0
