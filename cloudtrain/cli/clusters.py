@@ -456,7 +456,10 @@ def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
         if left:
             status = "leftovers"
             said = f"no node is left, but {', '.join(left)} remain"
-            state.add_event(c.name, "leftovers", said)
+            if [e.message for e in state.events(c.name, limit=1)] != [
+                said
+            ]:  # once, not per refresh
+                state.add_event(c.name, "leftovers", said)
             app.note(f"{c.name}: {said}; `cloudtrain down {c.name}` removes them")
         state.set_cluster_status(c.name, status)
     recorded = {c.name for c in state.clusters()}
