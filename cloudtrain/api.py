@@ -85,6 +85,9 @@ _NEEDS: tuple[tuple[str, Callable[[ClusterSpec], object], Capability], ...] = (
     ("--zone", lambda s: s.resources.zone, Capability.REGIONS),
     ("--image", lambda s: s.resources.image, Capability.IMAGE),
     ("--nodes", lambda s: s.num_nodes if s.num_nodes > 1 else None, Capability.MULTI_NODE),
+    ("--idle-minutes", lambda s: s.limits.idle_minutes, Capability.AUTOSTOP),
+    ("--max-hours", lambda s: s.limits.max_hours, Capability.AUTOSTOP),
+    ("--max-cost", lambda s: s.limits.max_cost, Capability.AUTOSTOP),
 )
 
 
@@ -156,12 +159,16 @@ def _up(
 ) -> list[NodeInfo]:
     check_existing(state, spec)
     current = state.cluster(spec.name)
-    # a new record is a new incarnation of the name; a recorded one keeps its id
+    # a new record is a new incarnation of the name; a recorded one keeps its id, and its
+    # limits unless new ones are asked
     spec = dataclasses.replace(
-        spec, cluster_id=current.spec.cluster_id if current else new_cluster_id()
+        spec,
+        cluster_id=current.spec.cluster_id if current else new_cluster_id(),
+        limits=spec.limits or (current.spec.limits if current else spec.limits),
     )
     prov = prov or provider_for(spec, home)  # built once for the command
     the_plan = plan(spec, home, prov=prov)  # validates against the catalog first
+    the_plan = with_limits(the_plan, current.created_at if current else time.time())
     if zones_last:
         the_plan = dataclasses.replace(the_plan, offers=tuple(
             dataclasses.replace(o, zones=tuple(sorted(o.zones, key=lambda z: z in zones_last)))
@@ -211,7 +218,35 @@ def _up(
             state.add_event(spec.name, "bootstrap", "the wait for the bootstrap was interrupted")
             raise
     state.set_cluster_status(spec.name, "up")
+    if the_plan.spec.limits and bootstrap_timeout_s is not None:
+        hand_limits(state, home, the_plan.spec)
     return nodes
+
+
+def with_limits(the_plan: Plan, created_at: float) -> Plan:
+    """`the_plan` with its spec's lifetime and budget resolved into one moment (from
+    `created_at`, at the plan's price); `ConfigError` for a budget of a cluster whose price is
+    not known (nothing is made yet)."""
+    spec = the_plan.spec
+    if spec.limits.max_cost is not None and the_plan.price_per_hour <= 0:
+        raise ConfigError(
+            f"--max-cost {spec.limits.max_cost:g}: a {spec.provider} cluster has no price to "
+            "count it with; give what a node costs per hour (--node-price USD)"
+        )
+    limits = spec.limits.resolved(created_at, the_plan.price_per_hour)
+    return dataclasses.replace(the_plan, spec=dataclasses.replace(spec, limits=limits))
+
+
+def hand_limits(state: State, home: Path, spec: ClusterSpec) -> list[dict[str, Any]]:
+    """Give each node of the cluster its limits (the agents act on them with this machine
+    off); an event says what they are. Each node's beat."""
+    from cloudtrain.autostop import limits_text
+    from cloudtrain.boot.bootstrap import agent_policy
+
+    beats = _ask_agents(state, home, spec.name, agent_policy(spec.limits, sessions=spec.provider
+                        != "local"))  # fmt: skip
+    state.add_event(spec.name, "autostop", "the nodes stop themselves: " + limits_text(spec))
+    return beats
 
 
 def wait_bootstrap(
@@ -248,29 +283,29 @@ def wait_bootstrap(
             ex.close()
 
 
-def check_autostop(spec: ClusterSpec) -> None:
-    """`ConfigError`, before any call, when `spec`'s provider cannot stop an idle cluster."""
-    if Capability.AUTOSTOP not in registry.provider_class(spec.provider).capabilities:
-        raise ConfigError(
-            f"--idle-minutes: the {spec.provider} provider cannot stop an idle cluster by "
-            "itself yet (local and ssh can); `cloudtrain down` it when you are done"
-        )
-
-
 def autostop(
     state: State, home: Path, name: str, idle_minutes: float | None
 ) -> list[dict[str, Any]]:
-    """Give every node of cluster `name` its idle clock: it stops itself (its agent, with no
-    one on this side) after `idle_minutes` without a job; None: never. Each node's beat."""
+    """Give every node of cluster `name` a new idle clock: it stops itself (its agent, with no
+    one on this side) after `idle_minutes` without a job; None: never when idle (a lifetime or
+    a budget stays). Each node's beat."""
+    from cloudtrain.autostop import limits_text
+
     record = state.cluster(name)
     if record is None:
         raise NotFoundError(f"no cluster named {name!r}; `cloudtrain status` lists them")
-    if idle_minutes is not None:
-        check_autostop(record.spec)
+    spec = record.spec
+    limits = dataclasses.replace(
+        spec.limits,
+        idle_minutes=idle_minutes,
+        down_when_idle=spec.limits.down_when_idle and bool(idle_minutes),
+    )
+    spec = dataclasses.replace(spec, limits=limits)
+    refuse_unsupported(spec, registry.provider_class(spec.provider).capabilities)
     policy = ["--idle-s", repr(idle_minutes * 60)] if idle_minutes is not None else ["--off"]
     beats = _ask_agents(state, home, name, policy)
-    what = f"after {idle_minutes:g} idle minute(s)" if idle_minutes is not None else "never"
-    state.add_event(name, "autostop", f"autostop: the nodes stop themselves {what}")
+    state.put_cluster(spec, status=record.status)
+    state.add_event(name, "autostop", "the nodes stop themselves: " + limits_text(spec))
     return beats
 
 

@@ -50,6 +50,14 @@ class ConfigError(CloudtrainError):
     """Invalid input. The message names the field, the value and what is allowed."""
 
 
+class SpecError(ConfigError):
+    """A spec field is invalid. `field` is its dotted path, e.g. ``resources.accelerator``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class AccountError(ConfigError):
     """What identifies the cloud account or the caller cannot be found (no project, no
     subscription, this machine's public address). `apply` stops; a dry run plans from the

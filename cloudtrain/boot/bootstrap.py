@@ -18,12 +18,13 @@ from __future__ import annotations
 import base64
 import gzip
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cloudtrain import __version__
+from cloudtrain.spec.limits import Limits
 
 if TYPE_CHECKING:
     from cloudtrain.model import Offer
@@ -74,12 +75,15 @@ class NodeShape:
     #: the preemption notice protocol of a spot node (`cloudtrain.node.notices`): its agent
     #: watches it from boot (a systemd unit); None for nodes no cloud preempts
     notices: str | None = None
+    #: when the node stops itself (its agent's boot policy, `agent_policy`)
+    limits: Limits = field(default_factory=Limits)
 
     @classmethod
-    def of(cls, offer: Offer, notices: str) -> NodeShape:
+    def of(cls, offer: Offer, notices: str, limits: Limits | None = None) -> NodeShape:
         """The shape of a node of `offer`; a spot offer's nodes watch `notices`."""
         return cls(offer.provider, offer.accelerator, offer.accelerator_count,
-                   offer.instance_type, notices if offer.spot else None)  # fmt: skip
+                   offer.instance_type, notices if offer.spot else None,
+                   limits or Limits())  # fmt: skip
 
     def __str__(self) -> str:
         gpus = f"{self.accelerator}:{self.count}" if self.accelerator else "CPU"
@@ -141,12 +145,26 @@ def config(
     return "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
 
 
-def agent_unit(notices: str | None) -> str:
+def agent_policy(limits: Limits, sessions: bool = True) -> list[str]:
+    """`limits` as the flags of the node's ``agent`` and ``autostop`` commands (numbers and
+    words only: they go into a systemd unit as they are). `sessions`: a user's SSH session
+    counts as work (not on the user's own machine)."""
+    flags = ["--idle-s", repr(limits.idle_minutes * 60)] if limits.idle_minutes else ["--off"]
+    if limits.ends_at is not None:
+        flags += ["--deadline", repr(float(limits.ends_at)), "--why", str(limits.ends_why)]
+    return [*flags, "--sessions" if sessions else "--no-sessions"]
+
+
+def agent_unit(notices: str | None, limits: Limits | None = None) -> str:
     """The systemd unit of a node's resident agent (`cloudtrain.node.agent`): it runs as the
-    ``cloudtrain`` user (whose jobs it tells), watches `notices` on a spot node, and comes back
-    whenever it stops, also while the bootstrap has not installed cloudtrain yet."""
+    ``cloudtrain`` user (whose jobs it tells), watches `notices` on a spot node, stops the node
+    by powering it off when `limits` say (the cloud deletes or stops it: no credential on the
+    node), and comes back whenever it stops, also while the bootstrap has not installed
+    cloudtrain yet."""
     python = f"{NODE_ROOT}/venv/bin/python"
     watch = f" --source {notices}" if notices else ""
+    if limits:
+        watch += " " + " ".join(f for f in agent_policy(limits) if f != "--off")
     return (
         "[Unit]\n"
         "Description=cloudtrain node agent"
@@ -155,7 +173,7 @@ def agent_unit(notices: str | None) -> str:
         "StartLimitIntervalSec=0\n\n"
         "[Service]\n"
         f"User={NODE_USER}\n"
-        f"ExecStart={python} -m cloudtrain.node agent --root {NODE_ROOT}{watch}\n"
+        f"ExecStart={python} -m cloudtrain.node agent --root {NODE_ROOT} --halt{watch}\n"
         "Restart=always\n"
         "RestartSec=5\n\n"
         "[Install]\n"
@@ -177,7 +195,7 @@ def _values(shape: NodeShape, keys: NodeKeys) -> dict[str, object]:
         "host_public_key": keys.host_public,
         "config": config(shape).rstrip("\n"),
         "script_gz_b64": packed,
-        "agent_unit": agent_unit(shape.notices).rstrip("\n"),
+        "agent_unit": agent_unit(shape.notices, shape.limits).rstrip("\n"),
     }
 
 

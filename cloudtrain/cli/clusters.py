@@ -45,8 +45,17 @@ def cluster_options(fn: Any) -> Any:
             help="Where SSH is allowed from (default: this machine's "
             "public address; 0.0.0.0/0 only when you say so).",
         ),
+        click.option("--idle-minutes", help="Its nodes go after this long without a job or an "
+                     "SSH session of yours (their agents judge it; this machine may be off)."),
+        click.option("--down-when-idle", is_flag=True, default=None, help="With --idle-minutes: "
+                     "delete the idle cluster (the next command removes what is left), not "
+                     "keep it stopped for `up` to bring back."),
+        click.option("--max-hours", help="Delete the cluster this many hours after `up`, idle or "
+                     "not."),
+        click.option("--max-cost", help="Delete the cluster when it has cost this many USD "
+                     "(the price at launch × node-hours)."),
         *provider_options(),
-    ]
+    ]  # fmt: skip
     for option in reversed(options):
         fn = option(fn)
     return fn
@@ -69,6 +78,7 @@ def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
         "resources.zone": flags.get("zone"),
         "resources.disk_gb": flags.get("disk_gb"),
         "resources.image": flags.get("image"),
+        **{k: flags.get(k) for k in ("idle_minutes", "down_when_idle", "max_hours", "max_cost")},
     }
     task = (
         taskfile.from_flags(overrides) if task_file is None else taskfile.load(task_file, overrides)
@@ -146,6 +156,10 @@ def bring_up(
     price = record.price_per_hour if record and record.price_per_hour is not None else 0.0
     app.out.print(render.nodes_table(nodes))
     app.out.print(f"cluster {spec.name} is up: {len(nodes)} node(s), ${price:.2f}/h", markup=False)
+    if record is not None and record.spec.limits:
+        from cloudtrain.autostop import limits_text
+
+        app.note(f"{spec.name} stops itself {limits_text(record.spec)}")
 
 
 @click.command()
@@ -162,8 +176,6 @@ def bring_up(
     is_flag=True,
     help="Tear the cluster down when a node's bootstrap fails (default: keep it for inspection).",
 )
-@click.option("--idle-minutes", help="Each node removes itself after this long without a job "
-              "(its agent does it; this machine may be off). local and ssh.")  # fmt: skip
 @pass_app
 def up(
     app: App,
@@ -172,22 +184,12 @@ def up(
     dry_run: bool,
     no_setup: bool,
     down_on_failure: bool,
-    idle_minutes: str | None,
     **flags: Any,
 ) -> None:
     """Create a cluster (or complete a half-made one) from flags and/or TASK_FILE, and wait
     until every node's bootstrap reports ready."""
-    from cloudtrain import api
-    from cloudtrain.spec import validate_idle_minutes
-
     task = load_task(task_file, **flags)
-    idle = None if idle_minutes is None else validate_idle_minutes(idle_minutes)
-    if idle is not None:
-        api.check_autostop(task.cluster)  # before anything is made
     bring_up(app, task, dry_run, setup=not no_setup, down_on_failure=down_on_failure)
-    if idle is not None and not dry_run:
-        api.autostop(app.state, app.home, task.cluster.name, idle)
-        app.note(f"{task.cluster.name} removes itself after {idle:g} minute(s) without a job")
 
 
 @click.command()
@@ -199,15 +201,17 @@ def autostop(app: App, name: str, idle_minutes: str | None, off: bool) -> None:
     """Set when cluster NAME stops itself when idle (the idle clock starts again now), or
     --off. Its nodes' agents act on it, with this machine on or off."""
     from cloudtrain import api
-    from cloudtrain.spec import validate_idle_minutes
+    from cloudtrain.spec.limits import validate_idle_minutes
 
     if off == (idle_minutes is not None):
         raise click.UsageError("give --idle-minutes N or --off")
     idle = None if off else validate_idle_minutes(idle_minutes)
+    from cloudtrain.autostop import limits_text
+
     beats = api.autostop(app.state, app.home, name, idle)
-    when = (
-        "never stops by itself" if idle is None else f"removes itself after {idle:g} idle minute(s)"
-    )
+    record = app.state.cluster(name)
+    text = limits_text(record.spec) if record else "never"
+    when = "never stops by itself" if text == "never" else f"stops itself {text}"
     app.out.print(f"cluster {name} {when} ({len(beats)} node(s) told)", markup=False)
 
 
@@ -345,8 +349,11 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
 
     restart_watchers(app)
     clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
-    if refresh:
-        _reconcile(app, clusters)
+    # a cluster that may have stopped itself is looked at by every status: what its nodes
+    # could not remove (they hold no credential) is removed by the next command here
+    watched = clusters if refresh else [c for c in clusters if c.spec.limits]
+    if watched:
+        _reconcile(app, watched, others=refresh)
         clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
     for intent in state.open_intents(cluster):
         app.note(
@@ -426,12 +433,12 @@ def _print_agents(app: App, clusters: list[ClusterRecord]) -> None:
             app.out.print(render.agent_line(beat), markup=False)
 
 
-def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
+def _reconcile(app: App, clusters: list[ClusterRecord], others: bool = True) -> None:
     """Compare the records with the providers' tags and fix what drifted: nodes gone behind
     our back, nodes that appeared; report clusters that exist but are not recorded here."""
     import dataclasses
 
-    from cloudtrain import api
+    from cloudtrain import api, autostop
     from cloudtrain.provision import registry
 
     state = app.state
@@ -453,6 +460,10 @@ def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
         live = sum(n.state == "running" for n in found)
         status = "up" if live >= c.spec.num_nodes else "partial" if found else "gone"
         left = [] if found else prov.leftovers(c.name, c.spec.cluster_id)
+        if autostop.stopped_itself(c.spec, found):  # its agents acted: clean what they could not
+            left += [f"{n.name} (stopped)" for n in found]
+            app.note(autostop.settle(state, app.home, c, left))
+            continue
         if left:
             status = "leftovers"
             said = f"no node is left, but {', '.join(left)} remain"
@@ -462,6 +473,8 @@ def _reconcile(app: App, clusters: list[ClusterRecord]) -> None:
                 state.add_event(c.name, "leftovers", said)
             app.note(f"{c.name}: {said}; `cloudtrain down {c.name}` removes them")
         state.set_cluster_status(c.name, status)
+    if not others:
+        return
     recorded = {c.name for c in state.clusters()}
     accounts = {(c.provider, json.dumps(account(c.spec.extra, c.provider), sort_keys=True)): c
                 for c in clusters}  # fmt: skip

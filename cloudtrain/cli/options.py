@@ -44,6 +44,7 @@ def _dest(flag: str) -> str:
 _KINDS: dict[str, Any] = {
     "path": click.Path(dir_okay=False, path_type=Path),
     "hours": click.FloatRange(min=0, min_open=True),
+    "usd": click.FloatRange(min=0, max=999_999),
 }
 
 

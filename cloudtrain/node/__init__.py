@@ -14,8 +14,13 @@ Stdlib only and quick to start, because it runs on every node for every job::
     python -m cloudtrain.node bootstrap run CONFIG    stage 2 of the node's bootstrap
                                                       (`cloudtrain.node.bootstrap`)
     python -m cloudtrain.node autostop --root ROOT    the node stops itself after S idle seconds
-        [--idle-s S] [--deadline T] | --off           or at T (epoch seconds); prints the beat
-                                                      (with neither: only prints it)
+        [--idle-s S | --off] [--deadline T --why W]   (--off: never when idle), or at T (epoch
+        [--sessions | --no-sessions]                  seconds) because W (lifetime, budget);
+                                                      prints the beat (alone: only prints it)
+
+The agent's own flags: ``--halt`` (a cloud node: it stops by powering off) and its boot policy
+(``--idle-s``, ``--deadline``, ``--why``, ``--sessions``: what `up` asked, set once at the first
+start, kept when a later `autostop` changed it).
 
 `status` answers the coordinator's heartbeat for the job and for the node's agent (a detached
 agent that is not there is started again).
@@ -140,6 +145,19 @@ def _tail_offset(log: Path, lines: int) -> int:
     return start + cut + 1
 
 
+def _policy_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--idle-s", type=float, help="stop after this many seconds idle")
+    parser.add_argument("--deadline", type=float, help="stop at this time (epoch seconds)")
+    parser.add_argument("--why", choices=agent.ENDS, help="what the deadline is")
+    parser.add_argument("--sessions", action=argparse.BooleanOptionalAction,
+                        help="an SSH session of the user is work (not idle)")  # fmt: skip
+
+
+def _policy(args: argparse.Namespace) -> dict[str, object]:
+    """The policy fields the command line gives."""
+    return {k: getattr(args, k) for k in agent.POLICY_FIELDS if getattr(args, k) is not None}
+
+
 def _agent(args: argparse.Namespace) -> int:
     root = args.root.absolute()
     if args.ensure:
@@ -147,7 +165,9 @@ def _agent(args: argparse.Namespace) -> int:
         return 0
     if args.supervise:
         return agent.supervise(agent.argv(root, args.source, args.endpoint))
-    return agent.resident(root, args.source, args.endpoint)
+    if root.is_dir():
+        agent.boot_policy(root, **_policy(args))
+    return agent.resident(root, args.source, args.endpoint, halt=args.halt)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -183,11 +203,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode = p_agent.add_mutually_exclusive_group()
     mode.add_argument("--ensure", action="store_true", help="start it detached, supervised")
     mode.add_argument("--supervise", action="store_true", help="run it, again when it dies")
+    p_agent.add_argument("--halt", action="store_true", help="stop by powering the node off")
+    _policy_args(p_agent)
     p_stop = sub.add_parser("autostop")
     p_stop.add_argument("--root", type=Path, required=True)
-    p_stop.add_argument("--idle-s", type=float)
-    p_stop.add_argument("--deadline", type=float)
-    p_stop.add_argument("--off", action="store_true")
+    p_stop.add_argument("--off", action="store_true", help="never stop when idle")
+    _policy_args(p_stop)
     args = parser.parse_args(words)
 
     if args.command == "port":
@@ -204,8 +225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not root.is_dir():  # never make a node's folder again: it went away
             print(f"cloudtrain: no node at {root} (it went away)", file=sys.stderr)
             return 3
-        if args.off or args.idle_s is not None or args.deadline is not None:
-            agent.set_policy(root, args.idle_s, args.deadline)  # --off: both None
+        changes = _policy(args)
+        if args.off:
+            changes["idle_s"] = None
+        if changes:
+            agent.set_policy(root, **changes)
         print(json.dumps(agent.view(root)))
     else:
         match = dict(item.split("=", 1) for item in args.match)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -74,6 +75,19 @@ def _held(root: Path) -> contextlib.AbstractContextManager[bool]:
     return procs.held_if_free(agent_dir(root) / "lock")
 
 
+#: The policy's fields: seconds without a job (or a user's SSH session) before the node stops;
+#: when it stops in any case (epoch seconds) and why (`ENDS`: which of the cluster's limits that
+#: is); whether SSH sessions of the user
+#: count as work (not on the user's own machine: the local provider).
+POLICY_FIELDS = ("idle_s", "deadline", "why", "sessions")
+#: What a deadline may be: the cluster's lifetime (``--max-hours``) or its budget (``--max-cost``).
+ENDS = ("lifetime", "budget")
+#: How a cloud node powers itself off (its agent runs as the node's user, a sudoer).
+HALT = ("sudo", "-n", "systemctl", "poweroff")
+#: A test hook: the command that plays the guest's power-off (a stand-in's hypervisor).
+HALT_ENV = "CLOUDTRAIN_HALT_COMMAND"
+
+
 def read_policy(root: Path) -> dict[str, Any] | None:
     """The node's autostop policy (`set_policy`), or None when it has none."""
     try:
@@ -83,25 +97,34 @@ def read_policy(root: Path) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
-def set_policy(root: Path, idle_s: float | None, deadline: float | None) -> dict[str, Any] | None:
-    """Stop the node after `idle_s` seconds without a job, or at `deadline` (epoch seconds),
-    whichever comes first; both None: never (the policy removed). The idle clock starts again
-    now. Only an agent that runs detached (ssh, local) acts on it."""
-    path = agent_dir(root) / POLICY
-    if idle_s is None and deadline is None:
-        path.unlink(missing_ok=True)
-        return None
+def set_policy(root: Path, **changes: Any) -> dict[str, Any]:
+    """Change the node's policy (`POLICY_FIELDS`; a field left out keeps its value, None clears
+    it). A change of ``idle_s`` starts the idle clock again now. The policy is kept even when
+    nothing is set in it, so that an agent that starts again does not take its boot policy back
+    (`boot_policy`)."""
+    unknown = set(changes) - set(POLICY_FIELDS)
+    if unknown:
+        raise ValueError(f"not a policy field: {sorted(unknown)}")
+    policy = {**dict.fromkeys(POLICY_FIELDS), **(read_policy(root) or {}), **changes}
+    if "idle_s" in changes or "set_at" not in policy:
+        policy["set_at"] = time.time()
     agent_dir(root).mkdir(mode=0o700, parents=True, exist_ok=True)
-    policy = {"idle_s": idle_s, "deadline": deadline, "set_at": time.time()}
-    _write_atomic(path, json.dumps(policy) + "\n")
+    _write_atomic(agent_dir(root) / POLICY, json.dumps(policy) + "\n")
     return policy
+
+
+def boot_policy(root: Path, **given: Any) -> None:
+    """The policy a node was made with (its unit's flags): set unless it has one already."""
+    if read_policy(root) is None and any(v is not None for v in given.values()):
+        set_policy(root, **given)
 
 
 def stops_at(policy: dict[str, Any], idle_since: float | None) -> tuple[float, str] | None:
     """When the node stops itself if nothing changes, and why; None: not while it works."""
     due: list[tuple[float, str]] = []
     if policy.get("deadline") is not None:
-        due.append((float(policy["deadline"]), "its lifetime ended"))
+        why = policy.get("why") if policy.get("why") in ENDS else "time"
+        due.append((float(policy["deadline"]), f"its {why} ended"))
     if policy.get("idle_s") is not None and idle_since is not None:
         idle_s = float(policy["idle_s"])
         start = max(idle_since, float(policy.get("set_at") or 0))
@@ -136,12 +159,28 @@ def said_when_stopped(node: str, text: str) -> str:
         return f"{node} removed itself"
 
 
-def _stop_node(root: Path, why: str) -> None:
-    """The node removes itself (ssh, local: the machines are the user's; nothing bills):
-    its processes stopped, its folder deleted, the reason left beside it."""
+def _stop_node(root: Path, why: str, halt: bool) -> bool:
+    """The node stops: its jobs stopped, the reason left beside its folder; then either the
+    folder deleted (ssh, local: the machines are the user's) or, with `halt`, the machine
+    powered off (a cloud node: its cloud deletes or stops it). False when the power-off
+    failed (it is tried again a minute later)."""
     _write_atomic(stopped_record(root), json.dumps({"at": time.time(), "why": why}) + "\n")
     procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(root)}, grace_s=10)  # not this agent
-    shutil.rmtree(root, ignore_errors=True)
+    if not halt:
+        shutil.rmtree(root, ignore_errors=True)
+        return True
+    hook = os.environ.get(HALT_ENV)
+    command = shlex.split(hook) if hook else list(HALT)
+    try:
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"cloudtrain-agent: could not power the node off: {exc}", file=sys.stderr, flush=True)
+        return False
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip()[-300:]
+        print(f"cloudtrain-agent: {shlex.join(command)} exited {done.returncode}: {said}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    return done.returncode == 0
 
 
 def resident(
@@ -149,11 +188,13 @@ def resident(
     source: str | None = None,
     endpoint: str | None = None,
     *,
+    halt: bool = False,
     interval_s: float = 1.0,
     beat_s: float = BEAT_S,
 ) -> int:
     """The agent's life: 0 when another one is resident, the node's folder went away or a
-    SIGTERM came."""
+    SIGTERM came. `halt`: the node stops by powering off (a cloud node), not by removing its
+    folder."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with _held(root) as mine:
@@ -165,21 +206,24 @@ def resident(
                              daemon=True).start()  # fmt: skip
         since = time.time()
         idle_since: float | None = since
+        halt_tried = 0.0
         while not stop.is_set():
             if not root.is_dir():
                 return 0
             jobs = running_jobs(root)
             now = time.time()
-            idle_since = None if jobs else (idle_since or now)
-            policy = read_policy(root)
-            due = stops_at(policy, idle_since) if policy else None
-            if due is not None and due[0] <= now and (agent_dir(root) / DETACHED).exists():
-                _stop_node(root, due[1])
-                return 0
+            policy = read_policy(root) or {}
+            sessions = procs.ssh_sessions() if policy.get("sessions") else []
+            idle_since = None if jobs or sessions else (idle_since or now)
+            due = stops_at(policy, idle_since)
+            if due is not None and due[0] <= now and now - halt_tried > 60:
+                halt_tried = now
+                if _stop_node(root, due[1], halt) and not halt:
+                    return 0
             beat = {"pid": os.getpid(), "since": since, "beat": now, "source": source,
-                    "endpoint": endpoint, "notice": notices.read(root) is not None,
-                    "jobs": jobs, "idle_since": idle_since, "autostop": policy,
-                    "stops_at": due[0] if due else None}  # fmt: skip
+                    "endpoint": endpoint, "halt": halt, "notice": notices.read(root) is not None,
+                    "jobs": jobs, "sessions": len(sessions), "idle_since": idle_since,
+                    "autostop": policy or None, "stops_at": due[0] if due else None}  # fmt: skip
             with contextlib.suppress(FileNotFoundError):  # the folder went away meanwhile
                 _write_atomic(agent_dir(root) / "beat.json", json.dumps(beat) + "\n")
             stop.wait(beat_s)

@@ -60,6 +60,14 @@ def environments() -> Iterator[tuple[int, dict[bytes, bytes]]]:
             yield int(entry.name), dict(p.split(b"=", 1) for p in pairs if b"=" in p)
 
 
+def ssh_sessions() -> list[str]:
+    """The terminals of this user's interactive SSH sessions (sshd sets ``SSH_TTY`` in a session
+    that has one; a command the coordinator runs has none)."""
+    ttys = {env[b"SSH_TTY"].decode(errors="replace") for _, env in environments()
+            if env.get(b"SSH_TTY")}  # fmt: skip
+    return sorted(ttys)
+
+
 def find_processes(match: Mapping[str, str]) -> list[int]:
     """Pids whose environment holds every KEY=VALUE of `match` (never this process's own line)."""
     wanted = {k.encode(): v.encode() for k, v in match.items()}

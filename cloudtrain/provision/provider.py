@@ -39,16 +39,18 @@ SDK errors are mapped to `cloudtrain.errors` at this boundary (`CapacityError`, 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
+from cloudtrain.errors import ConfigError
 from cloudtrain.model import Capability, Event, NodeInfo, OnEvent, Plan, ignore_event
 
 #: How an option's value is read: free text, a file (made absolute), a switch, a duration.
-OptionKind = Literal["text", "path", "flag", "hours"]
+OptionKind = Literal["text", "path", "flag", "hours", "usd"]
 
 if TYPE_CHECKING:
     from cloudtrain.boot.bootstrap import NodeKeys, NodeShape
@@ -86,6 +88,26 @@ class ProviderContext:
 
     home: Path
     options: Mapping[str, Any] = field(default_factory=_empty)
+
+
+#: What a node costs per hour where no catalog knows (machines of the user's: ssh, local).
+NODE_PRICE = Option(
+    "node_price",
+    "local, ssh: what one node costs per hour in USD (for the cost so far and --max-cost).",
+    kind="usd",
+)
+
+
+def node_price(options: Mapping[str, Any]) -> float:
+    """The `NODE_PRICE` option's value (0 when not given); `ConfigError` for a bad one."""
+    value = options.get("node_price")
+    if value is None or value == "":
+        return 0.0
+    text = str(value)
+    price = float(text) if re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,9})?", text) else -1.0
+    if price < 0:
+        raise ConfigError(f"--node-price {value!r}: give US dollars per node-hour, 0 or more")
+    return price
 
 
 class Provider(Protocol):

@@ -15,7 +15,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from cloudtrain.errors import ConfigError, suggest
+from cloudtrain.errors import SpecError as SpecError
+from cloudtrain.errors import suggest
+from cloudtrain.spec.limits import Limits, limits_from_dict, limits_of
 
 NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,39}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -26,6 +28,7 @@ MAX_DISK_GB = 65536
 TASK_FIELDS = (
     *("name", "provider", "resources", "num_nodes", "workdir", "setup", "run", "envs"),
     *("checkpoint", "checkpoint_keep", "managed", "max_recoveries", "retry_on_failure"),
+    *("idle_minutes", "down_when_idle", "max_hours", "max_cost"),
 )
 RESOURCE_FIELDS = ("accelerator", "spot", "region", "zone", "disk_gb", "image")
 
@@ -37,14 +40,6 @@ class Known:
 
     providers: Sequence[str]
     accelerators: Sequence[str]
-
-
-class SpecError(ConfigError):
-    """A spec field is invalid. `field` is its dotted path, e.g. ``resources.accelerator``."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 def _empty() -> Mapping[str, Any]:
@@ -69,8 +64,9 @@ class Resources:
         return f"{self.accelerator}:{self.count}" if self.accelerator else None
 
 
-#: What `up` resolves into a spec and records, not what the user asks: never a difference.
-_RESOLVED = frozenset({"ssh_cidr", "cluster_id"})
+#: What `up` resolves into a spec and records, not what the user asks, and what a later `up`
+#: may change in place (the limits: `up` hands the new ones to the nodes): never a difference.
+_RESOLVED = ("ssh_cidr", "cluster_id", "limits.")
 
 
 @dataclass(frozen=True)
@@ -86,6 +82,8 @@ class ClusterSpec:
     #: this incarnation of the name, on every resource's tags (`cloudtrain.model.new_cluster_id`):
     #: given by `up` to a new record and kept with it; None for records of older versions
     cluster_id: str | None = None
+    #: when it stops billing by itself (`cloudtrain.spec.limits`)
+    limits: Limits = field(default_factory=Limits)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form, stable across versions; `from_dict` reads it back."""
@@ -97,6 +95,7 @@ class ClusterSpec:
             "ssh_cidr": self.ssh_cidr,
             "extra": dict(self.extra),
             "cluster_id": self.cluster_id,
+            "limits": dataclasses.asdict(self.limits),
         }
 
     @classmethod
@@ -110,6 +109,7 @@ class ClusterSpec:
             ssh_cidr=data.get("ssh_cidr"),
             extra=MappingProxyType(dict(data.get("extra", {}))),
             cluster_id=data.get("cluster_id"),
+            limits=limits_of(data.get("limits")),
         )
 
     def differences(self, other: ClusterSpec) -> list[str]:
@@ -120,7 +120,7 @@ class ClusterSpec:
         return [
             f"{key}: {mine.get(key)!r} → {theirs.get(key)!r}"
             for key in sorted(set(mine) | set(theirs))
-            if mine.get(key) != theirs.get(key) and key not in _RESOLVED
+            if mine.get(key) != theirs.get(key) and not key.startswith(_RESOLVED)
         ]
 
 
@@ -252,22 +252,6 @@ def _whole(value: object, field: str, minimum: int, meaning: str = "") -> int:
 def validate_checkpoint_keep(value: object, field: str = "checkpoint_keep") -> int:
     """How many of a job's newest checkpoints are kept: a whole number, 1 or more."""
     return _whole(value, field, 1, "how many of the newest checkpoints are kept")
-
-
-#: The longest idle time a cluster may be given before it stops itself: a week.
-MAX_IDLE_MINUTES = 7 * 24 * 60
-
-
-def validate_idle_minutes(value: object, field: str = "--idle-minutes") -> float:
-    """Minutes without a job before a cluster stops itself: more than 0 (0.05 is 3 s), at most
-    a week."""
-    text = str(value)
-    minutes = float(text) if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text) else float("nan")
-    if not 0 < minutes <= MAX_IDLE_MINUTES or isinstance(value, bool):
-        raise SpecError(field, f"{field} {value!r}: give minutes above 0 (0.05 is 3 s) and at "
-                        f"most {MAX_IDLE_MINUTES} (a week), or `cloudtrain autostop NAME "
-                        "--off`")  # fmt: skip
-    return minutes
 
 
 def parse_gpus(
@@ -484,8 +468,10 @@ def task_from_dict(
             envs[key] = ""
         else:
             envs[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    cluster = ClusterSpec(name=name, provider=provider, num_nodes=num_nodes, resources=resources,
+                          limits=limits_from_dict(data))  # fmt: skip
     return TaskSpec(
-        cluster=ClusterSpec(name=name, provider=provider, num_nodes=num_nodes, resources=resources),
+        cluster=cluster,
         workdir=workdir,
         setup=_opt_str(data, "setup", "setup"),
         run=_run(data),

@@ -69,6 +69,7 @@ def run_request(
     """The exact RunInstances request for `indices` in `zone` (the dry run prints it)."""
     itype = offer.instance_type
     batch = {TAG_NODES: compact(indices)}
+    shape = bootstrap.NodeShape.of(offer, notices.IMDSV2, spec.limits)
     request: dict[str, Any] = {
         "ImageId": offer.extra["image"],
         "InstanceType": itype,
@@ -76,7 +77,7 @@ def run_request(
         "MaxCount": len(indices),
         "ClientToken": token,
         "KeyName": scope.key_name,
-        "UserData": user_data(bootstrap.NodeShape.of(offer, notices.IMDSV2), keys)["UserData"],
+        "UserData": user_data(shape, keys)["UserData"],
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
         "BlockDeviceMappings": [
             {

@@ -79,7 +79,7 @@ class AwsProvider(Engine):
     tests), ``wait_timeout_s``, ``poll_s``."""
 
     name: ClassVar[str] = "aws"
-    capabilities: ClassVar[frozenset[Capability]] = CLOUD_CAPABILITIES
+    capabilities: ClassVar[frozenset[Capability]] = CLOUD_CAPABILITIES | {Capability.AUTOSTOP}
     options: ClassVar[tuple[Option, ...]] = OPTIONS
     #: what a node boots with, by the request's field (`cloudtrain bootstrap render`)
     user_data = staticmethod(user_data)

@@ -25,10 +25,4 @@ OPTIONS = (
         account=True,
     ),
     Option("network", "GCP: the VPC network the nodes join (default 'default')."),
-    Option(
-        "max_hours",
-        "GCP: the nodes delete themselves after this many hours (a forgotten cluster stops "
-        "billing).",
-        kind="hours",
-    ),
 )

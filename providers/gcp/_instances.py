@@ -133,7 +133,7 @@ def bulk_insert_body(
     shape = Shape.of(offer)
     labels = res.labels(spec.name, owner, spec.cluster_id)
     boot = user_data(
-        bootstrap.NodeShape.of(offer, notices.GCE_METADATA),
+        bootstrap.NodeShape.of(offer, notices.GCE_METADATA, spec.limits),
         keys,
     )
     metadata = {

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -82,7 +83,7 @@ class GcpProvider(Engine):
     ``poll_s``."""
 
     name: ClassVar[str] = "gcp"
-    capabilities: ClassVar[frozenset[Capability]] = CLOUD_CAPABILITIES
+    capabilities: ClassVar[frozenset[Capability]] = CLOUD_CAPABILITIES | {Capability.AUTOSTOP}
     options: ClassVar[tuple[Option, ...]] = OPTIONS
     #: what a node boots with, by the request's field (`cloudtrain bootstrap render`)
     user_data = staticmethod(user_data)
@@ -105,7 +106,7 @@ class GcpProvider(Engine):
         offers = planner.offers(spec)
         cidr, _ = access.ssh_cidr(spec.ssh_cidr)  # no address: refused before any call
         spec = dataclasses.replace(spec, ssh_cidr=cidr)
-        max_run_seconds(self._max_hours(spec))  # a bad --max-hours is refused before any call
+        self._max_run_s(spec)  # a bad max_hours is refused before any call
         offered: dict[str, dict[str, int]] = {}
         refined: list[Offer] = []
         for offer in offers:
@@ -131,7 +132,7 @@ class GcpProvider(Engine):
         return Plan(spec=spec, offers=tuple(refined), requests=self.requests(spec, refined[0]))
 
     def requests(self, spec: ClusterSpec, offer: Offer) -> list[dict[str, Any]]:
-        max_run_s = max_run_seconds(self._max_hours(spec))
+        max_run_s = self._max_run_s(spec)
         return dry_run(spec, offer, owner=self.owner, network=self.network, max_run_s=max_run_s)
 
     def placeholder_extra(self, spec: ClusterSpec, offer: Offer) -> dict[str, Any]:
@@ -144,8 +145,13 @@ class GcpProvider(Engine):
             "accelerator_type": shape.accelerator_type,
         }
 
-    def _max_hours(self, spec: ClusterSpec) -> object:
-        return spec.extra.get("max_hours") or self.settings.get("max_hours")
+    def _max_run_s(self, spec: ClusterSpec) -> int | None:
+        """The nodes' ``maxRunDuration``: until the cluster's lifetime or budget ends (`up`
+        resolved it), else its ``max_hours`` (older records kept it as an option)."""
+        if spec.limits.ends_at is not None:
+            return max(30, math.ceil(spec.limits.ends_at - time.time()))
+        return max_run_seconds(spec.limits.max_hours or spec.extra.get("max_hours")
+                               or self.settings.get("max_hours"))  # fmt: skip
 
     # -- the engine's hooks (the algorithm is `Engine.apply`) -----------------------------------
 
@@ -201,7 +207,7 @@ class GcpProvider(Engine):
         body = bulk_insert_body(
             spec, offer, list(indices), owner=self.owner, keys=keys,
             image=str(offer.extra["image"]), network=self.network,
-            max_run_s=max_run_seconds(self._max_hours(spec)), policy=prepared,
+            max_run_s=self._max_run_s(spec), policy=prepared,
         )  # fmt: skip
         self._bulk_insert(spec, str(zone), body)
 

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from cloudtrain.provision.provider import Option
+from cloudtrain.provision.provider import NODE_PRICE, Option
 
-OPTIONS: tuple[Option, ...] = ()
+OPTIONS: tuple[Option, ...] = (NODE_PRICE,)

@@ -26,7 +26,7 @@ from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, 
 from cloudtrain.node import agent as resident
 from cloudtrain.node import procs
 from cloudtrain.providers.local import OPTIONS
-from cloudtrain.provision.provider import Option, ProviderContext
+from cloudtrain.provision.provider import Option, ProviderContext, node_price
 from cloudtrain.spec import ClusterSpec
 
 LOOPBACK = "127.0.0.1"
@@ -45,12 +45,13 @@ class LocalProvider:
 
     def __init__(self, context: ProviderContext) -> None:
         self._root = context.home / "local"
+        self._price = node_price(context.options)
 
     def _cluster_dir(self, cluster: str) -> Path:
         return self._root / cluster
 
     def plan(self, spec: ClusterSpec) -> Plan:
-        offer = Offer("local", "local", ("local",), "cpu", 0.0)
+        offer = Offer("local", "local", ("local",), "cpu", self._price)
         cdir = self._cluster_dir(spec.name)
         requests = [
             {"action": "create-node", "path": str(cdir / f"node-{i}")}
@@ -72,6 +73,7 @@ class LocalProvider:
                 continue
             node_dir = self._cluster_dir(spec.name) / f"node-{index}"
             node_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            resident.stopped_record(node_dir).unlink(missing_ok=True)  # an earlier life's
             tags = {"cluster": spec.name, "index": index, "created": time.time()}
             tmp = node_dir / "node.json.tmp"
             tmp.write_text(json.dumps(tags))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cloudtrain.provision.provider import Option
+from cloudtrain.provision.provider import NODE_PRICE, Option
 
 
 def _count_hosts(value: str) -> int:
@@ -53,4 +53,5 @@ OPTIONS = (
         kind="flag",
     ),
     Option("torch_index", "ssh: the pip index to install torch from (a mirror)."),
+    NODE_PRICE,
 )

@@ -31,7 +31,7 @@ from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, 
 from cloudtrain.node import agent as resident
 from cloudtrain.providers.ssh import OPTIONS
 from cloudtrain.providers.ssh.hosts import Host, load_inventory, parse_hosts
-from cloudtrain.provision.provider import Option, ProviderContext
+from cloudtrain.provision.provider import Option, ProviderContext, node_price
 from cloudtrain.spec import ClusterSpec
 
 #: What `apply` learns of a host, printed as one JSON line by its Python.
@@ -98,6 +98,7 @@ class SshProvider:
         self.install = not python
         self.allow_sudo = bool(opts.get("allow_sudo"))
         self.torch_index = str(opts["torch_index"]) if opts.get("torch_index") else None
+        self.node_price = node_price(opts)
         # Hosts that exist already: a refused connection is an answer, not a machine booting.
         self.connect_timeout_s = float(opts.get("connect_timeout_s", 3))
         phases = "python torch cloudtrain verify"  # run in the bootstrap's own order
@@ -125,8 +126,8 @@ class SshProvider:
         for path, flag in keys:
             if not path.is_file():
                 raise ConfigError(f"{flag} {str(path)!r} is not a file")
-        offer = Offer("ssh", "byo", ("byo",), "byo", 0.0, False, spec.resources.accelerator,
-                      spec.resources.count)  # fmt: skip
+        offer = Offer("ssh", "byo", ("byo",), "byo", self.node_price, False,
+                      spec.resources.accelerator, spec.resources.count)  # fmt: skip
         requests = [{"action": "connect", "host": str(h)} for h in self.hosts[: spec.num_nodes]]
         return Plan(spec=spec, offers=(offer,), requests=tuple(requests))
 

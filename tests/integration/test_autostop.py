@@ -21,7 +21,7 @@ def gone(sh: Shell, name: str) -> bool:
 def test_an_idle_cluster_removes_itself_with_nothing_running_here(sh: Shell) -> None:
     up = sh("up", "--name", "idle", "--nodes", "2", "--idle-minutes", "0.05")
     assert up.returncode == 0, up.stderr
-    assert "idle removes itself after 0.05 minute(s) without a job" in up.stderr
+    assert "idle stops itself after 0.05 idle minute(s) (kept, stopped)" in up.stderr
     assert sh.strays() == [], "nothing of cloudtrain runs on this side: only the nodes' agents"
     wait_for(lambda: gone(sh, "idle"), timeout=60, what="the nodes to remove themselves")
     wait_for(lambda: sh.processes() == [], timeout=30, what="the agents to leave")
@@ -30,7 +30,8 @@ def test_an_idle_cluster_removes_itself_with_nothing_running_here(sh: Shell) -> 
     assert refreshed.returncode == 0, refreshed.stderr
     assert "node-0 removed itself at" in refreshed.stderr
     assert "idle for 3 s" in refreshed.stderr
-    assert "`cloudtrain down idle` removes them" in refreshed.stderr
+    assert "idle stopped itself (it was idle); `cloudtrain up` brings it back" in refreshed.stderr
+    assert sh.status()["clusters"][0]["status"] == "stopped"
     assert sh("down", "idle").returncode == 0
     assert not (sh.home / "local" / "idle").exists()
     assert sh.status()["clusters"] == []
@@ -42,7 +43,7 @@ def test_a_running_job_keeps_it_and_the_clock_starts_when_the_job_ends(sh: Shell
     assert start.returncode == 0, start.stderr
     told = sh("autostop", "busy", "--idle-minutes", "0.05")
     assert told.returncode == 0, told.stderr
-    assert "cluster busy removes itself after 0.05 idle minute(s) (1 node(s) told)" in told.stdout
+    assert "cluster busy stops itself after 0.05 idle minute(s) (kept, stopped) (1 node(s) told)" in told.stdout
     time.sleep(8)  # well past the idle time: the job holds it
     assert not gone(sh, "busy")
     shown = sh("status", "busy")
@@ -65,20 +66,23 @@ def test_off_keeps_the_cluster_and_status_says_when_it_would_stop(sh: Shell) -> 
     assert "cluster keep never stops by itself" in off.stdout
     assert "stays until `cloudtrain down`" in sh("status", "keep").stdout
     events = [e["message"] for e in sh.status()["events"]]
-    assert events[-2:] == ["autostop: the nodes stop themselves after 60 idle minute(s)",
-                           "autostop: the nodes stop themselves never"]  # fmt: skip
+    assert events[-2:] == [
+        "the nodes stop themselves: after 60 idle minute(s) (kept, stopped)",
+        "the nodes stop themselves: never",
+    ]
     assert sh("down", "keep").returncode == 0
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--idle-minutes", "0"), "--idle-minutes '0': give minutes above 0"),
-        (("--idle-minutes", "soon"), "--idle-minutes 'soon': give minutes above 0"),
+        (("--idle-minutes", "0"), "idle_minutes '0': give minutes above 0"),
+        (("--idle-minutes", "soon"), "idle_minutes 'soon': give minutes above 0"),
         (("--idle-minutes", "20000"), "at most 10080 (a week)"),
+        (("--max-hours", "1", "--max-cost", "0.5"), "--max-cost 0.5: a local cluster has no price"),
         (
-            ("--provider", "aws", "--idle-minutes", "5"),
-            "--idle-minutes: the aws provider cannot stop an idle cluster by itself yet",
+            ("--provider", "azure", "--gpus", "V100:1", "--idle-minutes", "5"),
+            "provider 'azure' takes no --idle-minutes (got 5.0)",
         ),
     ],
 )

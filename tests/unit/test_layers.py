@@ -84,7 +84,8 @@ def test_no_module_imports_itself_back() -> None:
     ("module", "allowed"),
     [
         ("cloudtrain.errors", set()),
-        ("cloudtrain.spec", {"cloudtrain.errors"}),
+        ("cloudtrain.spec", {"cloudtrain.errors", "cloudtrain.spec.limits"}),
+        ("cloudtrain.spec.limits", {"cloudtrain.errors"}),
         ("cloudtrain.model", set()),
         # the node agent runs on the nodes, with whatever cloudtrain is there: stdlib only
         (

@@ -135,9 +135,8 @@ def test_the_cloud_config_holds_what_the_node_needs(tmp_path: Path) -> None:
                                 "/etc/cloudtrain/bootstrap.env"]  # fmt: skip
     unit = files["/etc/systemd/system/cloudtrain-agent.service"]["content"].splitlines()
     root = "/home/cloudtrain/.cloudtrain"
-    assert f"ExecStart={root}/venv/bin/python -m cloudtrain.node agent --root {root}" in unit, (
-        "an on-demand node has its resident agent too, watching no notice"
-    )
+    line = f"ExecStart={root}/venv/bin/python -m cloudtrain.node agent --root {root} --halt"
+    assert line in unit, "an on-demand node has its resident agent too, watching no notice"
 
 
 @pytest.mark.parametrize("provider", sorted(NOTICES))
@@ -159,7 +158,7 @@ def test_a_spot_node_starts_its_agent_before_the_bootstrap(tmp_path: Path, provi
     lines = unit["content"].splitlines()
     assert "User=cloudtrain" in lines
     root = "/home/cloudtrain/.cloudtrain"
-    watch = f"-m cloudtrain.node agent --root {root} --source {NOTICES[provider]}"
+    watch = f"-m cloudtrain.node agent --root {root} --halt --source {NOTICES[provider]}"
     assert f"ExecStart={root}/venv/bin/python {watch}" in lines
     assert "Restart=always" in lines
     enable = doc["runcmd"].index(["systemctl", "enable", "--now", "cloudtrain-agent.service"])

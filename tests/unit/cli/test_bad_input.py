@@ -52,7 +52,7 @@ CASES = [
     (["up", "--name", "x", "--provider", "nimbus"], "provider 'nimbus' is not a known provider"),
     (
         ["up", "--name", "x", "--provider", "gcp", "--gpus", "A100:8", "--max-hours", "0"],
-        "Invalid value for '--max-hours'",
+        "max_hours '0': give hours above 0 (0.01 is 36 s) and at most 2880 (120 days)",
     ),
     (
         ["up", "--name", "x", "--provider", "ssh", "--inventory", "no/such/inventory.yaml"],
@@ -81,8 +81,7 @@ CASES = [
     ),
     (
         ["up", "--name", "x", "--provider", "gcp", "--gpus", "A100:8", "--profile", "dev"],
-        "--profile is an option of aws, not of provider 'gcp'; gcp takes: --project, "
-        "--network, --max-hours",
+        "--profile is an option of aws, not of provider 'gcp'; gcp takes: --project, --network",
     ),
     (["up", "--name", "x", "-o", "nope=1"], "provider 'local' has no option 'nope'"),
     (
@@ -94,8 +93,19 @@ CASES = [
         "'--split-string' is not a valid environment variable name",
     ),
     *(
-        ([*GCP_A100, "--max-hours", bad], f"max_hours {bad}: give hours between 0.01 and 2880")
-        for bad in ("nan", "inf")
+        ([*GCP_A100, "--max-hours", bad], f"max_hours {bad!r}: give hours above 0")
+        for bad in ("nan", "inf", "1e3", "5\n", "-1")
+    ),
+    *(
+        (["up", "--name", "x", flag, "0"], f"{field} '0': give")
+        for flag, field in (("--idle-minutes", "idle_minutes"), ("--max-cost", "max_cost"))
+    ),
+    (["up", "--name", "x", "--max-cost", "5"], "--max-cost 5: a local cluster has no price"),
+    (["up", "--name", "x", "--down-when-idle"], "down_when_idle needs idle_minutes"),
+    (
+        ["up", "--name", "x", "--provider", "azure", "--gpus", "V100:1", "--idle-minutes", "5"],
+        "provider 'azure' takes no --idle-minutes (got 5.0); drop it, or choose a provider "
+        "that does: local, aws, ssh, gcp",
     ),
     (["up", "--name", "de\x1b]0;x\x07mo"], "name 'de\\x1b]0;x\\x07mo' is not a valid"),
     (

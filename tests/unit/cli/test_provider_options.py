@@ -43,8 +43,7 @@ def test_a_flag_is_kept_for_the_provider_that_declares_it(tmp_path: Path) -> Non
     with pytest.raises(ConfigError) as caught:
         load_task(None, name="c1", provider="gcp", opt_profile="dev")
     assert str(caught.value) == (
-        "--profile is an option of aws, not of provider 'gcp'; "
-        "gcp takes: --project, --network, --max-hours"
+        "--profile is an option of aws, not of provider 'gcp'; gcp takes: --project, --network"
     )
 
 

@@ -1,0 +1,90 @@
+"""What the user's side does about clusters that stop billing by themselves.
+
+The nodes' agents act alone (`cloudtrain.node.agent`): at the idle time, the lifetime or the
+budget they remove themselves (ssh, local) or power their machine off (a cloud, which then
+deletes it: AWS by ``InstanceInitiatedShutdownBehavior=terminate``; GCP stops it, its disk
+kept). No node holds a credential, so what only an account can delete (a security group, a
+key pair, firewall rules, a stopped GCE instance and its disk) waits for the next command
+here: `settle` finds such a cluster and removes what is left — the whole cluster when its
+lifetime or budget ended or it was to be deleted when idle; else it is recorded ``stopped``
+(`up` brings it back on the resources it kept).
+
+`cost_so_far`: the price recorded at launch × the hours since `up`, until the cluster stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from cloudtrain.model import NodeInfo
+from cloudtrain.spec import ClusterSpec
+from cloudtrain.state import ClusterRecord, State
+
+#: A cluster whose nodes stopped themselves when idle, kept for `up` to bring back.
+STOPPED = "stopped"
+#: Node states that bill no compute (a GCE instance a guest power-off stopped).
+HALTED = frozenset({"stopped", "terminated", "stopping"})
+#: How late a node may stop after its deadline by this machine's clock and still be "ended".
+SKEW_S = 120.0
+
+
+def limits_text(spec: ClusterSpec) -> str:
+    """``after 5 idle minute(s) (kept, stopped); at 2026-12-02 18:00:00, when its budget
+    ends``."""
+    limits, said = spec.limits, []
+    if limits.idle_minutes is not None:
+        kept = "deleted" if limits.down_when_idle else "kept, stopped"
+        said.append(f"after {limits.idle_minutes:g} idle minute(s) ({kept})")
+    if limits.ends_at is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(limits.ends_at))
+        said.append(f"at {when}, when its {limits.ends_why} ends")
+    return "; ".join(said) or "never"
+
+
+def cost_so_far(record: ClusterRecord, now: float | None = None) -> float | None:
+    """USD since `up` at the recorded price (None when none is known): the cluster's price per
+    hour × the hours until now, its deadline (its nodes are gone then) or when it was found
+    stopped, whichever is first."""
+    if record.price_per_hour is None:
+        return None
+    end = time.time() if now is None else now
+    if record.spec.limits.ends_at is not None:
+        end = min(end, record.spec.limits.ends_at)
+    if record.status == STOPPED:
+        end = min(end, record.updated_at)
+    return record.price_per_hour * max(0.0, end - record.created_at) / 3600
+
+
+def ended(spec: ClusterSpec, now: float | None = None) -> bool:
+    """Whether the cluster's lifetime or budget is over."""
+    at = spec.limits.ends_at
+    return at is not None and at <= (time.time() if now is None else now) + SKEW_S
+
+
+def stopped_itself(spec: ClusterSpec, found: list[NodeInfo]) -> bool:
+    """Whether a cluster with limits has no node that bills compute any more."""
+    return bool(spec.limits) and all(n.state in HALTED for n in found)
+
+
+def settle(state: State, home: Path, record: ClusterRecord, left: list[str]) -> str:
+    """A cluster whose nodes stopped themselves (`stopped_itself`): removed, leftovers and
+    record, when it ended or was to be deleted when idle and no managed job of it is making
+    its nodes again; else
+    recorded `STOPPED`. One line saying what happened, also kept as an event."""
+    from cloudtrain import api
+
+    spec = record.spec
+    why = f"its {spec.limits.ends_why} ended" if ended(spec) else "it was idle"
+    what = ", ".join(left) or "nothing"
+    recovering = [j.id for j in state.jobs(spec.name) if j.status == "recovering"]
+    if (ended(spec) or spec.limits.down_when_idle) and not recovering:
+        api.down(state, home, spec.name)
+        said = f"{spec.name} stopped itself ({why}); removed what was left: {what}"
+        state.add_event(spec.name, "down", said)
+        return said
+    if record.status != STOPPED:
+        state.set_cluster_status(spec.name, STOPPED)
+        state.add_event(spec.name, STOPPED, f"the nodes stopped themselves ({why}); kept: {what}")
+    return (f"{spec.name} stopped itself ({why}); `cloudtrain up` brings it back, "
+            f"`cloudtrain down {spec.name}` removes it (kept: {what})")  # fmt: skip
