@@ -341,6 +341,7 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
         raise click.UsageError(f"NAME {name!r} and --cluster {cluster!r} differ; give one")
     cluster = cluster or name
     from cloudtrain import api
+    from cloudtrain.autostop import cost_so_far
     from cloudtrain.cli import render
     from cloudtrain.errors import CloudtrainError
 
@@ -390,6 +391,7 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
                     "status": c.status,
                     "price_per_hour": c.price_per_hour,
                     "created_at": c.created_at,
+                    "cost_so_far": cost_so_far(c),
                     "spec": c.spec.to_dict(),
                     "nodes": [n.to_dict() for n in nodes[c.name]],
                 }
@@ -401,15 +403,41 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
         click.echo(json.dumps(data, indent=2))
         return
     if not clusters and not jobs:
+        if cluster is not None and events:  # a cluster that is gone: what became of it
+            app.out.print(render.events_table(events))
+            return
         app.out.print("no clusters and no jobs; `cloudtrain up --name demo --nodes 2` makes one")
         return
-    app.out.print(render.clusters_table(clusters, {k: len(v) for k, v in nodes.items()}))
+    counts = {k: len(v) for k, v in nodes.items()}
+    app.out.print(render.clusters_table(clusters, counts, _stops(app, clusters)))
     if jobs:
         app.out.print(render.jobs_table(jobs[:20]))
     if cluster is not None:  # one cluster's story: its agents, what happened to it lately
         _print_agents(app, clusters)
         if events:
             app.out.print(render.events_table(events))
+
+
+def _stops(app: App, clusters: list[ClusterRecord]) -> dict[str, str]:
+    """For each cluster with an idle clock that is up: how long it has been idle and when it
+    stops, as its agents say (one round trip to each such cluster's nodes)."""
+    import time
+
+    from cloudtrain import api
+    from cloudtrain.cli import render
+    from cloudtrain.errors import CloudtrainError
+
+    said = {}
+    for c in clusters:
+        if c.spec.limits.idle_minutes is None or c.status not in ("up", "partial"):
+            continue
+        try:
+            beats = api.agent_beats(app.state, app.home, c.name)
+        except CloudtrainError as exc:
+            app.note(f"warning: could not ask the agents of {c.name!r}: {exc}")
+            continue
+        said[c.name] = render.stops_text(c.spec, beats, time.time())
+    return said
 
 
 def _print_agents(app: App, clusters: list[ClusterRecord]) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
@@ -12,6 +12,7 @@ from rich.text import Text
 if TYPE_CHECKING:
     from cloudtrain.model import NodeInfo, Plan
     from cloudtrain.plan.catalog import InstanceType
+    from cloudtrain.spec import ClusterSpec
     from cloudtrain.state import ClusterRecord, EventRecord, JobRecord
 
 JOB_STYLES = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
@@ -85,13 +86,25 @@ def nodes_table(nodes: Sequence[NodeInfo], most: int = 16) -> Table:
     return table
 
 
-def clusters_table(clusters: Sequence[ClusterRecord], node_counts: dict[str, int]) -> Table:
+def clusters_table(
+    clusters: Sequence[ClusterRecord],
+    node_counts: dict[str, int],
+    stops: Mapping[str, str] | None = None,
+    now: float | None = None,
+) -> Table:
+    """The clusters; ``cost`` is the price at launch × the hours since `up` (until it
+    stopped), ``stops`` when it stops by itself (`stops`: what its agents said)."""
+    from cloudtrain.autostop import cost_so_far
+
+    now = time.time() if now is None else now
     table = Table(title="clusters", title_justify="left")
-    for col in ("name", "provider", "nodes", "GPUs/node", "status", "$/h", "created"):
-        table.add_column(col, justify="right" if col == "$/h" else "left")
+    for col in ("name", "provider", "nodes", "GPUs/node", "status", "$/h", "cost", "created",
+                "stops"):  # fmt: skip
+        table.add_column(col, justify="right" if col in ("$/h", "cost") else "left")
     for c in clusters:
         spec = c.spec
         price = "-" if c.price_per_hour is None else f"{c.price_per_hour:.2f}"
+        cost = cost_so_far(c, now)
         table.add_row(
             c.name,
             c.provider,
@@ -99,9 +112,40 @@ def clusters_table(clusters: Sequence[ClusterRecord], node_counts: dict[str, int
             spec.resources.gpus or "cpu",
             c.status,
             price,
+            "-" if cost is None else f"{cost:.2f}",
             ago(c.created_at),
+            Text((stops or {}).get(c.name) or lifetime_left(spec, now)),
         )
     return table
+
+
+def lifetime_left(spec: ClusterSpec, now: float) -> str:
+    """``budget ends in 1h02m`` / ``-``."""
+    at = spec.limits.ends_at
+    if at is None:
+        return "-"
+    return f"{spec.limits.ends_why} ends in {span(max(0.0, at - now))}"
+
+
+def span(seconds: float) -> str:
+    """``2d03h``, ``1h02m``, ``5m07s``, ``12s``."""
+    s = int(seconds)
+    for big, small, unit, sub in ((86400, 3600, "d", "h"), (3600, 60, "h", "m"), (60, 1, "m", "s")):
+        if s >= big:
+            return f"{s // big}{unit}{(s % big) // small:02d}{sub}"
+    return f"{s}s"
+
+
+def stops_text(spec: ClusterSpec, beats: Sequence[Mapping[str, Any]], now: float) -> str:
+    """What a cluster's agents say about when it stops: ``idle 2m05s, stops in 2m55s``."""
+    up = [b for b in beats if b.get("resident")]
+    if not up:
+        return lifetime_left(spec, now)
+    idle = [b.get("idle_since") for b in up]
+    doing = ("busy" if any(i is None for i in idle)
+             else f"idle {span(now - max(float(i) for i in idle if i is not None))}")  # fmt: skip
+    due = [float(b["stops_at"]) for b in up if b.get("stops_at")]
+    return f"{doing}, stops in {span(max(0.0, min(due) - now))}" if due else doing
 
 
 def jobs_table(jobs: Sequence[JobRecord]) -> Table:

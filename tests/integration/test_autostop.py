@@ -43,7 +43,7 @@ def test_a_running_job_keeps_it_and_the_clock_starts_when_the_job_ends(sh: Shell
     assert start.returncode == 0, start.stderr
     told = sh("autostop", "busy", "--idle-minutes", "0.05")
     assert told.returncode == 0, told.stderr
-    assert "cluster busy stops itself after 0.05 idle minute(s) (kept, stopped) (1 node(s) told)" in told.stdout
+    assert "cluster busy stops itself after 0.05 idle minute(s) (kept, stopped)" in told.stdout
     time.sleep(8)  # well past the idle time: the job holds it
     assert not gone(sh, "busy")
     shown = sh("status", "busy")
@@ -106,3 +106,45 @@ def test_autostop_on_a_node_that_went_away_says_so_and_makes_nothing_again(sh: S
     assert f"no node at {root} (it went away)" in told.stderr
     assert not root.exists(), "its folder is not made again"
     assert sh("down", "lost").returncode == 0
+
+
+def test_a_budget_deletes_the_cluster_and_the_next_command_removes_the_rest(sh: Shell) -> None:
+    """$36/h for 2 nodes is 1 cent a second: a $0.25 budget ends 25 s after `up`, with this
+    side off; the next `status` removes what the nodes left and says why; the cost shown is
+    price × hours to the cent all along."""
+    up = sh("up", "--name", "budget", "--nodes", "2", "--node-price", "18", "--max-cost", "0.25")
+    assert up.returncode == 0, up.stderr
+    assert "budget stops itself at " in up.stderr and "when its budget ends" in up.stderr
+    record = sh.status()["clusters"][0]
+    ends_at = record["spec"]["limits"]["ends_at"]
+    assert ends_at == pytest.approx(record["created_at"] + 25, abs=0.01)
+    assert record["price_per_hour"] == 36.0
+    shown = sh("status")
+    now = time.time()
+    assert "budget ends in" in shown.stdout
+    cost = 36.0 * (now - record["created_at"]) / 3600
+    assert f"{cost:.2f}" in shown.stdout or f"{cost - 0.01:.2f}" in shown.stdout
+    assert sh.strays() == [], "nothing of cloudtrain runs on this side"
+    wait_for(lambda: gone(sh, "budget"), timeout=90, what="the nodes to remove themselves")
+
+    after = sh("status", "budget")
+    assert after.returncode == 0, after.stderr
+    assert "budget stopped itself (its budget ended); removed what was left: " in after.stderr
+    assert "node-1 removed itself at" in after.stderr
+    assert sh.status()["clusters"] == [], "the record went with the leftovers"
+    assert not (sh.home / "local" / "budget").exists()
+    assert "its budget ended" in after.stdout, "`status NAME` still tells the story"
+    assert sh("down", "budget").returncode == 0, "nothing left: down is a no-op"
+
+
+def test_a_lifetime_ends_a_busy_cluster_and_the_cost_stops_with_it(sh: Shell) -> None:
+    up = sh("up", "--name", "life", "--nodes", "1", "--node-price", "3.6", "--max-hours",
+            "0.004")  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    job = sh("train", "-c", "life", "--detach", str(SCRIPTS / "sleeper.py"))
+    assert job.returncode == 0, job.stderr
+    wait_for(lambda: gone(sh, "life"), timeout=90, what="the lifetime (14.4 s) to end the node")
+    record = sh.status()["clusters"]
+    assert record == [], "ended: removed by the next command"
+    events = [e["message"] for e in sh.status()["events"] if e["cluster"] == "life"]
+    assert any("life stopped itself (its lifetime ended)" in e for e in events), events
