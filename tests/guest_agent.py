@@ -1,0 +1,67 @@
+"""A cloud node's resident agent run for real on this machine, as its systemd unit would run it.
+
+moto's instances and the GCE stand-in's are records, not machines: the agent that would run on
+one is started here with the exact flags of the unit its user-data carries (only ``--root``
+moved to a folder here), an environment with no credential of any cloud, and as its power-off
+the stand-in's guest (``CLOUDTRAIN_HALT_COMMAND``), which does what the cloud does when a guest
+powers off.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+UNIT = "/etc/systemd/system/cloudtrain-agent.service"
+
+
+def unit_of(user_data: bytes) -> str:
+    """The agent unit in a node's cloud-config (gzipped or not)."""
+    text = gzip.decompress(user_data) if user_data[:2] == b"\x1f\x8b" else user_data
+    doc = yaml.safe_load(text)
+    return next(f["content"] for f in doc["write_files"] if f["path"] == UNIT)
+
+
+def unit_of_b64(user_data: str) -> str:
+    return unit_of(base64.b64decode(user_data))
+
+
+def agent_flags(unit: str) -> list[str]:
+    """The flags of the unit's ``agent`` command, without ``--root``."""
+    line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    words = shlex.split(line.removeprefix("ExecStart="))
+    flags = words[words.index("agent") + 1 :]
+    at = flags.index("--root")
+    return flags[:at] + flags[at + 2 :]
+
+
+def start(root: Path, unit: str, halt_command: list[str]) -> subprocess.Popen[bytes]:
+    """The node's agent, running here with no credential, until the node powers off."""
+    root.mkdir(parents=True, exist_ok=True)
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(root),
+        "PYTHONPATH": str(REPO),
+        "CLOUDTRAIN_NODE_ROOT": str(root),
+        "CLOUDTRAIN_HALT_COMMAND": shlex.join(halt_command),
+    }
+    with open(root / "agent.log", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cloudtrain.node", "agent", "--root", str(root),
+             *agent_flags(unit)],
+            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=root,
+        )  # fmt: skip
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(timeout=30)
