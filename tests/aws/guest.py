@@ -22,7 +22,7 @@ def main() -> int:
     parser.add_argument("--instance", required=True)
     args = parser.parse_args()
     ec2 = boto3.client("ec2", region_name=args.region, endpoint_url=args.endpoint,
-                       aws_access_key_id="hypervisor", aws_secret_access_key="hypervisor")  # fmt: skip
+                       aws_access_key_id="hyper", aws_secret_access_key="visor")  # fmt: skip
     found = ec2.describe_instance_attribute(
         InstanceId=args.instance, Attribute="instanceInitiatedShutdownBehavior"
     )

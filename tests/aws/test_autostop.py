@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,9 +20,9 @@ UP = ["up", "--provider", "aws", "--gpus", "V100:1", "--nodes", "2", "--no-setup
 
 
 @pytest.fixture
-def cli(aws: StandIn, tmp_path: Path) -> Iterator[Shell]:
+def cli(aws: StandIn, tmp_path: Path) -> Shell:
     put_dlami_parameter(aws.client("ssm"), register_dlami(aws.client("ec2")))
-    yield Shell(tmp_path / "home")
+    return Shell(tmp_path / "home")
 
 
 def instances(aws: StandIn, name: str) -> dict[str, str]:
@@ -79,7 +78,8 @@ def test_an_idle_aws_cluster_ends_itself_and_the_next_command_cleans(
         assert "security group" in after.stderr
         assert cli.status()["clusters"] == []
     else:
-        assert f"{name} stopped itself (it was idle); `cloudtrain up` brings it back" in after.stderr
+        kept = f"{name} stopped itself (it was idle); `cloudtrain up` brings it back"
+        assert kept in after.stderr
         assert cli.status()["clusters"][0]["status"] == "stopped"
         assert cli("down", name).returncode == 0
     assert_empty(ec2, name)

@@ -114,7 +114,8 @@ def test_a_budget_deletes_the_cluster_and_the_next_command_removes_the_rest(sh: 
     price × hours to the cent all along."""
     up = sh("up", "--name", "budget", "--nodes", "2", "--node-price", "18", "--max-cost", "0.25")
     assert up.returncode == 0, up.stderr
-    assert "budget stops itself at " in up.stderr and "when its budget ends" in up.stderr
+    assert "budget stops itself at " in up.stderr
+    assert "when its budget ends" in up.stderr
     record = sh.status()["clusters"][0]
     ends_at = record["spec"]["limits"]["ends_at"]
     assert ends_at == pytest.approx(record["created_at"] + 25, abs=0.01)
