@@ -6,8 +6,9 @@ deletes it: AWS by ``InstanceInitiatedShutdownBehavior=terminate``; GCP stops it
 kept). No node holds a credential, so what only an account can delete (a security group, a
 key pair, firewall rules, a stopped GCE instance and its disk) waits for the next command
 here: `settle` finds such a cluster and removes what is left — the whole cluster when its
-lifetime or budget ended or it was to be deleted when idle; else it is recorded ``stopped``
-(`up` brings it back on the resources it kept).
+lifetime or budget ended, it was to be deleted when idle, or its instances are stopped rather
+than gone (GCP: their disks bill, and `up` does not start them); else it is recorded
+``stopped`` (`up` brings it back on the resources it kept: AWS's security group and key pair).
 
 `cost_so_far`: the price recorded at launch × the hours since `up`, until the cluster stopped.
 """
@@ -67,10 +68,13 @@ def stopped_itself(spec: ClusterSpec, found: list[NodeInfo]) -> bool:
     return bool(spec.limits) and all(n.state in HALTED for n in found)
 
 
-def settle(state: State, home: Path, record: ClusterRecord, left: list[str]) -> str:
+def settle(
+    state: State, home: Path, record: ClusterRecord, left: list[str], halted: int = 0
+) -> str:
     """A cluster whose nodes stopped themselves (`stopped_itself`): removed, leftovers and
-    record, when it ended or was to be deleted when idle and no managed job of it is making
-    its nodes again; else
+    record, when it ended, was to be deleted when idle, or has `halted` instances left (a
+    stopped GCE instance, whose disk bills and which `up` does not start again) — unless a
+    managed job of it is making its nodes again; else
     recorded `STOPPED`. One line saying what happened, also kept as an event."""
     from cloudtrain import api
 
@@ -78,7 +82,7 @@ def settle(state: State, home: Path, record: ClusterRecord, left: list[str]) -> 
     why = f"its {spec.limits.ends_why} ended" if ended(spec) else "it was idle"
     what = ", ".join(left) or "nothing"
     recovering = [j.id for j in state.jobs(spec.name) if j.status == "recovering"]
-    if (ended(spec) or spec.limits.down_when_idle) and not recovering:
+    if (ended(spec) or spec.limits.down_when_idle or halted) and not recovering:
         api.down(state, home, spec.name)
         said = f"{spec.name} stopped itself ({why}); removed what was left: {what}"
         state.add_event(spec.name, "down", said)

@@ -489,8 +489,8 @@ def _reconcile(app: App, clusters: list[ClusterRecord], others: bool = True) -> 
         status = "up" if live >= c.spec.num_nodes else "partial" if found else "gone"
         left = [] if found else prov.leftovers(c.name, c.spec.cluster_id)
         if autostop.stopped_itself(c.spec, found):  # its agents acted: clean what they could not
-            left += [f"{n.name} (stopped)" for n in found]
-            app.note(autostop.settle(state, app.home, c, left))
+            left += [f"node {n.index} ({n.node_id}, {n.state})" for n in found]
+            app.note(autostop.settle(state, app.home, c, left, halted=len(found)))
             continue
         if left:
             status = "leftovers"

@@ -34,6 +34,8 @@ from tests.gcp.gce import ApiError, Gce
 from tests.raw import send_raw
 
 PROJECT = "standin-project"
+#: Where a node's guest "powers off" (``POST /_guest/ZONE/NAME``): no GCE API, no credential.
+GUEST = "/_guest/"
 TOKEN_PREFIX = "ya29.standin-"
 ACCOUNT = f"cloudtrain-tests@{PROJECT}.iam.gserviceaccount.com"
 MESSAGES = {
@@ -184,6 +186,8 @@ class StandIn:
     def raw_fault(self, method: str, target: str, host: str) -> RawFault | None:
         """The `RawFault` that answers this request (recorded as a `Call`), or None."""
         parts = urlsplit(target)
+        if parts.path.startswith(GUEST):
+            return None
         with self.lock:
             if parts.path == "/token":
                 name, zone = "oauth.token", None
@@ -253,6 +257,9 @@ class StandIn:
             if parts.path == "/token":
                 self.log.append(Call("oauth.token", method, parts.path, query, None, host))
                 return self._token()
+            if parts.path.startswith(GUEST):  # not an API: the hypervisor, for a guest's halt
+                self.log.append(Call("guest.poweroff", method, parts.path, query, None, host))
+                return self._guest_power_off(parts.path.removeprefix(GUEST))
             name, zone, args, handler = routes.route(method, parts.path, self.gce)
             call = Call(name, method, parts.path, query, body, host, zone)
             self.log.append(call)
@@ -275,6 +282,16 @@ class StandIn:
                 return 200, handler(self.gce, call, args, self.page_size)
             except ApiError as exc:
                 return exc.status, exc.body()
+
+    def _guest_power_off(self, where: str) -> tuple[int, dict[str, Any]]:
+        """What GCE does when an instance's guest powers off: the instance is TERMINATED (it
+        bills no compute; its disks stay and bill), never deleted."""
+        zone, _, name = where.partition("/")
+        inst = self.gce.instances.get((zone, name))
+        if inst is None:
+            return 404, {"error": f"no instance {where}"}
+        inst["status"] = "TERMINATED"
+        return 200, {"status": inst["status"]}
 
     def _authorised(self, header: str) -> bool:
         """A token this server issued, or a JWT signed by the credentials' key (google-auth
