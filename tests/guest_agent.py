@@ -27,7 +27,7 @@ def unit_of(user_data: bytes) -> str:
     """The agent unit in a node's cloud-config (gzipped or not)."""
     text = gzip.decompress(user_data) if user_data[:2] == b"\x1f\x8b" else user_data
     doc = yaml.safe_load(text)
-    return next(f["content"] for f in doc["write_files"] if f["path"] == UNIT)
+    return str(next(f["content"] for f in doc["write_files"] if f["path"] == UNIT))
 
 
 def unit_of_b64(user_data: str) -> str:

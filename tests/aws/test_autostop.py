@@ -5,6 +5,7 @@ and the next command here removes what only the account can (security group, key
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def instances(aws: StandIn, name: str) -> dict[str, str]:
             for i in r["Instances"]}  # fmt: skip
 
 
-def run_agents(aws: StandIn, tmp_path: Path, name: str) -> list[object]:
+def run_agents(aws: StandIn, tmp_path: Path, name: str) -> list[subprocess.Popen[bytes]]:
     """Each node's agent as its user-data says, playing its guest against the stand-in."""
     request = aws.app.calls("RunInstances")[-1]
     unit = guest_agent.unit_of_b64(request.params["UserData"])
@@ -65,7 +66,7 @@ def test_an_idle_aws_cluster_ends_itself_and_the_next_command_cleans(
                  what="the idle nodes to power themselves off")  # fmt: skip
     finally:
         for agent in agents:
-            guest_agent.stop(agent)  # type: ignore[arg-type]
+            guest_agent.stop(agent)
     for i in range(2):
         said = json.loads((tmp_path / f"node-{i}.stopped.json").read_text())
         assert said["why"] == "idle for 3 s"
@@ -100,7 +101,7 @@ def test_a_lifetime_on_aws_ends_nodes_with_a_job_running(
                  what="the lifetime to end the nodes")  # fmt: skip
     finally:
         for agent in agents:
-            guest_agent.stop(agent)  # type: ignore[arg-type]
+            guest_agent.stop(agent)
     assert time.time() >= ends_at
     after = cli("status")
     assert f"{name} stopped itself (its lifetime ended); removed what was left" in after.stderr

@@ -6,6 +6,7 @@ rules. ``maxRunDuration`` carries the lifetime as well, for a node whose agent i
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,12 +29,12 @@ def statuses(gcp: StandIn) -> dict[tuple[str, str], str]:
     return {key: inst["status"] for key, inst in gcp.gce.instances.items()}
 
 
-def run_agents(gcp: StandIn, tmp_path: Path) -> list[object]:
+def run_agents(gcp: StandIn, tmp_path: Path) -> list[subprocess.Popen[bytes]]:
     """Each node's agent as its metadata says; its power-off is the stand-in's guest halt."""
     body = gcp.calls("instances.bulkInsert")[-1].body or {}
     metadata = {i["key"]: i["value"] for i in body["instanceProperties"]["metadata"]["items"]}
     unit = guest_agent.unit_of(metadata["user-data"].encode("latin-1"))
-    agents = []
+    agents: list[subprocess.Popen[bytes]] = []
     for i, (zone, name) in enumerate(sorted(gcp.gce.instances)):
         halt = ["python", "-c", "import sys, urllib.request; urllib.request.urlopen("
                 "urllib.request.Request(sys.argv[1], method='POST'), timeout=30)",
@@ -64,7 +65,7 @@ def test_an_ended_gcp_cluster_powers_off_and_the_next_command_deletes_it(
                  what="the nodes to power themselves off at the end of the budget")  # fmt: skip
     finally:
         for agent in agents:
-            guest_agent.stop(agent)  # type: ignore[arg-type]
+            guest_agent.stop(agent)
     assert gcp.leftovers(name)["disks"], "a stopped instance keeps its disk (it bills)"
 
     after = cli("status")
@@ -85,7 +86,7 @@ def test_idle_nodes_stop_and_the_next_command_removes_their_disks(
                  what="the idle nodes to power themselves off")  # fmt: skip
     finally:
         for agent in agents:
-            guest_agent.stop(agent)  # type: ignore[arg-type]
+            guest_agent.stop(agent)
     after = cli("status", name)
     # a stopped GCE instance keeps a disk that bills, and `up` does not start it: removed
     assert f"{name} stopped itself (it was idle); removed what was left: " in after.stderr
