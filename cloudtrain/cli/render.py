@@ -188,12 +188,14 @@ def agent_line(beat: dict[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
     if not beat.get("resident"):
         return f"node {beat.get('node')}: its agent is not running"
-    jobs = beat.get("jobs") or []
-    doing = (
-        f"running {', '.join(jobs)}"
-        if jobs
-        else (f"idle for {duration(beat['idle_since'], now)}" if beat.get("idle_since") else "idle")
-    )
+    jobs, sessions = beat.get("jobs") or [], beat.get("sessions") or 0
+    if jobs:
+        doing = f"running {', '.join(jobs)}"
+    elif sessions:
+        doing = f"{sessions} SSH session(s) open"
+    else:
+        since = beat.get("idle_since")
+        doing = f"idle for {duration(since, now)}" if since else "idle"
     stops = beat.get("stops_at")
     when = (f", removes itself in {duration(now, max(now, float(stops)))}" if stops
             else ", stays until `cloudtrain down`")  # fmt: skip

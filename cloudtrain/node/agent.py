@@ -207,13 +207,14 @@ def resident(
         since = time.time()
         idle_since: float | None = since
         halt_tried = 0.0
+        sshd = procs.own_sshd()  # an ssh node's: the sessions that count are with it
         while not stop.is_set():
             if not root.is_dir():
                 return 0
             jobs = running_jobs(root)
             now = time.time()
             policy = read_policy(root) or {}
-            sessions = procs.ssh_sessions() if policy.get("sessions") else []
+            sessions = procs.ssh_sessions(sshd) if policy.get("sessions") else []
             idle_since = None if jobs or sessions else (idle_since or now)
             due = stops_at(policy, idle_since)
             if due is not None and due[0] <= now and now - halt_tried > 60:

@@ -60,12 +60,23 @@ def environments() -> Iterator[tuple[int, dict[bytes, bytes]]]:
             yield int(entry.name), dict(p.split(b"=", 1) for p in pairs if b"=" in p)
 
 
-def ssh_sessions() -> list[str]:
+def ssh_sessions(server: str | None = None) -> list[str]:
     """The terminals of this user's interactive SSH sessions (sshd sets ``SSH_TTY`` in a session
-    that has one; a command the coordinator runs has none)."""
-    ttys = {env[b"SSH_TTY"].decode(errors="replace") for _, env in environments()
-            if env.get(b"SSH_TTY")}  # fmt: skip
+    that has one; a command the coordinator runs has none). With `server` (``"ADDRESS PORT"``,
+    as ``SSH_CONNECTION`` ends), only sessions with that sshd: one machine may hold several
+    nodes' sshds (ssh hosts of a lab), or a terminal whose processes inherit its ``SSH_TTY``."""
+    ttys = set()
+    for _, env in environments():
+        tty, link = env.get(b"SSH_TTY"), env.get(b"SSH_CONNECTION", b"").split()
+        if tty and (server is None or b" ".join(link[2:4]).decode(errors="replace") == server):
+            ttys.add(tty.decode(errors="replace"))
     return sorted(ttys)
+
+
+def own_sshd() -> str | None:
+    """``"ADDRESS PORT"`` of the sshd this process came through (None under systemd)."""
+    link = os.environ.get("SSH_CONNECTION", "").split()
+    return " ".join(link[2:4]) if len(link) == 4 else None
 
 
 def find_processes(match: Mapping[str, str]) -> list[int]:

@@ -276,3 +276,33 @@ def test_an_idle_cluster_on_ssh_hosts_removes_itself_and_says_why(
     assert "node-1 removed itself at" in refreshed.stderr
     assert "idle for 3 s" in refreshed.stderr
     assert sh("down", name).returncode == 0
+
+
+def test_an_ssh_session_of_the_user_keeps_its_node_from_stopping(
+    sh: Shell, lab: Lab, name: str
+) -> None:
+    """A terminal open on a host (sshd gives it SSH_TTY) is work: that node waits for it to
+    close; the other node, with no session, stops when its idle time is over."""
+    up = sh(*lab.up_args(name), "--idle-minutes", "0.1")
+    assert up.returncode == 0, up.stdout + up.stderr
+    host = lab.hosts[0]
+    session = subprocess.Popen(
+        ["ssh", "-tt", "-i", str(lab.identity), "-o", f"UserKnownHostsFile={lab.known_hosts}",
+         "-o", "BatchMode=yes", "-p", str(host.port), f"root@{host.host}", "sleep 20"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    base = Path.home() / ".cloudtrain" / name
+    try:
+        wait_for(lambda: not (base / "node-1" / "node.json").exists(), timeout=60,
+                 what="node 1, with no session, to stop")  # fmt: skip
+        assert session.poll() is None, "the session is still open"
+        assert (base / "node-0" / "node.json").exists(), "the session keeps node 0"
+        shown = sh("status", name)
+        assert "node 0: agent up, 1 SSH session(s) open" in shown.stdout, shown.stdout
+    finally:
+        session.wait(timeout=60)
+    wait_for(lambda: not (base / "node-0" / "node.json").exists(), timeout=60,
+             what="node 0 to stop once the session closed")  # fmt: skip
+    said = json.loads((base / "node-0.stopped.json").read_text())
+    assert said["why"] == "idle for 6 s"
+    assert sh("down", name).returncode == 0
