@@ -284,6 +284,15 @@ def _train_and_maybe_down(
             f"no cluster named {cluster!r}; `cloudtrain up --name {cluster}` "
             "makes one, `cloudtrain status` lists them"
         )
+    ends_at = record.spec.limits.ends_at
+    if ends_at is not None:  # the cluster goes then, its job with it
+        import time
+
+        from cloudtrain.cli.render import span
+
+        app.note(f"warning: cluster {cluster!r} ends in {span(max(0, ends_at - time.time()))} "
+                 f"(its {record.spec.limits.ends_why}, set at `up`); a job still running then "
+                 "is stopped with it (checkpoints kept in a bucket survive it)")  # fmt: skip
     coord = app.coordinator(cluster)
     try:
         run_job(app, coord, cluster, job, detach, policy)

@@ -144,6 +144,8 @@ def test_a_lifetime_ends_a_busy_cluster_and_the_cost_stops_with_it(sh: Shell) ->
     assert up.returncode == 0, up.stderr
     job = sh("train", "-c", "life", "--detach", str(SCRIPTS / "sleeper.py"))
     assert job.returncode == 0, job.stderr
+    assert "warning: cluster 'life' ends in " in job.stderr
+    assert "(its lifetime, set at `up`); a job still running then is stopped" in job.stderr
     wait_for(lambda: gone(sh, "life"), timeout=90, what="the lifetime (14.4 s) to end the node")
     record = sh.status()["clusters"]
     assert record == [], "ended: removed by the next command"
