@@ -240,12 +240,15 @@ def with_limits(the_plan: Plan, created_at: float) -> Plan:
 def hand_limits(state: State, home: Path, spec: ClusterSpec) -> list[dict[str, Any]]:
     """Give each node of the cluster its limits (the agents act on them with this machine
     off); an event says what they are. Each node's beat."""
-    from cloudtrain.autostop import limits_text
     from cloudtrain.boot.bootstrap import agent_policy
 
-    beats = _ask_agents(state, home, spec.name, agent_policy(spec.limits, sessions=spec.provider
-                        != "local"))  # fmt: skip
-    state.add_event(spec.name, "autostop", "the nodes stop themselves: " + limits_text(spec))
+    beats = _ask_agents(
+        state,
+        home,
+        spec.name,
+        agent_policy(spec.limits, sessions=spec.provider != registry.DEFAULT),
+    )  # the user's own machine: theirs are not work
+    state.add_event(spec.name, "autostop", "the nodes stop themselves: " + spec.limits.text())
     return beats
 
 
@@ -289,8 +292,6 @@ def autostop(
     """Give every node of cluster `name` a new idle clock: it stops itself (its agent, with no
     one on this side) after `idle_minutes` without a job; None: never when idle (a lifetime or
     a budget stays). Each node's beat."""
-    from cloudtrain.autostop import limits_text
-
     record = state.cluster(name)
     if record is None:
         raise NotFoundError(f"no cluster named {name!r}; `cloudtrain status` lists them")
@@ -305,7 +306,7 @@ def autostop(
     policy = ["--idle-s", repr(idle_minutes * 60)] if idle_minutes is not None else ["--off"]
     beats = _ask_agents(state, home, name, policy)
     state.put_cluster(spec, status=record.status)
-    state.add_event(name, "autostop", "the nodes stop themselves: " + limits_text(spec))
+    state.add_event(name, "autostop", "the nodes stop themselves: " + spec.limits.text())
     return beats
 
 

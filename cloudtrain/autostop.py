@@ -30,19 +30,6 @@ HALTED = frozenset({"stopped", "terminated", "stopping"})
 SKEW_S = 120.0
 
 
-def limits_text(spec: ClusterSpec) -> str:
-    """``after 5 idle minute(s) (kept, stopped); at 2026-12-02 18:00:00, when its budget
-    ends``."""
-    limits, said = spec.limits, []
-    if limits.idle_minutes is not None:
-        kept = "deleted" if limits.down_when_idle else "kept, stopped"
-        said.append(f"after {limits.idle_minutes:g} idle minute(s) ({kept})")
-    if limits.ends_at is not None:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(limits.ends_at))
-        said.append(f"at {when}, when its {limits.ends_why} ends")
-    return "; ".join(said) or "never"
-
-
 def cost_so_far(record: ClusterRecord, now: float | None = None) -> float | None:
     """USD since `up` at the recorded price (None when none is known): the cluster's price per
     hour × the hours until now, its deadline (its nodes are gone then) or when it was found

@@ -43,20 +43,30 @@ def agent_flags(unit: str) -> list[str]:
     return flags[:at] + flags[at + 2 :]
 
 
-def start(root: Path, unit: str, halt_command: list[str]) -> subprocess.Popen[bytes]:
-    """The node's agent, running here with no credential, until the node powers off."""
+def start(
+    root: Path,
+    unit: str,
+    halt_command: list[str] | None = None,
+    *,
+    more: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """The node's agent, running here with no credential, until the node stops: `more` flags
+    after the unit's (where its metadata server and cloud API are here), `env` on top of a
+    bare environment."""
     root.mkdir(parents=True, exist_ok=True)
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(root),
         "PYTHONPATH": str(REPO),
         "CLOUDTRAIN_NODE_ROOT": str(root),
-        "CLOUDTRAIN_HALT_COMMAND": shlex.join(halt_command),
+        **({"CLOUDTRAIN_HALT_COMMAND": shlex.join(halt_command)} if halt_command else {}),
+        **(env or {}),
     }
     with open(root / "agent.log", "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "cloudtrain.node", "agent", "--root", str(root),
-             *agent_flags(unit)],
+             *agent_flags(unit), *(more or [])],
             env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=root,
         )  # fmt: skip
 

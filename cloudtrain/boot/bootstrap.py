@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cloudtrain import __version__
+from cloudtrain.node.selfstop import POWEROFF
 from cloudtrain.spec.limits import Limits
 
 if TYPE_CHECKING:
@@ -75,15 +76,19 @@ class NodeShape:
     #: the preemption notice protocol of a spot node (`cloudtrain.node.notices`): its agent
     #: watches it from boot (a systemd unit); None for nodes no cloud preempts
     notices: str | None = None
-    #: when the node stops itself (its agent's boot policy, `agent_policy`)
+    #: when the node stops itself (its agent's boot policy, `agent_policy`), and how
+    #: (`cloudtrain.node.selfstop`)
     limits: Limits = field(default_factory=Limits)
+    halt: str = POWEROFF
 
     @classmethod
-    def of(cls, offer: Offer, notices: str, limits: Limits | None = None) -> NodeShape:
+    def of(
+        cls, offer: Offer, notices: str, limits: Limits | None = None, halt: str = POWEROFF
+    ) -> NodeShape:
         """The shape of a node of `offer`; a spot offer's nodes watch `notices`."""
         return cls(offer.provider, offer.accelerator, offer.accelerator_count,
                    offer.instance_type, notices if offer.spot else None,
-                   limits or Limits())  # fmt: skip
+                   limits or Limits(), halt)  # fmt: skip
 
     def __str__(self) -> str:
         gpus = f"{self.accelerator}:{self.count}" if self.accelerator else "CPU"
@@ -155,12 +160,12 @@ def agent_policy(limits: Limits, sessions: bool = True) -> list[str]:
     return [*flags, "--sessions" if sessions else "--no-sessions"]
 
 
-def agent_unit(notices: str | None, limits: Limits | None = None) -> str:
+def agent_unit(notices: str | None, limits: Limits | None = None, halt: str = POWEROFF) -> str:
     """The systemd unit of a node's resident agent (`cloudtrain.node.agent`): it runs as the
     ``cloudtrain`` user (whose jobs it tells), watches `notices` on a spot node, stops the node
-    by powering it off when `limits` say (the cloud deletes or stops it: no credential on the
-    node), and comes back whenever it stops, also while the bootstrap has not installed
-    cloudtrain yet."""
+    when `limits` say, by powering it off (the cloud deletes or stops it) or, on Azure, by
+    deleting its own VM as its managed identity (no credential on the node), and comes back
+    whenever it stops, also while the bootstrap has not installed cloudtrain yet."""
     python = f"{NODE_ROOT}/venv/bin/python"
     watch = f" --source {notices}" if notices else ""
     if limits:
@@ -173,7 +178,9 @@ def agent_unit(notices: str | None, limits: Limits | None = None) -> str:
         "StartLimitIntervalSec=0\n\n"
         "[Service]\n"
         f"User={NODE_USER}\n"
-        f"ExecStart={python} -m cloudtrain.node agent --root {NODE_ROOT} --halt{watch}\n"
+        f"ExecStart={python} -m cloudtrain.node agent --root {NODE_ROOT} --halt"
+        + ("" if halt == POWEROFF else f" {halt}")
+        + f"{watch}\n"
         "Restart=always\n"
         "RestartSec=5\n\n"
         "[Install]\n"
@@ -195,7 +202,7 @@ def _values(shape: NodeShape, keys: NodeKeys) -> dict[str, object]:
         "host_public_key": keys.host_public,
         "config": config(shape).rstrip("\n"),
         "script_gz_b64": packed,
-        "agent_unit": agent_unit(shape.notices, shape.limits).rstrip("\n"),
+        "agent_unit": agent_unit(shape.notices, shape.limits, shape.halt).rstrip("\n"),
     }
 
 

@@ -157,9 +157,7 @@ def bring_up(
     app.out.print(render.nodes_table(nodes))
     app.out.print(f"cluster {spec.name} is up: {len(nodes)} node(s), ${price:.2f}/h", markup=False)
     if record is not None and record.spec.limits:
-        from cloudtrain.autostop import limits_text
-
-        app.note(f"{spec.name} stops itself {limits_text(record.spec)}")
+        app.note(f"{spec.name} stops itself {record.spec.limits.text()}")
 
 
 @click.command()
@@ -206,11 +204,9 @@ def autostop(app: App, name: str, idle_minutes: str | None, off: bool) -> None:
     if off == (idle_minutes is not None):
         raise click.UsageError("give --idle-minutes N or --off")
     idle = None if off else validate_idle_minutes(idle_minutes)
-    from cloudtrain.autostop import limits_text
-
     beats = api.autostop(app.state, app.home, name, idle)
     record = app.state.cluster(name)
-    text = limits_text(record.spec) if record else "never"
+    text = record.spec.limits.text() if record else "never"
     when = "never stops by itself" if text == "never" else f"stops itself {text}"
     app.out.print(f"cluster {name} {when} ({len(beats)} node(s) told)", markup=False)
 

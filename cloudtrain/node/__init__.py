@@ -18,7 +18,8 @@ Stdlib only and quick to start, because it runs on every node for every job::
         [--sessions | --no-sessions]                  seconds) because W (lifetime, budget);
                                                       prints the beat (alone: only prints it)
 
-The agent's own flags: ``--halt`` (a cloud node: it stops by powering off) and its boot policy
+The agent's own flags: ``--halt [poweroff|azure]`` (a cloud node: how it stops itself,
+`cloudtrain.node.selfstop`; ``--arm URL`` for Azure's) and its boot policy
 (``--idle-s``, ``--deadline``, ``--why``, ``--sessions``: what `up` asked, set once at the first
 start, kept when a later `autostop` changed it).
 
@@ -38,7 +39,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cloudtrain.node import agent, notices
+from cloudtrain.node import agent, notices, selfstop
 from cloudtrain.node.procs import POLL_S, alive, find_processes, kill_matching, tell_job
 
 __all__ = ["find_processes", "kill_matching", "main", "tell_job"]
@@ -167,7 +168,7 @@ def _agent(args: argparse.Namespace) -> int:
         return agent.supervise(agent.argv(root, args.source, args.endpoint))
     if root.is_dir():
         agent.boot_policy(root, **_policy(args))
-    return agent.resident(root, args.source, args.endpoint, halt=args.halt)
+    return agent.resident(root, args.source, args.endpoint, halt=args.halt, arm=args.arm)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -203,7 +204,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode = p_agent.add_mutually_exclusive_group()
     mode.add_argument("--ensure", action="store_true", help="start it detached, supervised")
     mode.add_argument("--supervise", action="store_true", help="run it, again when it dies")
-    p_agent.add_argument("--halt", action="store_true", help="stop by powering the node off")
+    p_agent.add_argument(
+        "--halt",
+        nargs="?",
+        const=selfstop.POWEROFF,
+        choices=selfstop.KINDS,
+        help="a cloud node: how it stops itself (default: power off)",
+    )
+    p_agent.add_argument("--arm", help="Azure Resource Manager (default: the public cloud's)")
     _policy_args(p_agent)
     p_stop = sub.add_parser("autostop")
     p_stop.add_argument("--root", type=Path, required=True)

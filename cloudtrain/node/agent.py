@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -37,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.node import notices, procs
+from cloudtrain.node import notices, procs, selfstop
 
 #: Seconds between two beats; a beat older than `STALE_S` is an agent that is not there.
 BEAT_S = 2.0
@@ -82,10 +81,6 @@ def _held(root: Path) -> contextlib.AbstractContextManager[bool]:
 POLICY_FIELDS = ("idle_s", "deadline", "why", "sessions")
 #: What a deadline may be: the cluster's lifetime (``--max-hours``) or its budget (``--max-cost``).
 ENDS = ("lifetime", "budget")
-#: How a cloud node powers itself off (its agent runs as the node's user, a sudoer).
-HALT = ("sudo", "-n", "systemctl", "poweroff")
-#: A test hook: the command that plays the guest's power-off (a stand-in's hypervisor).
-HALT_ENV = "CLOUDTRAIN_HALT_COMMAND"
 
 
 def read_policy(root: Path) -> dict[str, Any] | None:
@@ -159,28 +154,21 @@ def said_when_stopped(node: str, text: str) -> str:
         return f"{node} removed itself"
 
 
-def _stop_node(root: Path, why: str, halt: bool) -> bool:
+def _stop_node(root: Path, why: str, halt: str | None, metadata: str | None,
+               arm: str | None) -> bool:  # fmt: skip
     """The node stops: its jobs stopped, the reason left beside its folder; then either the
     folder deleted (ssh, local: the machines are the user's) or, with `halt`, the machine
-    powered off (a cloud node: its cloud deletes or stops it). False when the power-off
-    failed (it is tried again a minute later)."""
+    stopped the cloud's way (`cloudtrain.node.selfstop`). False when that failed (it is tried
+    again a minute later)."""
     _write_atomic(stopped_record(root), json.dumps({"at": time.time(), "why": why}) + "\n")
     procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(root)}, grace_s=10)  # not this agent
-    if not halt:
+    if halt is None:
         shutil.rmtree(root, ignore_errors=True)
         return True
-    hook = os.environ.get(HALT_ENV)
-    command = shlex.split(hook) if hook else list(HALT)
-    try:
-        done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        print(f"cloudtrain-agent: could not power the node off: {exc}", file=sys.stderr, flush=True)
-        return False
-    if done.returncode != 0:
-        said = done.stderr.decode(errors="replace").strip()[-300:]
-        print(f"cloudtrain-agent: {shlex.join(command)} exited {done.returncode}: {said}",
-              file=sys.stderr, flush=True)  # fmt: skip
-    return done.returncode == 0
+    failed = selfstop.stop(halt, metadata, arm)
+    if failed:
+        print(f"cloudtrain-agent: {failed}", file=sys.stderr, flush=True)
+    return failed is None
 
 
 def resident(
@@ -188,13 +176,14 @@ def resident(
     source: str | None = None,
     endpoint: str | None = None,
     *,
-    halt: bool = False,
+    halt: str | None = None,
+    arm: str | None = None,
     interval_s: float = 1.0,
     beat_s: float = BEAT_S,
 ) -> int:
     """The agent's life: 0 when another one is resident, the node's folder went away or a
-    SIGTERM came. `halt`: the node stops by powering off (a cloud node), not by removing its
-    folder."""
+    SIGTERM came. `halt`: how a cloud node stops (`cloudtrain.node.selfstop`: the metadata
+    server is `endpoint`, ARM `arm`); None: by removing its folder."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with _held(root) as mine:
@@ -219,7 +208,7 @@ def resident(
             due = stops_at(policy, idle_since)
             if due is not None and due[0] <= now and now - halt_tried > 60:
                 halt_tried = now
-                if _stop_node(root, due[1], halt) and not halt:
+                if _stop_node(root, due[1], halt, endpoint, arm) and halt is None:
                     return 0
             beat = {"pid": os.getpid(), "since": since, "beat": now, "source": source,
                     "endpoint": endpoint, "halt": halt, "notice": notices.read(root) is not None,

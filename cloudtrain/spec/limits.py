@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,18 @@ class Limits:
 
     def __bool__(self) -> bool:
         return any(getattr(self, f) for f in FIELDS)
+
+    def text(self) -> str:
+        """``after 5 idle minute(s) (kept, stopped); at 2026-12-02 18:00:00, when its budget
+        ends`` (``never`` for none)."""
+        said = []
+        if self.idle_minutes is not None:
+            kept = "deleted" if self.down_when_idle else "kept, stopped"
+            said.append(f"after {self.idle_minutes:g} idle minute(s) ({kept})")
+        if self.ends_at is not None:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.ends_at))
+            said.append(f"at {when}, when its {self.ends_why} ends")
+        return "; ".join(said) or "never"
 
     def resolved(self, created_at: float, price_per_hour: float) -> Limits:
         """With `ends_at`: `max_hours` after `created_at`, or when `max_cost` is spent at

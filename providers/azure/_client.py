@@ -30,6 +30,7 @@ from cloudtrain.providers.azure._errors import (
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
     from azure.core.pipeline import PipelineRequest, PipelineResponse
+    from azure.mgmt.authorization import AuthorizationManagementClient
     from azure.mgmt.compute import ComputeManagementClient
     from azure.mgmt.network import NetworkManagementClient
     from azure.mgmt.resource.resources import ResourceManagementClient
@@ -45,12 +46,14 @@ def import_sdk() -> None:
     """Fail with one line naming the extra when the SDK is missing."""
     try:
         import azure.identity
+        import azure.mgmt.authorization
         import azure.mgmt.compute
         import azure.mgmt.network
         import azure.mgmt.resource.resources  # noqa: F401
     except ImportError:
         raise ConfigError(
-            f"the azure provider needs azure-identity and azure-mgmt-compute/-network/-resource: "
+            "the azure provider needs azure-identity and "
+            f"azure-mgmt-authorization/-compute/-network/-resource: "
             f"{EXTRA}"
         ) from None
 
@@ -137,6 +140,15 @@ class Clients:
     def _on_request(self, request: PipelineRequest[Any]) -> None:
         for hook in self.request_hooks:
             hook(request)
+
+    def authorization(self) -> AuthorizationManagementClient:
+        import_sdk()
+        from azure.mgmt.authorization import AuthorizationManagementClient
+
+        client: AuthorizationManagementClient = self._build(
+            "authorization", AuthorizationManagementClient
+        )
+        return client
 
     def compute(self) -> ComputeManagementClient:
         import_sdk()

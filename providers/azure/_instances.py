@@ -23,9 +23,10 @@ from cloudtrain.boot import bootstrap
 from cloudtrain.boot.gpustack import FABRIC_NCCL
 from cloudtrain.errors import ConfigError
 from cloudtrain.model import NodeInfo, Offer
-from cloudtrain.node import notices
+from cloudtrain.node import notices, selfstop
 from cloudtrain.providers.azure import _resources as res
 from cloudtrain.spec import ClusterSpec
+from cloudtrain.spec.limits import Limits
 
 UBUNTU = {
     "publisher": "Canonical",
@@ -81,10 +82,11 @@ def user_data(shape: bootstrap.NodeShape, keys: bootstrap.NodeKeys) -> dict[str,
     return {"customData": bootstrap.fit(doc, CUSTOM_DATA_LIMIT, "Azure customData")}
 
 
-def custom_data(offer: Offer, keys: bootstrap.NodeKeys) -> str:
+def custom_data(offer: Offer, keys: bootstrap.NodeKeys, limits: Limits | None = None) -> str:
     """The node's cloud-init user-data, base64 as ``customData`` takes it. Holds public keys,
-    the cluster's host key (pinned by the coordinator) and the bootstrap; no cloud credential."""
-    shape = bootstrap.NodeShape.of(offer, notices.SCHEDULED_EVENTS)
+    the cluster's host key (pinned by the coordinator) and the bootstrap; no cloud credential
+    (a node with `limits` stops itself through its own managed identity: `_identity`)."""
+    shape = bootstrap.NodeShape.of(offer, notices.SCHEDULED_EVENTS, limits, selfstop.ARM_DELETE)
     return base64.b64encode(user_data(shape, keys)["customData"]).decode()
 
 
@@ -173,6 +175,8 @@ def vm_body(
     }
     if zone is not None:
         body["zones"] = [zone]
+    if spec.limits:  # it deletes itself when idle or ended, as itself (`_identity`)
+        body["identity"] = {"type": "SystemAssigned"}
     return body
 
 

@@ -33,7 +33,7 @@ from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan
 from cloudtrain.plan import planner
 from cloudtrain.plan.catalog import Catalog
-from cloudtrain.providers.azure import OPTIONS
+from cloudtrain.providers.azure import OPTIONS, _identity
 from cloudtrain.providers.azure import _instances as inst
 from cloudtrain.providers.azure import _resources as res
 from cloudtrain.providers.azure._client import Clients, azure_errors, endpoint
@@ -68,7 +68,7 @@ class AzureProvider(Engine):
     ``$CLOUDTRAIN_AZURE_POLL_S``, else the SDK's: ARM's ``Retry-After``, else 30 s)."""
 
     name: ClassVar[str] = "azure"
-    capabilities: ClassVar[frozenset[Capability]] = CLOUD_CAPABILITIES
+    capabilities: ClassVar[frozenset[Capability]] = CLOUD_CAPABILITIES | {Capability.AUTOSTOP}
     options: ClassVar[tuple[Option, ...]] = OPTIONS
     #: what a node boots with, by the request's field (`cloudtrain bootstrap render`)
     user_data = staticmethod(inst.user_data)
@@ -170,7 +170,7 @@ class AzureProvider(Engine):
             ids = res.ensure_network(
                 self.clients, cluster, labels, region, str(spec.ssh_cidr), ppg=spec.num_nodes > 1
             )
-        return ids, inst.custom_data(offer, keys)
+        return ids, inst.custom_data(offer, keys, spec.limits)
 
     def create(
         self,
@@ -197,9 +197,11 @@ class AzureProvider(Engine):
             )
             for i in indices
         }
-        self._create(
-            res.group_name(spec.name), bodies, f"{offer.region}/{zone}" if zone else offer.region
-        )
+        group = res.group_name(spec.name)
+        self._create(group, bodies, f"{offer.region}/{zone}" if zone else offer.region)
+        if spec.limits:  # each node may delete itself, and nothing else
+            with azure_errors(offer.region):
+                _identity.grant(self.clients, group, list(bodies), spec.name, spec.cluster_id)
 
     def clean(self, spec: ClusterSpec, offer: Offer) -> None:
         """Delete this incarnation's group unless it holds live VMs (a half-made cluster keeps
@@ -314,6 +316,9 @@ class AzureProvider(Engine):
         given), and with each everything it holds; then any VM so tagged elsewhere (never a
         group cloudtrain did not tag, nor one holding a VM of another owner or incarnation).
         Blocks until ARM reports them gone. Idempotent."""
+        with azure_errors():
+            for group in self._groups(cluster, cluster_id):
+                _identity.revoke(self.clients, group["name"])
         self._delete_groups(cluster, cluster_id)
         stray = [
             (str(n.extra["resource_group"]), n.node_id) for n in self.describe(cluster, cluster_id)

@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+from tests.azure import identity
 from tests.azure.arm import LRO_TYPES, ArmError, Operation, Store
 
 SUBSCRIPTION = "00000000-0000-0000-0000-0000000c10d0"
@@ -25,6 +26,8 @@ class Routes:
 
     store: Store
     tokens: set[str]
+    #: tokens of VMs' managed identities → their principal (`identity`)
+    identities: dict[str, str]
     base: str
     token_error: str | None
     page_size: int
@@ -35,9 +38,14 @@ class Routes:
     ) -> Answer:
         segs = [s for s in path.split("/") if s]
         low = [s.lower() for s in segs]
+        if low[0] == "_imds":  # a node's metadata server, not ARM
+            return 200, {}, identity.imds(self.store, self.identities, path, headers)
         if low[-1:] == ["openid-configuration"] or "oauth2" in low:
             return self._token(segs[0], low, body)
-        if headers.get("authorization", "").removeprefix("Bearer ") not in self.tokens:
+        token = headers.get("authorization", "").removeprefix("Bearer ")
+        if token in self.identities:
+            identity.allowed(self.store, self.identities[token], method, path)
+        elif token not in self.tokens:
             raise ArmError(401, "AuthenticationFailed", "no valid bearer token")
         if len(low) < 3 or low[0] != "subscriptions" or low[1] != SUBSCRIPTION:
             raise ArmError(404, "SubscriptionNotFound", f"subscription of {path} not found")
@@ -153,7 +161,8 @@ class Routes:
             if found is None:
                 raise ArmError(404, "ResourceGroupNotFound", f"{rid} could not be found.")
             for resource in self.store.under(rid):
-                self.store.delete(resource["id"])
+                if str(resource.get("type", "")).lower() != identity.ASSIGNMENTS:
+                    self.store.delete(resource["id"])  # role assignments outlive their scope
             self.store.delete(rid)
             op = self.store.start(rid)
             url = f"{self.base}/subscriptions/{SUBSCRIPTION}/operationresults/{op.id}"
@@ -190,7 +199,10 @@ class Routes:
         location = str(body.get("location", "")).lower()
         if rtype.lower() == "microsoft.compute/virtualmachines":
             op = self.store.create_vm(rid, body, group)
+            identity.assign(self.store.get(rid) or {})
             return 201, self._async(op, location), self.store.get(rid)
+        if rtype.lower() == identity.ASSIGNMENTS:
+            identity.check_assignment(self.store, rid, body)
         existed = self.store.get(rid) is not None
         props = body.setdefault("properties", {})
         for child in ("subnets", "securityRules"):

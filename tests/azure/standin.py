@@ -157,6 +157,7 @@ class StandIn(Routes):
         self.store = Store(SUBSCRIPTION)
         self.calls: list[Call] = []
         self.tokens: set[str] = set()
+        self.identities: dict[str, str] = {}
         self.token_error: str | None = None
         self.page_size = 50
         self.retry_after = "0"
@@ -203,6 +204,7 @@ class StandIn(Routes):
             self.calls.clear()
             self.raw_faults: list[RawFault] = []
             self.tokens.clear()
+            self.identities.clear()
             self.token_error = None
             self.page_size = 50
             #: ``Retry-After`` of every LRO answer: "0", which azure-core reads as no header (its

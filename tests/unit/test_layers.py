@@ -90,9 +90,16 @@ def test_no_module_imports_itself_back() -> None:
         # the node agent runs on the nodes, with whatever cloudtrain is there: stdlib only
         (
             "cloudtrain.node",
-            {"cloudtrain.node." + m for m in ("agent", "bootstrap", "notices", "procs")},
+            {
+                "cloudtrain.node." + m
+                for m in ("agent", "bootstrap", "notices", "procs", "selfstop")
+            },
         ),
-        ("cloudtrain.node.agent", {"cloudtrain.node.notices", "cloudtrain.node.procs"}),
+        (
+            "cloudtrain.node.agent",
+            {"cloudtrain.node.notices", "cloudtrain.node.procs", "cloudtrain.node.selfstop"},
+        ),
+        ("cloudtrain.node.selfstop", set()),
         ("cloudtrain.node.procs", {"cloudtrain.node.notices"}),
         ("cloudtrain.node.notices", set()),
     ],
