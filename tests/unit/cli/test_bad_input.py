@@ -103,9 +103,9 @@ CASES = [
     (["up", "--name", "x", "--max-cost", "5"], "--max-cost 5: a local cluster has no price"),
     (["up", "--name", "x", "--down-when-idle"], "down_when_idle needs idle_minutes"),
     (
-        ["up", "--name", "x", "--provider", "azure", "--gpus", "V100:1", "--idle-minutes", "5"],
-        "provider 'azure' takes no --idle-minutes (got 5.0); drop it, or choose a provider "
-        "that does: local, aws, ssh, gcp",
+        ["up", "--name", "x", "--provider", "fake", "--idle-minutes", "5"],
+        "provider 'fake' takes no --idle-minutes (got 5.0); drop it, or choose a provider "
+        "that does: local, aws, ssh, gcp, azure",
     ),
     (["up", "--name", "de\x1b]0;x\x07mo"], "name 'de\\x1b]0;x\\x07mo' is not a valid"),
     (
