@@ -350,7 +350,7 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
     # could not remove (they hold no credential) is removed by the next command here
     watched = clusters if refresh else [c for c in clusters if c.spec.limits]
     if watched:
-        _reconcile(app, watched, others=refresh)
+        reconcile(app, watched, others=refresh)
         clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
     for intent in state.open_intents(cluster):
         app.note(
@@ -457,7 +457,7 @@ def _print_agents(app: App, clusters: list[ClusterRecord]) -> None:
             app.out.print(render.agent_line(beat), markup=False)
 
 
-def _reconcile(app: App, clusters: list[ClusterRecord], others: bool = True) -> None:
+def reconcile(app: App, clusters: list[ClusterRecord], others: bool = True) -> None:
     """Compare the records with the providers' tags and fix what drifted: nodes gone behind
     our back, nodes that appeared; report clusters that exist but are not recorded here."""
     import dataclasses

@@ -279,6 +279,11 @@ def _train_and_maybe_down(
             "down when the job ends"
         )
     record = app.state.cluster(cluster)
+    if record is not None and record.spec.limits:  # it may have stopped itself meanwhile
+        from cloudtrain.cli.clusters import reconcile
+
+        reconcile(app, [record], others=False)
+        record = app.state.cluster(cluster)
     if record is None:
         raise NotFoundError(
             f"no cluster named {cluster!r}; `cloudtrain up --name {cluster}` "

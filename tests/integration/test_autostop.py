@@ -60,6 +60,9 @@ def test_off_keeps_the_cluster_and_status_says_when_it_would_stop(sh: Shell) -> 
     assert sh("up", "--name", "keep", "--nodes", "1", "--idle-minutes", "60").returncode == 0
     shown = sh("status", "keep")
     assert "node 0: agent up, idle for" in shown.stdout, shown.stdout
+    table = sh("status").stdout
+    assert "idle " in table
+    assert "stops in 59m" in table or "stops in 1h" in table, table
     assert "removes itself in 59m" in shown.stdout or "removes itself in 1h" in shown.stdout
     off = sh("autostop", "keep", "--off")
     assert off.returncode == 0, off.stderr
@@ -136,6 +139,9 @@ def test_a_budget_deletes_the_cluster_and_the_next_command_removes_the_rest(sh: 
     assert not (sh.home / "local" / "budget").exists()
     assert "its budget ended" in after.stdout, "`status NAME` still tells the story"
     assert sh("down", "budget").returncode == 0, "nothing left: down is a no-op"
+    again = sh("train", "-c", "budget", str(SCRIPTS / "sleeper.py"))
+    assert again.returncode != 0
+    assert "no cluster named 'budget'" in again.stderr
 
 
 def test_a_lifetime_ends_a_busy_cluster_and_the_cost_stops_with_it(sh: Shell) -> None:
@@ -147,6 +153,9 @@ def test_a_lifetime_ends_a_busy_cluster_and_the_cost_stops_with_it(sh: Shell) ->
     assert "warning: cluster 'life' ends in " in job.stderr
     assert "(its lifetime, set at `up`); a job still running then is stopped" in job.stderr
     wait_for(lambda: gone(sh, "life"), timeout=90, what="the lifetime (14.4 s) to end the node")
+    late = sh("train", "-c", "life", str(SCRIPTS / "sleeper.py"))  # the next command
+    assert "life stopped itself (its lifetime ended); removed what was left" in late.stderr
+    assert "no cluster named 'life'" in late.stderr
     record = sh.status()["clusters"]
     assert record == [], "ended: removed by the next command"
     events = [e["message"] for e in sh.status()["events"] if e["cluster"] == "life"]

@@ -56,6 +56,16 @@ def test_valid_file_round_trips(tmp_path: Path) -> None:
     assert dict(task.envs) == {"EPOCHS": "3", "DEBUG": "true", "LR": "0.001", "EMPTY": ""}
 
 
+def test_the_limits_come_from_the_file_and_a_flag_overrides_them(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: exp1\nidle_minutes: 30\ndown_when_idle: true\nmax_hours: 12\n"
+                 "max_cost: 250.5\n")  # fmt: skip
+    limits = taskfile.load(path).cluster.limits
+    assert (limits.idle_minutes, limits.down_when_idle, limits.max_hours, limits.max_cost) == (
+        30.0, True, 12.0, 250.5
+    )  # fmt: skip
+    assert taskfile.load(path, overrides={"max_hours": "2"}).cluster.limits.max_hours == 2.0
+
+
 def test_workdir_dot_is_the_files_folder_not_the_cwd(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -98,6 +108,11 @@ def test_unknown_nested_field_names_the_nested_line(tmp_path: Path) -> None:
         ("name: exp1\nresources: 5\n", ":2: resources must be a mapping, got 5"),
         ("name: exp1\nprovider: fak\n", ":2: provider 'fak' is not a known provider — did"),
         ("name: exp1\n\nrun: train.py 'oops\n", ':3: run "train.py \'oops": no closing quotation'),
+        ("name: exp1\nidle_minutes: 0\n", ":2: idle_minutes 0: give minutes above 0"),
+        ("name: exp1\nmax_hours: .inf\n", ":2: max_hours inf: give hours above 0"),
+        ("name: exp1\nmax_cost: -3\n", ":2: max_cost -3: give US dollars above 0"),
+        ("name: exp1\ndown_when_idle: yes please\n", ":2: down_when_idle 'yes please' is not"),
+        ("name: exp1\ndown_when_idle: true\n", ":2: down_when_idle needs idle_minutes"),
     ],
 )
 def test_bad_value_names_its_line(tmp_path: Path, text: str, expected: str) -> None:
