@@ -15,6 +15,8 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -71,7 +73,14 @@ def start(
         )  # fmt: skip
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        proc.wait(timeout=30)
+@contextmanager
+def running(agents: list[subprocess.Popen[bytes]]) -> Iterator[None]:
+    """The block runs while `agents` run; they are stopped after it (the node is gone by
+    then, or the test failed)."""
+    try:
+        yield
+    finally:
+        for proc in agents:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)

@@ -336,6 +336,8 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
     if name is not None and cluster is not None and name != cluster:
         raise click.UsageError(f"NAME {name!r} and --cluster {cluster!r} differ; give one")
     cluster = cluster or name
+    import time
+
     from cloudtrain import api
     from cloudtrain.autostop import cost_so_far
     from cloudtrain.cli import render
@@ -404,57 +406,46 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
             return
         app.out.print("no clusters and no jobs; `cloudtrain up --name demo --nodes 2` makes one")
         return
+    # the agents of clusters with an idle clock say how long they have been idle and when they
+    # stop; one cluster's story has each of its agents' lines
+    idle = [c for c in clusters if c.spec.limits.idle_minutes and c.status in ("up", "partial")]
+    told = [c for c in clusters if c.name == cluster and _stops_itself(c)]
+    beats = _agent_beats(app, [c for c in clusters if c in idle or c in told])
+    now = time.time()
+    stops = {c.name: render.stops_text(c.spec, beats[c.name], now) for c in idle if c.name in beats}
     counts = {k: len(v) for k, v in nodes.items()}
-    app.out.print(render.clusters_table(clusters, counts, _stops(app, clusters)))
+    app.out.print(render.clusters_table(clusters, counts, stops, now))
     if jobs:
         app.out.print(render.jobs_table(jobs[:20]))
     if cluster is not None:  # one cluster's story: its agents, what happened to it lately
-        _print_agents(app, clusters)
+        for c in told:
+            for beat in beats.get(c.name, []):
+                app.out.print(render.agent_line(beat, now), markup=False)
         if events:
             app.out.print(render.events_table(events))
 
 
-def _stops(app: App, clusters: list[ClusterRecord]) -> dict[str, str]:
-    """For each cluster with an idle clock that is up: how long it has been idle and when it
-    stops, as its agents say (one round trip to each such cluster's nodes)."""
-    import time
-
-    from cloudtrain import api
-    from cloudtrain.cli import render
-    from cloudtrain.errors import CloudtrainError
-
-    said = {}
-    for c in clusters:
-        if c.spec.limits.idle_minutes is None or c.status not in ("up", "partial"):
-            continue
-        try:
-            beats = api.agent_beats(app.state, app.home, c.name)
-        except CloudtrainError as exc:
-            app.note(f"warning: could not ask the agents of {c.name!r}: {exc}")
-            continue
-        said[c.name] = render.stops_text(c.spec, beats, time.time())
-    return said
-
-
-def _print_agents(app: App, clusters: list[ClusterRecord]) -> None:
-    """A line per node of each cluster whose nodes can stop themselves: how long it has been
-    idle and when it removes itself (one round trip to its agents)."""
-    from cloudtrain import api
-    from cloudtrain.cli import render
-    from cloudtrain.errors import CloudtrainError
+def _stops_itself(c: ClusterRecord) -> bool:
+    """Whether the nodes of `c`'s provider can stop themselves (they have agents to ask)."""
     from cloudtrain.model import Capability
     from cloudtrain.provision import registry
 
+    return Capability.AUTOSTOP in registry.provider_class(c.provider).capabilities
+
+
+def _agent_beats(app: App, clusters: list[ClusterRecord]) -> dict[str, list[dict[str, Any]]]:
+    """Each cluster's node agents as they see themselves (one round trip to each cluster's
+    nodes); a cluster whose agents cannot be asked is left out, with a warning."""
+    from cloudtrain import api
+    from cloudtrain.errors import CloudtrainError
+
+    found = {}
     for c in clusters:
-        if Capability.AUTOSTOP not in registry.provider_class(c.provider).capabilities:
-            continue
         try:
-            beats = api.agent_beats(app.state, app.home, c.name)
+            found[c.name] = api.agent_beats(app.state, app.home, c.name)
         except CloudtrainError as exc:
             app.note(f"warning: could not ask the agents of {c.name!r}: {exc}")
-            continue
-        for beat in beats:
-            app.out.print(render.agent_line(beat), markup=False)
+    return found
 
 
 def reconcile(app: App, clusters: list[ClusterRecord], others: bool = True) -> None:

@@ -60,13 +60,9 @@ def test_an_idle_aws_cluster_ends_itself_and_the_next_command_cleans(
     assert " --halt " in unit
     assert "--idle-s 3.0 --sessions" in unit
     assert not aws.app.calls(service="iam"), "no identity, role or policy: nothing to leak"
-    agents = run_agents(aws, tmp_path, name)
-    try:
+    with guest_agent.running(run_agents(aws, tmp_path, name)):
         wait_for(lambda: set(instances(aws, name).values()) == {"terminated"}, timeout=60,
                  what="the idle nodes to power themselves off")  # fmt: skip
-    finally:
-        for agent in agents:
-            guest_agent.stop(agent)
     for i in range(2):
         said = json.loads((tmp_path / f"node-{i}.stopped.json").read_text())
         assert said["why"] == "idle for 3 s"
@@ -95,13 +91,9 @@ def test_a_lifetime_on_aws_ends_nodes_with_a_job_running(
     ends_at = cli.status()["clusters"][0]["spec"]["limits"]["ends_at"]
     unit = guest_agent.unit_of_b64(aws.app.calls("RunInstances")[-1].params["UserData"])
     assert f"--deadline {ends_at!r} --why lifetime" in unit
-    agents = run_agents(aws, tmp_path, name)
-    try:
+    with guest_agent.running(run_agents(aws, tmp_path, name)):
         wait_for(lambda: set(instances(aws, name).values()) == {"terminated"}, timeout=60,
                  what="the lifetime to end the nodes")  # fmt: skip
-    finally:
-        for agent in agents:
-            guest_agent.stop(agent)
     assert time.time() >= ends_at
     after = cli("status")
     assert f"{name} stopped itself (its lifetime ended); removed what was left" in after.stderr

@@ -94,11 +94,8 @@ def test_an_idle_azure_cluster_deletes_itself_as_its_own_identity(
         )
         for i in range(2)
     ]  # fmt: skip
-    try:
+    with guest_agent.running(agents):
         wait_for(lambda: not vms(azure), timeout=60, what="the idle VMs to delete themselves")
-    finally:
-        for agent in agents:
-            guest_agent.stop(agent)
     assert (tmp_path / "node-1.stopped.json").exists()
     deleted = [c.path for c in azure.requests("DELETE") if c.status < 300]
     assert GROUP not in deleted, "the nodes deleted their VMs, not the group"

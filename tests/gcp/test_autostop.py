@@ -59,13 +59,9 @@ def test_an_ended_gcp_cluster_powers_off_and_the_next_command_deletes_it(
     assert int(scheduling["maxRunDuration"]["seconds"]) == 30, "GCE ends them too (30 s at least)"
     assert not [c for c in gcp.calls() if "serviceAccount" in json.dumps(c.body or {})]
 
-    agents = run_agents(gcp, tmp_path)
-    try:
+    with guest_agent.running(run_agents(gcp, tmp_path)):
         wait_for(lambda: set(statuses(gcp).values()) == {"TERMINATED"}, timeout=60,
                  what="the nodes to power themselves off at the end of the budget")  # fmt: skip
-    finally:
-        for agent in agents:
-            guest_agent.stop(agent)
     assert gcp.leftovers(name)["disks"], "a stopped instance keeps its disk (it bills)"
 
     after = cli("status")
@@ -80,13 +76,9 @@ def test_idle_nodes_stop_and_the_next_command_removes_their_disks(
 ) -> None:
     name = "idle-gcp"
     assert cli(*UP, "--name", name, "--idle-minutes", "0.05").returncode == 0
-    agents = run_agents(gcp, tmp_path)
-    try:
+    with guest_agent.running(run_agents(gcp, tmp_path)):
         wait_for(lambda: set(statuses(gcp).values()) == {"TERMINATED"}, timeout=60,
                  what="the idle nodes to power themselves off")  # fmt: skip
-    finally:
-        for agent in agents:
-            guest_agent.stop(agent)
     after = cli("status", name)
     # a stopped GCE instance keeps a disk that bills, and `up` does not start it: removed
     assert f"{name} stopped itself (it was idle); removed what was left: " in after.stderr
