@@ -50,6 +50,13 @@ def ended(spec: ClusterSpec, now: float | None = None) -> bool:
     return at is not None and at <= (time.time() if now is None else now) + SKEW_S
 
 
+def may_have_stopped(state: State, record: ClusterRecord) -> bool:
+    """Whether cluster `record` has limits and was made: not while an `up` (or a `down`)
+    of it is under way, whose nodes are not there yet (or going)."""
+    return (bool(record.spec.limits) and record.status not in ("provisioning", "bootstrapping")
+            and not state.open_intents(record.name))  # fmt: skip
+
+
 def stopped_itself(spec: ClusterSpec, found: list[NodeInfo]) -> bool:
     """Whether a cluster with limits has no node that bills compute any more."""
     return bool(spec.limits) and all(n.state in HALTED for n in found)
@@ -61,12 +68,13 @@ def settle(
     """A cluster whose nodes stopped themselves (`stopped_itself`): removed, leftovers and
     record, when it ended, was to be deleted when idle, or has `halted` instances left (a
     stopped GCE instance, whose disk bills and which `up` does not start again) — unless a
-    managed job of it is making its nodes again; else
-    recorded `STOPPED`. One line saying what happened, also kept as an event."""
+    managed job of it is making its nodes again; else recorded `STOPPED`. One line saying
+    what happened, also kept as an event."""
     from cloudtrain import api
 
     spec = record.spec
-    why = f"its {spec.limits.ends_why} ended" if ended(spec) else "it was idle"
+    why = (f"its {spec.limits.ends_why} ended" if ended(spec)
+           else "it was idle" if spec.limits.idle_minutes else "its nodes are gone")  # fmt: skip
     what = ", ".join(left) or "nothing"
     recovering = [j.id for j in state.jobs(spec.name) if j.status == "recovering"]
     if (ended(spec) or spec.limits.down_when_idle or halted) and not recovering:

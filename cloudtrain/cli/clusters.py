@@ -338,7 +338,7 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
     cluster = cluster or name
     import time
 
-    from cloudtrain import api
+    from cloudtrain import api, autostop
     from cloudtrain.autostop import cost_so_far
     from cloudtrain.cli import render
     from cloudtrain.errors import CloudtrainError
@@ -350,7 +350,7 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
     clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
     # a cluster that may have stopped itself is looked at by every status: what its nodes
     # could not remove (they hold no credential) is removed by the next command here
-    watched = clusters if refresh else [c for c in clusters if c.spec.limits]
+    watched = clusters if refresh else [c for c in clusters if autostop.may_have_stopped(state, c)]
     if watched:
         reconcile(app, watched, others=refresh)
         clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
@@ -475,7 +475,8 @@ def reconcile(app: App, clusters: list[ClusterRecord], others: bool = True) -> N
         live = sum(n.state == "running" for n in found)
         status = "up" if live >= c.spec.num_nodes else "partial" if found else "gone"
         left = [] if found else prov.leftovers(c.name, c.spec.cluster_id)
-        if autostop.stopped_itself(c.spec, found):  # its agents acted: clean what they could not
+        if autostop.stopped_itself(c.spec, found) and autostop.may_have_stopped(state, c):
+            # its agents acted: what they could not remove is removed here
             left += [f"node {n.index} ({n.node_id}, {n.state})" for n in found]
             app.note(autostop.settle(state, app.home, c, left, halted=len(found)))
             continue

@@ -278,10 +278,11 @@ def _train_and_maybe_down(
             "running job; use one of them, or add --managed: its watcher tears the cluster "
             "down when the job ends"
         )
-    record = app.state.cluster(cluster)
-    if record is not None and record.spec.limits:  # it may have stopped itself meanwhile
-        from cloudtrain.cli.clusters import reconcile
+    from cloudtrain import autostop
+    from cloudtrain.cli.clusters import reconcile
 
+    record = app.state.cluster(cluster)
+    if record is not None and autostop.may_have_stopped(app.state, record):  # meanwhile?
         reconcile(app, [record], others=False)
         record = app.state.cluster(cluster)
     if record is None:
