@@ -82,6 +82,19 @@ def test_two_node_ddp_trains_streams_both_nodes_and_leaves_nothing(sh: Shell) ->
     assert "nothing to do" in again_down.stdout
 
 
+def test_a_horovod_style_script_trains_on_two_nodes_unchanged(sh: Shell) -> None:
+    """`examples/digits_hvd.py`, written as Horovod's docs write a script, under cloudtrain's
+    torchrun through `cloudtrain.runtime.hvd` (Horovod itself is not installed here)."""
+    assert sh("up", "--nodes", "2", "--name", "hvd").returncode == 0
+    train = sh("train", "-c", "hvd", str(REPO / "examples" / "digits_hvd.py"), "--",
+               "--epochs", "5")  # fmt: skip
+    assert train.returncode == 0, train.stdout + train.stderr
+    accuracy = re.search(r"final test accuracy: (\d\.\d+)", train.stdout)
+    assert accuracy, train.stdout
+    assert float(accuracy.group(1)) >= 0.95, train.stdout
+    assert sh("down", "hvd").returncode == 0
+
+
 def test_a_jobs_checkpoint_outlives_its_cluster_and_starts_a_job_on_another(sh: Shell) -> None:
     """The head node's checkpoints come back to this machine when the job ends (and before
     `down`); a job on a new cluster starts from them with --resume-from."""
