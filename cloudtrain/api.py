@@ -291,7 +291,17 @@ def autostop(
 ) -> list[dict[str, Any]]:
     """Give every node of cluster `name` a new idle clock: it stops itself (its agent, with no
     one on this side) after `idle_minutes` without a job; None: never when idle (a lifetime or
-    a budget stays). Each node's beat."""
+    a budget stays). Each node's beat. Under the cluster's lock: two at once end with the
+    record and the nodes saying the same."""
+    from cloudtrain import locks
+
+    with locks.cluster_lock(home, name, "autostop"):
+        return _autostop(state, home, name, idle_minutes)
+
+
+def _autostop(
+    state: State, home: Path, name: str, idle_minutes: float | None
+) -> list[dict[str, Any]]:
     record = state.cluster(name)
     if record is None:
         raise NotFoundError(f"no cluster named {name!r}; `cloudtrain status` lists them")
