@@ -63,6 +63,7 @@ def job_from_task(task: TaskSpec, **options: Any) -> JobSpec:
         checkpoint_url=task.checkpoint,
         checkpoint_keep=task.checkpoint_keep,
         min_nodes=task.min_nodes,
+        **_framework(options, task.runtime, task.strategy),
     )
 
 
@@ -91,7 +92,31 @@ def job_from_script(
         max_restarts=options["max_restarts"],
         name=script.stem,
         resume_from=options.get("resume_from"),
+        **_framework(options),
     )
+
+
+def _framework(
+    options: dict[str, Any], runtime: str = "torch", strategy: str | None = None
+) -> dict[str, Any]:
+    """The job's runtime and strategy: the flags over the task file's; checked together."""
+    from cloudtrain.errors import ConfigError
+    from cloudtrain.spec import SpecError
+    from cloudtrain.spec.frameworks import validate_runtime, validate_strategy
+
+    try:
+        runtime = validate_runtime(options.get("runtime") or runtime, "--runtime")
+        strategy = options.get("strategy") or strategy
+        if strategy is not None:
+            strategy = validate_strategy(strategy, runtime, "--strategy")
+    except SpecError as exc:
+        raise ConfigError(str(exc)) from exc
+    if runtime != "torch" and options.get("max_restarts"):
+        raise ConfigError(
+            f"--max-restarts is torchrun's and needs runtime torch, not {runtime!r}; "
+            "--managed recovers any runtime's job"
+        )
+    return {"runtime": runtime, "strategy": strategy}
 
 
 #: A workdir larger than this gets a warning before it is copied to every node.
@@ -176,7 +201,7 @@ def run_job(
 #: The job's own flags (the rest shape the cluster).
 JOB_FLAGS = (
     "nproc_per_node", "max_restarts", "envs", "resume_from", "managed", "max_recoveries",
-    "retry_on_failure",
+    "retry_on_failure", "runtime", "strategy",
 )  # fmt: skip
 
 
@@ -206,7 +231,19 @@ def job_options(fn: Any) -> Any:
         click.option(
             "--nproc-per-node",
             type=click.IntRange(min=1),
-            help="Processes per node (default: GPUs per node, 1 on CPU).",
+            help="Processes per node (default: GPUs per node, 1 on CPU; tensorflow: 1).",
+        ),
+        click.option(
+            "--runtime",
+            metavar="torch|tensorflow|horovod",
+            help="What starts the processes (default: the task's, else torch): torchrun, "
+            "TensorFlow workers with TF_CONFIG, or Horovod workers.",
+        ),
+        click.option(
+            "--strategy",
+            metavar="ddp|fsdp",
+            help="A torch job's strategy, which the script reads with runtime.strategy(): "
+            "ddp (replicas, the default) or fsdp (the model sharded over the ranks).",
         ),
         click.option(
             "--max-restarts",

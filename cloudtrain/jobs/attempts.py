@@ -99,6 +99,10 @@ class JobSpec:
     checkpoint_url: str | None = None
     #: how many of the newest checkpoints are kept, here and in the bucket
     checkpoint_keep: int = checkpoints.KEEP
+    #: what starts the processes on each node, and a torch job's strategy (ddp, fsdp):
+    #: `cloudtrain.spec.frameworks`
+    runtime: str = "torch"
+    strategy: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for the job's record (a managed job's watcher starts it again)."""

@@ -25,10 +25,11 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, overload
 
-from cloudtrain.errors import NotFoundError
+from cloudtrain.errors import CloudtrainError, NotFoundError
 from cloudtrain.executors.base import Executor
 from cloudtrain.spec import validate_checkpoint_keep
 
@@ -59,6 +60,12 @@ def bucket_of(url: str | None) -> Bucket | None:
 def node_folder(root: str, override: str | None) -> str:
     """A node's checkpoint folder: the job's ``CLOUDTRAIN_CHECKPOINT_DIR``, else its root's."""
     return override or f"{root}/checkpoints"
+
+
+def _link_new(source: str, target: str) -> None:
+    """Hard-link `source` to `target` unless `target` is there (an earlier part's file wins)."""
+    if not os.path.lexists(target):
+        os.link(source, target)
 
 
 def _listing(folder: Path) -> list[tuple[str, int, int]]:
@@ -99,13 +106,46 @@ class Kept:
         incoming.mkdir(parents=True, exist_ok=True)
         if not ex.get(remote, incoming) or not any(incoming.iterdir()):
             return self.newest()
+        return self._keep(incoming)
+
+    def pull_sharded(
+        self,
+        sources: Sequence[tuple[int, Executor, str]],
+        on_error: Callable[[int, Exception], None],
+    ) -> Path | None:
+        """A sharded job's checkpoints (FSDP): each node's folder holds its own ranks' shards.
+        Each of `sources` (node index, executor, folder) is copied to ``.parts/<index>/``,
+        where a node that cannot be read (`on_error` is told) keeps its last copy, and the
+        union of all parts (the first source's file where two hold one path) is what the
+        snapshot is made of: the whole checkpoint, which DCP reshards on load."""
+        parts = self.folder / ".parts"
+        for index, ex, remote in sources:
+            part = parts / str(index)
+            part.mkdir(parents=True, exist_ok=True)
+            try:
+                ex.get(remote, part)
+            except (CloudtrainError, OSError) as exc:
+                on_error(index, exc)
+        union = self.folder / ".union"
+        shutil.rmtree(union, ignore_errors=True)
+        order = [str(i) for i, _, _ in sources]
+        known = sorted((p for p in parts.iterdir() if p.is_dir()), key=lambda p: (
+            order.index(p.name) if p.name in order else len(order), p.name))  # fmt: skip
+        for part in known:
+            shutil.copytree(part, union, copy_function=_link_new, dirs_exist_ok=True)
+        if not union.is_dir() or not any(union.iterdir()):
+            return self.newest()
+        return self._keep(union)
+
+    def _keep(self, copy: Path) -> Path:
+        """A snapshot of `copy` (hard links) unless it equals the newest; the newest."""
         newest = self.newest()
-        if newest is not None and _listing(newest) == _listing(incoming):
+        if newest is not None and _listing(newest) == _listing(copy):
             return newest
         ms = time.time_ns() // 1_000_000  # after the newest, even within its millisecond
         name = str(max(ms, int(newest.name) + 1) if newest is not None else ms)
         tmp = self.folder / f".{name}.tmp"
-        shutil.copytree(incoming, tmp, copy_function=os.link)
+        shutil.copytree(copy, tmp, copy_function=os.link)
         snapshot = self.folder / name
         os.replace(tmp, snapshot)
         for old in self.snapshots()[: -self.keep]:

@@ -38,7 +38,7 @@ from typing import Any
 
 from cloudtrain.errors import CommandError, ConfigError, JobError, NotFoundError, ProviderError
 from cloudtrain.executors.base import SSH_FAILED, Executor, RunResult, fan_out
-from cloudtrain.jobs import checkpoints
+from cloudtrain.jobs import checkpoints, workers
 from cloudtrain.jobs.attempts import (
     HEARTBEAT_S,
     JobSpec,
@@ -170,7 +170,14 @@ class Coordinator:
             )
         nodes = rendezvous_first(self._live_nodes(cluster, spec.num_nodes))
         nodes = nodes[: job.num_nodes or len(nodes)]
-        nproc = job.nproc_per_node or spec.resources.count or 1
+        if job.runtime != "torch" and (job.min_nodes or job.max_restarts):
+            flag = "--nodes MIN:MAX (elastic)" if job.min_nodes else "--max-restarts"
+            raise ConfigError(
+                f"{flag} is torchrun's and needs runtime torch, not {job.runtime!r}; "
+                "--managed recovers any runtime's job"
+            )
+        gpus = 0 if job.runtime == "tensorflow" else spec.resources.count  # one worker, all GPUs
+        nproc = job.nproc_per_node or gpus or 1
         args = entrypoint_args(job.entrypoint)
         name = job.name or Path(job.entrypoint[0]).stem or "job"
         rec = self.state.new_job(
@@ -239,16 +246,20 @@ class Coordinator:
             setup = job.setup
             if setup:
                 fan_out(lambda n: self._setup(n, setup, job.envs, on_line), nodes)
+            if job.runtime != "torch":
+                fan_out(lambda n: self._framework(n, job.runtime, on_line), nodes)
             head = nodes[0]
             port = int(self._agent(head, "port").check().stdout.strip())
-            nproc = rec.nproc_per_node
+            argvs = self._argvs(rec, job, nodes, args, port, attempt)
 
-            def start(n: NodeInfo) -> int:
-                return self._start(rec, n, nodes, nproc, args, port, job, attempt)
+            def start(n: NodeInfo, argv: list[str]) -> int:
+                return self._start(rec, n, nodes, argv, job, attempt)
 
             # The head first: under c10d torchrun ranks nodes by (address, pid), so on nodes that
-            # share an address (the local provider) this makes global rank 0 the head's.
-            pids = [start(head), *fan_out(start, nodes[1:])]
+            # share an address (the local provider) this makes global rank 0 the head's; a
+            # Horovod job's head serves the rendezvous the others' workers look for.
+            rest = list(zip(nodes[1:], argvs[1:], strict=True))
+            pids = [start(head, argvs[0]), *fan_out(lambda na: start(*na), rest)]
         except BaseException:
             self._stop(rec, nodes, mark=True)
             raise
@@ -328,8 +339,11 @@ class Coordinator:
                 "CLOUDTRAIN_HEAD_IP": ips[0],
                 "CLOUDTRAIN_GPUS_PER_NODE": str(gpus),
                 "CLOUDTRAIN_NODE_ROOT": node.root,
+                "CLOUDTRAIN_RUNTIME": job.runtime,
             }
         )
+        if job.strategy:
+            env["CLOUDTRAIN_STRATEGY"] = job.strategy
         env.setdefault("CLOUDTRAIN_CHECKPOINT_DIR", f"{node.root}/checkpoints")
         if "CLOUDTRAIN_CHECKPOINT_DIR" in job.envs:
             env["CLOUDTRAIN_CHECKPOINT_DIR"] = job.envs["CLOUDTRAIN_CHECKPOINT_DIR"]
@@ -344,30 +358,70 @@ class Coordinator:
         words = shlex.split(done.stdout, comments=True)
         return dict(w.split("=", 1) for w in words if "=" in w)
 
+    def _argvs(
+        self,
+        rec: JobRecord,
+        job: JobSpec,
+        nodes: Sequence[NodeInfo],
+        args: Sequence[str],
+        port: int,
+        attempt: int,
+    ) -> list[list[str]]:
+        """Each node's command for the job's runtime (`nodes` in rank order, the head first;
+        `port` is free on the head): torchrun, or the spawner of TensorFlow's or Horovod's
+        workers (`cloudtrain.jobs.workers`)."""
+        nproc, head = rec.nproc_per_node, nodes[0]
+        if job.runtime == "tensorflow":
+            ports = fan_out(lambda n: [int(p) for p in self._agent(
+                n, "port", "--count", str(nproc)).check().stdout.split()], nodes)  # fmt: skip
+            envs = workers.tensorflow_envs(nodes, ports)
+            return [workers.spawn_argv(n.python, e, workers.command(args, n.python))
+                    for n, e in zip(nodes, envs, strict=True)]  # fmt: skip
+        if job.runtime == "horovod":
+            addr = head.private_ip or ""
+            envs = workers.horovod_envs(nodes, nproc, addr, port)
+            serve = (addr, port, nodes, nproc)
+            return [
+                workers.spawn_argv(n.python, e, workers.command(args, n.python),
+                                   serve if n is head else None, workers.HOROVOD_TIMEOUT_S)
+                for n, e in zip(nodes, envs, strict=True)
+            ]  # fmt: skip
+        return [
+            Launch(
+                python=node.python,
+                num_nodes=len(nodes),
+                nproc_per_node=nproc,
+                head=f"{head.private_ip}:{port}",
+                job_id=rec.id + (f".{attempt}" if attempt else ""),
+                is_head=node.index == head.index,
+                local_addr=node.private_ip or "",
+                max_restarts=max(job.max_restarts, ELASTIC_MIN_RESTARTS if job.min_nodes else 0),
+                args=args,
+                min_nodes=job.min_nodes,
+            ).argv()
+            for node in nodes
+        ]
+
+    def _framework(self, node: NodeInfo, runtime: str, on_line: OnLine | None) -> None:
+        """Make the runtime's framework importable on `node` (cloud nodes install it, once),
+        or fail with what to install (`cloudtrain.node.runtimes`)."""
+        emit = (lambda line: on_line(node.index, line)) if on_line else None
+        done = self._agent(node, "runtime", runtime, "--root", node.root, timeout=None,
+                           on_output=emit)  # fmt: skip
+        if done.returncode != 0:
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            raise ConfigError(f"node {node.index}: " + (lines[-1] if lines else
+                           f"the {runtime} runtime's check exited {done.returncode}"))  # fmt: skip
+
     def _start(
         self,
         rec: JobRecord,
         node: NodeInfo,
         nodes: Sequence[NodeInfo],
-        nproc: int,
-        args: Sequence[str],
-        port: int,
+        argv: Sequence[str],
         job: JobSpec,
         attempt: int,
     ) -> int:
-        head = nodes[0]
-        argv = Launch(
-            python=node.python,
-            num_nodes=len(nodes),
-            nproc_per_node=nproc,
-            head=f"{head.private_ip}:{port}",
-            job_id=rec.id + (f".{attempt}" if attempt else ""),
-            is_head=node.index == head.index,
-            local_addr=node.private_ip or "",
-            max_restarts=max(job.max_restarts, ELASTIC_MIN_RESTARTS if job.min_nodes else 0),
-            args=args,
-            min_nodes=job.min_nodes,
-        ).argv()
         folder = job_dir(node, rec.id, attempt)
         return self._executor(node).start_detached(
             argv,
@@ -675,11 +729,11 @@ class Coordinator:
 
     def pull_checkpoints(self, job_id: str, *, lost: int | None = None) -> Path | None:
         """Copy the checkpoint folder of `job_id` on its first node (or, when node `lost` is
-        the first, on the next one: every node's local rank 0 writes its own copy) to the
-        user's machine (`cloudtrain.jobs.checkpoints`), then a new snapshot to the job's bucket
-        if it has one; the newest snapshot kept, or None. A node or a bucket that does not
-        answer is logged, not raised: the snapshot before it stands (an unpushed one is pushed
-        next time)."""
+        the first, on the next one: every node's local rank 0 writes its own copy; an fsdp
+        job's shards from every node, `Kept.pull_sharded`) to the user's machine
+        (`cloudtrain.jobs.checkpoints`), then a new snapshot to the job's bucket if it has one;
+        the newest snapshot kept, or None. A node or a bucket that does not answer is logged,
+        not raised: the snapshot before it stands (an unpushed one is pushed next time)."""
         from cloudtrain.errors import CloudtrainError
 
         rec = self._job(job_id)
@@ -687,14 +741,24 @@ class Coordinator:
         kept = checkpoints.Kept(self.home, job_id, keep=keep)
         nodes = [n for n in self.state.nodes(rec.cluster) if n.index != lost]
         newest = kept.newest()
-        if nodes:
+
+        def warn(index: int, exc: Exception) -> None:
+            log.warning("could not copy the checkpoints of %s from node %d: %s", job_id,
+                        index, exc)  # fmt: skip
+
+        override = rec.detail.get("checkpoint_dir")
+        if nodes and (rec.detail.get("spec") or {}).get("strategy") == "fsdp":
+            sources = [(n.index, self._executor(n), checkpoints.node_folder(n.root, override))
+                       for n in nodes]  # fmt: skip
+            newest = kept.pull_sharded(sources, warn)
+        elif nodes:
             head = nodes[0]
-            remote = checkpoints.node_folder(head.root, rec.detail.get("checkpoint_dir"))
             try:
-                newest = kept.pull(self._executor(head), remote)
+                newest = kept.pull(
+                    self._executor(head), checkpoints.node_folder(head.root, override)
+                )
             except (CommandError, ProviderError, OSError) as exc:
-                log.warning("could not copy the checkpoints of %s from node %d: %s", job_id,
-                            head.index, exc)  # fmt: skip
+                warn(head.index, exc)
         url = rec.detail.get("checkpoint_url")
         if url and newest is not None:
             try:

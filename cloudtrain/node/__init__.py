@@ -2,7 +2,7 @@
 
 Stdlib only and quick to start, because it runs on every node for every job::
 
-    python -m cloudtrain.node port                    print a free TCP port
+    python -m cloudtrain.node port [--count N]        print N free TCP ports
     python -m cloudtrain.node follow JOB_DIR          stream node.log until the job ends
     python -m cloudtrain.node follow JOB_DIR --once   print node.log as it is now
     python -m cloudtrain.node status JOB_DIR          one JSON line: exit code, alive, pid
@@ -13,6 +13,10 @@ Stdlib only and quick to start, because it runs on every node for every job::
         [--ensure | --supervise]                      is given; --ensure starts it detached
     python -m cloudtrain.node bootstrap run CONFIG    stage 2 of the node's bootstrap
                                                       (`cloudtrain.node.bootstrap`)
+    python -m cloudtrain.node spawn --envs JSON ...   a TensorFlow or Horovod job's workers
+                                                      (`cloudtrain.node.spawn`)
+    python -m cloudtrain.node runtime RUNTIME         install (cloud nodes) or check what
+                                                      a runtime needs (`.runtimes`)
     python -m cloudtrain.node autostop --root ROOT    the node stops itself after S idle seconds
         [--idle-s S | --off] [--deadline T --why W]   (--off: never when idle), or at T (epoch
         [--sessions | --no-sessions]                  seconds) because W (lifetime, budget);
@@ -47,10 +51,16 @@ __all__ = ["find_processes", "kill_matching", "main", "tell_job"]
 MAX_POLL_S = 0.1
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports free now (all held open together while they are chosen)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(max(1, count))]
+    try:
+        for sock in socks:
+            sock.bind(("", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def job_status(job_dir: Path) -> dict[str, object]:
@@ -177,13 +187,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cloudtrain.node import bootstrap
 
         return bootstrap.main(words[1:])
+    if words[:1] == ["spawn"]:  # a TensorFlow or Horovod job's workers on this node
+        from cloudtrain.node import spawn
+
+        return spawn.main(words[1:])
+    if words[:1] == ["runtime"]:  # the framework a job's runtime needs
+        from cloudtrain.node import runtimes
+
+        return runtimes.main(words[1:])
     parser = argparse.ArgumentParser(
         prog="python -m cloudtrain.node",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("port")
+    p_port = sub.add_parser("port")
+    p_port.add_argument("--count", type=int, default=1)
     p_follow = sub.add_parser("follow")
     p_follow.add_argument("job_dir", type=Path)
     p_follow.add_argument("--once", action="store_true")
@@ -220,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(words)
 
     if args.command == "port":
-        print(free_port())
+        print(" ".join(str(p) for p in free_ports(args.count)))
     elif args.command == "follow":
         return follow(args.job_dir, once=args.once, tail=args.tail)
     elif args.command == "status":

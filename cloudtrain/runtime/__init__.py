@@ -2,10 +2,11 @@
 
     runtime.init()                          # process group from torchrun's env (or a group of 1)
     sampler = runtime.BalancedSampler(dataset)
-    model = runtime.wrap(model, "ddp")      # or "fsdp" (FSDP2)
+    model = runtime.wrap(model)             # the job's strategy(): "ddp", or "fsdp" (FSDP2)
     loss = runtime.average(loss.item())     # mean over all replicas
     runtime.step()                          # once per optimizer step: the job's progress
     runtime.save_checkpoint(runtime.checkpoint_dir() / "last.pt", state)
+    runtime.save_sharded(runtime.checkpoint_dir() / "run", model, optimizer)  # FSDP: DCP shards
     runtime.on_preemption(lambda: save_and_stop())   # the cloud's notice, a minute ahead
 
 Importing this package imports torch; ``import cloudtrain`` alone does not.
@@ -28,10 +29,11 @@ from cloudtrain.runtime.dist import (
     shutdown,
     world_size,
 )
-from cloudtrain.runtime.parallel import STRATEGIES, wrap
+from cloudtrain.runtime.parallel import STRATEGIES, strategy, wrap
 from cloudtrain.runtime.preemption import on_preemption, preempting
 from cloudtrain.runtime.progress import step
 from cloudtrain.runtime.sampler import BalancedSampler
+from cloudtrain.runtime.sharded import load_sharded, save_sharded
 
 __all__ = [
     "STRATEGIES",
@@ -44,13 +46,16 @@ __all__ = [
     "init",
     "is_main",
     "load_checkpoint",
+    "load_sharded",
     "local_rank",
     "on_preemption",
     "preempting",
     "rank",
     "save_checkpoint",
+    "save_sharded",
     "shutdown",
     "step",
+    "strategy",
     "world_size",
     "wrap",
 ]

@@ -1,9 +1,42 @@
-"""A data sharder that gives every rank the same amount of work."""
+"""A data sharder that gives every rank the same amount of work.
+
+`BalancedSampler` deals one epoch's indices out to the ranks. Every rank gets the same number of
+indices (``ceil(n / world)``: DDP needs the same number of steps everywhere), nothing is dropped,
+and every rank computes the same deal on its own from ``(seed + epoch)``: no communication.
+
+=====================================  ======================================================
+``BalancedSampler(ds)``                equal counts: the shuffled order dealt round-robin
+``BalancedSampler(ds, cost=lengths)``  equal counts and equal total cost over the epoch
+``BalancedSampler(ds, cost=lengths,    equal counts and equal total cost in every step
+batch_size=b)``                        (each rank's ``b`` samples of one global batch)
+=====================================  ======================================================
+
+Every mode starts from the same list: the permutation seeded by ``seed + epoch`` (``range(n)``
+with ``shuffle=False``), wrapped around until ``world`` divides it (padding repeats the first
+indices of the order, so which samples are seen twice changes every epoch, unbiased). With a
+``cost`` the same list is cut into windows (the whole list, or ``world * batch_size`` positions
+each with a ``batch_size``) and each window is shared out by greedy LPT with a capacity: largest
+cost first, to the rank with the least total so far among those holding fewer than their share
+(the lowest rank on a tie). A rank yields what it got in the order's order, so its batches are
+as shuffled as without a cost.
+
+Which mode: a synchronous step (DDP, FSDP) waits for its slowest rank, so the step time follows
+the largest *batch*, not the largest shard. Over a long epoch, random shards already have near
+equal totals (the law of large numbers); what differs is batch to batch. ``batch_size`` (the
+same as the DataLoader's, so that a rank's share of window k is its batch k) balances each
+step, and is what shortens a synchronous epoch; without it only the epoch totals are balanced
+(the right thing when ranks do not step together). ``bench/sharding.py`` measures the three.
+
+Cost of the deal: O(n log n) on every rank once per epoch (cached for the epoch), about a
+second for n = 10**6; without a cost, a permutation.
+"""
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sequence, Sized
+from typing import TypeAlias
 
 import torch
 from torch.utils.data import Sampler
@@ -11,7 +44,10 @@ from torch.utils.data import Sampler
 from cloudtrain.runtime.dist import rank as _rank
 from cloudtrain.runtime.dist import world_size as _world_size
 
-__all__ = ["BalancedSampler"]
+__all__ = ["BalancedSampler", "Cost"]
+
+Cost: TypeAlias = Sequence[float] | torch.Tensor | Callable[[int], float]
+"""Per-sample cost: a sequence or 1-D tensor (a numpy array works too), or ``f(index)``."""
 
 
 class BalancedSampler(Sampler[int]):
@@ -19,10 +55,19 @@ class BalancedSampler(Sampler[int]):
 
     Each epoch the order is a permutation seeded by ``seed + epoch`` (the same on every rank; call
     `set_epoch` before each epoch), padded by wrapping around that order until it divides
-    evenly, then dealt out round-robin: rank r takes positions r, r + world, ... Nothing is
-    dropped, every index lands on some rank at least once, and equal shard sizes mean no rank
-    waits for a longer one at the gradient all-reduce. `rank` and `world_size` default to the
-    job's (`cloudtrain.runtime.rank()` / `world_size()`, read once here).
+    evenly. Without `cost` it is then dealt out round-robin: rank r takes positions r,
+    r + world, ... With `cost` (one non-negative number per sample, e.g. its token count, or a
+    function of the index called once per index here) the same padded order is shared out by
+    greedy LPT so that every rank's total cost is about the same, over the whole epoch or, with
+    `batch_size`, within every global batch of ``world * batch_size`` positions (see the module
+    docstring). Nothing is dropped, every index lands on some rank at least once, and equal
+    shard sizes mean no rank waits for a longer one at the gradient all-reduce. `rank` and
+    `world_size` default to the job's (`cloudtrain.runtime.rank()` / `world_size()`, read once
+    here).
+
+    Raises TypeError for a dataset without a length or a cost that is not numbers, and
+    ValueError for a bad length, rank, world size or batch size, a cost of the wrong length, or
+    a negative, NaN or infinite cost.
     """
 
     def __init__(
@@ -33,6 +78,8 @@ class BalancedSampler(Sampler[int]):
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
+        cost: Cost | None = None,
+        batch_size: int | None = None,
     ) -> None:
         super().__init__()
         if isinstance(dataset_len_or_dataset, bool):
@@ -54,6 +101,11 @@ class BalancedSampler(Sampler[int]):
             raise ValueError(f"world_size must be >= 1, got {world}")
         if not 0 <= me < world:
             raise ValueError(f"rank must be in [0, {world}), got {me}")
+        if batch_size is not None:
+            if cost is None:
+                raise ValueError("batch_size only applies with a cost: pass cost= as well")
+            if isinstance(batch_size, bool) or batch_size < 1:
+                raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.n = n
         self.rank = me
         self.world_size = world
@@ -61,6 +113,9 @@ class BalancedSampler(Sampler[int]):
         self.seed = seed
         self.epoch = 0
         self.num_samples = math.ceil(n / world)
+        self.batch_size = batch_size
+        self._cost = None if cost is None else _costs(cost, n)
+        self._plan: tuple[tuple[int, int, bool], list[int], list[float]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (the same on every rank)."""
@@ -73,6 +128,25 @@ class BalancedSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         if self.n == 0:
             return iter([])
+        if self._cost is not None:
+            return iter(self._deal(self._cost)[0])
+        order = self._order()
+        total = order.numel()
+        mine: list[int] = order[self.rank : total : self.world_size].tolist()
+        return iter(mine)
+
+    def shard_costs(self) -> list[float]:
+        """Every rank's total cost this epoch, padding included (index = rank).
+
+        Without a cost every sample counts 1. The same list on every rank; computed once per
+        epoch (with `__iter__`), so calling it costs nothing more. Idempotent, raises nothing.
+        """
+        if self._cost is None:
+            return [float(self.num_samples if self.n else 0)] * self.world_size
+        return list(self._deal(self._cost)[1])
+
+    def _order(self) -> torch.Tensor:
+        """This epoch's order, wrapped around (more than once when world > n) to world * len."""
         if self.shuffle:
             gen = torch.Generator()
             gen.manual_seed(self.seed + self.epoch)
@@ -80,7 +154,97 @@ class BalancedSampler(Sampler[int]):
         else:
             order = torch.arange(self.n)
         total = self.num_samples * self.world_size
-        if total > self.n:  # wrap around the order (more than once when world > n)
+        if total > self.n:
             order = order.repeat(math.ceil(total / self.n))[:total]
-        mine: list[int] = order[self.rank : total : self.world_size].tolist()
-        return iter(mine)
+        return order
+
+    def _deal(self, cost: torch.Tensor) -> tuple[list[int], list[float]]:
+        """(this rank's indices in yield order, every rank's total cost), cached per epoch."""
+        key = (self.epoch, self.seed, self.shuffle)
+        if self._plan is not None and self._plan[0] == key:
+            return self._plan[1], self._plan[2]
+        world = self.world_size
+        loads = [0.0] * world
+        if self.n == 0:
+            self._plan = (key, [], loads)
+            return [], loads
+        order = self._order()
+        total = order.numel()
+        window = world * min(self.batch_size or self.num_samples, self.num_samples)
+        # Sort every window largest first at once (the last may be short); `at` maps a place
+        # in `ranked` back to a position in `order`.
+        costs = cost[order]
+        full = total - total % window
+        ranked_parts, at_parts = [], []
+        if full:
+            rows, at = torch.sort(
+                costs[:full].view(-1, window), dim=1, descending=True, stable=True
+            )
+            ranked_parts.append(rows.flatten())
+            at_parts.append((at + torch.arange(0, full, window).unsqueeze(1)).flatten())
+        if full < total:
+            rows, at = torch.sort(costs[full:], descending=True, stable=True)
+            ranked_parts.append(rows)
+            at_parts.append(at + full)
+        ranked = torch.cat(ranked_parts).tolist()
+        places: list[int] = []
+        for start in range(0, total, window):
+            stop = min(start + window, total)
+            chunk_loads = _lpt(ranked, start, stop, world, self.rank, places)
+            loads = [a + b for a, b in zip(loads, chunk_loads, strict=True)]
+        positions = torch.cat(at_parts)[torch.tensor(places, dtype=torch.long)]
+        mine: list[int] = order[torch.sort(positions).values].tolist()
+        self._plan = (key, mine, loads)
+        return mine, loads
+
+
+def _lpt(
+    ranked: list[float], start: int, stop: int, world: int, me: int, mine: list[int]
+) -> list[float]:
+    """Greedy LPT with a capacity over ``ranked[start:stop]``, sorted largest first.
+
+    ``stop - start`` is a multiple of `world`: each rank takes that over `world`. Each cost goes
+    to the rank with the least total so far among those with room left (the lowest rank on equal
+    totals). Appends to `mine` the places that rank `me` got; returns every rank's total. A heap
+    of (total, rank): O((stop - start) * log world).
+    """
+    heap = [(0.0, r) for r in range(world)]  # sorted, so already a heap
+    room = [(stop - start) // world] * world
+    loads = [0.0] * world  # filled in as each rank fills up: all are full at the end
+    take, replace, pop = mine.append, heapq.heapreplace, heapq.heappop
+    for i, c in enumerate(ranked[start:stop], start):
+        load, r = heap[0]
+        if r == me:
+            take(i)
+        room[r] -= 1
+        if room[r]:
+            replace(heap, (load + c, r))
+        else:
+            loads[r] = load + c
+            pop(heap)
+    return loads
+
+
+def _costs(cost: Cost, n: int) -> torch.Tensor:
+    """`cost` as a 1-D float64 tensor of n finite, non-negative numbers, or TypeError/ValueError."""
+    if isinstance(cost, str | bytes):
+        raise TypeError("cost must be a sequence of numbers or a function of the index, got str")
+    if callable(cost):
+        values: object = [cost(i) for i in range(n)]
+        what = "cost(index) must return a number"
+    else:
+        values = cost
+        what = "cost must be a sequence of numbers or a function of the index"
+    try:
+        out = torch.as_tensor(values, dtype=torch.float64, device="cpu").clone()
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise TypeError(f"{what}: {err}") from None
+    if out.dim() != 1:
+        raise ValueError(f"cost must be one number per sample (1-D), got shape {list(out.shape)}")
+    if out.numel() != n:
+        raise ValueError(f"cost has {out.numel()} entries but the dataset has {n} samples")
+    bad = ~torch.isfinite(out) | (out < 0)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(f"cost[{i}] is {out[i].item()}: costs must be finite and >= 0")
+    return out

@@ -17,6 +17,7 @@ from typing import Any
 
 from cloudtrain.errors import SpecError as SpecError
 from cloudtrain.errors import suggest
+from cloudtrain.spec.frameworks import validate_runtime, validate_strategy
 from cloudtrain.spec.limits import Limits, limits_from_dict, limits_of
 
 NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,39}")
@@ -28,7 +29,7 @@ MAX_DISK_GB = 65536
 TASK_FIELDS = (
     *("name", "provider", "resources", "num_nodes", "workdir", "setup", "run", "envs"),
     *("checkpoint", "checkpoint_keep", "managed", "max_recoveries", "retry_on_failure"),
-    *("idle_minutes", "down_when_idle", "max_hours", "max_cost"),
+    *("idle_minutes", "down_when_idle", "max_hours", "max_cost", "runtime", "strategy"),
 )
 RESOURCE_FIELDS = ("accelerator", "spot", "region", "zone", "disk_gb", "image")
 
@@ -143,6 +144,9 @@ class TaskSpec:
     managed: bool = False
     max_recoveries: int | None = None
     retry_on_failure: bool = False
+    #: what starts the processes (`cloudtrain.spec.frameworks`), and a torch job's strategy
+    runtime: str = "torch"
+    strategy: str | None = None
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -470,6 +474,8 @@ def task_from_dict(
             envs[key] = str(value).lower() if isinstance(value, bool) else str(value)
     cluster = ClusterSpec(name=name, provider=provider, num_nodes=num_nodes, resources=resources,
                           limits=limits_from_dict(data))  # fmt: skip
+    runtime = validate_runtime(data.get("runtime", "torch"))
+    strategy = data.get("strategy")
     return TaskSpec(
         cluster=cluster,
         workdir=workdir,
@@ -482,4 +488,6 @@ def task_from_dict(
         managed=_flag(data, "managed"),
         max_recoveries=_max_recoveries(data),
         retry_on_failure=_flag(data, "retry_on_failure"),
+        runtime=runtime,
+        strategy=None if strategy is None else validate_strategy(strategy, runtime),
     )

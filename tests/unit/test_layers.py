@@ -84,17 +84,32 @@ def test_no_module_imports_itself_back() -> None:
     ("module", "allowed"),
     [
         ("cloudtrain.errors", set()),
-        ("cloudtrain.spec", {"cloudtrain.errors", "cloudtrain.spec.limits"}),
+        (
+            "cloudtrain.spec",
+            {"cloudtrain.errors", "cloudtrain.spec.limits", "cloudtrain.spec.frameworks"},
+        ),
         ("cloudtrain.spec.limits", {"cloudtrain.errors"}),
+        ("cloudtrain.spec.frameworks", {"cloudtrain.errors"}),
         ("cloudtrain.model", set()),
         # the node agent runs on the nodes, with whatever cloudtrain is there: stdlib only
         (
             "cloudtrain.node",
             {
                 "cloudtrain.node." + m
-                for m in ("agent", "bootstrap", "notices", "procs", "selfstop")
+                for m in (
+                    "agent",
+                    "bootstrap",
+                    "notices",
+                    "procs",
+                    "selfstop",
+                    "spawn",
+                    "runtimes",
+                    "horovod",
+                )
             },
         ),
+        ("cloudtrain.node.spawn", {"cloudtrain.node.horovod"}),
+        ("cloudtrain.node.horovod", set()),
         (
             "cloudtrain.node.agent",
             {"cloudtrain.node.notices", "cloudtrain.node.procs", "cloudtrain.node.selfstop"},

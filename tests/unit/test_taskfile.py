@@ -66,6 +66,13 @@ def test_the_limits_come_from_the_file_and_a_flag_overrides_them(tmp_path: Path)
     assert taskfile.load(path, overrides={"max_hours": "2"}).cluster.limits.max_hours == 2.0
 
 
+def test_the_runtime_and_strategy_come_from_the_file(tmp_path: Path) -> None:
+    task = taskfile.load(write(tmp_path, "name: exp1\nruntime: torch\nstrategy: fsdp\n"))
+    assert (task.runtime, task.strategy) == ("torch", "fsdp")
+    plain = taskfile.load(write(tmp_path, "name: exp1\n"))
+    assert (plain.runtime, plain.strategy) == ("torch", None)
+
+
 def test_workdir_dot_is_the_files_folder_not_the_cwd(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -113,6 +120,17 @@ def test_unknown_nested_field_names_the_nested_line(tmp_path: Path) -> None:
         ("name: exp1\nmax_cost: -3\n", ":2: max_cost -3: give US dollars above 0"),
         ("name: exp1\ndown_when_idle: yes please\n", ":2: down_when_idle 'yes please' is not"),
         ("name: exp1\ndown_when_idle: true\n", ":2: down_when_idle needs idle_minutes"),
+        (
+            "name: exp1\nruntime: tensorflw\n",
+            ":2: runtime 'tensorflw' is not one of torch, "
+            "tensorflow, horovod — did you mean 'tensorflow'?",
+        ),
+        ("name: exp1\nruntime: [torch]\n", ":2: runtime ['torch'] is not one of"),
+        ("name: exp1\nstrategy: zero3\n", ":2: strategy 'zero3' is not one of ddp, fsdp"),
+        (
+            "name: exp1\nruntime: horovod\nstrategy: fsdp\n",
+            ":3: strategy 'fsdp' is for the torch runtime; runtime 'horovod' shards its own way",
+        ),
     ],
 )
 def test_bad_value_names_its_line(tmp_path: Path, text: str, expected: str) -> None:

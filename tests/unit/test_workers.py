@@ -1,0 +1,157 @@
+"""TensorFlow's and Horovod's workers: their variables per node (exact), and the node's spawner
+running real processes (`cloudtrain.node.spawn`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.jobs import workers
+from cloudtrain.jobs.torchrun import entrypoint_args, read_failure
+from cloudtrain.model import NodeInfo
+from cloudtrain.node import spawn
+
+
+def _node(index: int, ip: str) -> NodeInfo:
+    return NodeInfo(cluster="c", index=index, node_id=f"n{index}", private_ip=ip, public_ip=None,
+                    state="running", ifname="eth0", python="/py", root=f"/r{index}")  # fmt: skip
+
+
+NODES = [_node(0, "10.0.0.5"), _node(1, "10.0.0.6")]
+
+
+def test_tf_config_names_every_worker_and_each_its_own_index() -> None:
+    envs = workers.tensorflow_envs(NODES, [[2001, 2002], [3001, 3002]])
+    everyone = ["10.0.0.5:2001", "10.0.0.5:2002", "10.0.0.6:3001", "10.0.0.6:3002"]
+    configs = [[json.loads(e["TF_CONFIG"]) for e in node] for node in envs]
+    assert configs == [
+        [{"cluster": {"worker": everyone}, "task": {"type": "worker", "index": i}} for i in (0, 1)],
+        [{"cluster": {"worker": everyone}, "task": {"type": "worker", "index": i}} for i in (2, 3)],
+    ]
+    assert [[e["RANK"] for e in node] for node in envs] == [["0", "1"], ["2", "3"]]
+
+
+def test_horovod_variables_per_slot_two_nodes_two_each() -> None:
+    envs = workers.horovod_envs(NODES, 2, "10.0.0.5", 4567)
+    got = [
+        [(e["HOROVOD_RANK"], e["HOROVOD_LOCAL_RANK"], e["HOROVOD_CROSS_RANK"],
+          e["HOROVOD_HOSTNAME"]) for e in node]
+        for node in envs
+    ]  # fmt: skip
+    assert got == [
+        [("0", "0", "0", "node0"), ("1", "1", "0", "node0")],
+        [("2", "0", "1", "node1"), ("3", "1", "1", "node1")],
+    ]
+    for e in (e for node in envs for e in node):
+        assert e["HOROVOD_SIZE"] == "4"
+        assert e["HOROVOD_LOCAL_SIZE"] == "2"
+        assert e["HOROVOD_CROSS_SIZE"] == "2"
+        assert e["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "10.0.0.5"
+        assert e["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "4567"
+        assert e["HOROVOD_CONTROLLER"] == "gloo"
+        assert e["HOROVOD_CPU_OPERATIONS"] == "gloo"
+        assert e["HOROVOD_GLOO_IFACE"] == "eth0"
+        assert e["HOROVOD_GLOO_TIMEOUT_SECONDS"] == str(workers.HOROVOD_TIMEOUT_S)
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "expected"),
+    [
+        (["train.py", "--epochs", "3"], ["/py", "train.py", "--epochs", "3"]),
+        (["python3", "train.py"], ["/py", "train.py"]),
+        (["-m", "pkg.train", "x"], ["/py", "-m", "pkg.train", "x"]),
+        (["bash", "run.sh"], ["bash", "run.sh"]),
+    ],
+)
+def test_a_workers_command_from_the_jobs_entrypoint(
+    entrypoint: list[str], expected: list[str]
+) -> None:
+    assert workers.command(entrypoint_args(entrypoint), "/py") == expected
+
+
+def test_only_the_heads_spawner_serves_the_rendezvous() -> None:
+    head = workers.spawn_argv("/py", [{"A": "1"}], ["/py", "t.py"], ("10.0.0.5", 9, NODES, 2), 60)
+    other = workers.spawn_argv("/py", [{"A": "1"}], ["/py", "t.py"], None, 60)
+    assert head[:4] == ["/py", "-m", "cloudtrain.node", "spawn"]
+    assert head[head.index("--rendezvous") + 1] == "10.0.0.5:9"
+    assert head[head.index("--hosts") + 1] == "node0:2,node1:2"
+    assert "--rendezvous" not in other
+    assert other[-3:] == ["--", "/py", "t.py"]
+    assert json.loads(other[other.index("--envs") + 1]) == [{"A": "1"}]
+
+
+# -- the spawner, for real ------------------------------------------------------------------
+
+
+def _run(envs: list[dict[str, str]], code: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "cloudtrain.node", "spawn", "--envs", json.dumps(envs),
+            *extra, "--", sys.executable, "-c", code]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_every_worker_gets_its_own_variables_and_all_succeeding_is_zero() -> None:
+    done = _run([{"RANK": "0", "X": "a"}, {"RANK": "1", "X": "b"}],
+                "import os; print(os.environ['RANK'], os.environ['X'])")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.split("\n")[:2]) == ["0 a", "1 b"]
+
+
+def test_the_first_failure_stops_the_others_and_its_code_and_rank_are_reported(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "slow-ended"
+    code = (
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '1': sys.exit(3)\n"
+        f"time.sleep(60); open({str(marker)!r}, 'w')\n"
+    )
+    started = time.monotonic()
+    done = _run([{"RANK": "0"}, {"RANK": "1"}], code)
+    assert done.returncode == 3
+    assert time.monotonic() - started < 40  # rank 0 was stopped, not waited for
+    assert not marker.exists()
+    failure = read_failure(done.stdout)
+    assert (failure.rank, failure.worker_exit) == (1, 3)
+    assert failure.reason(done.returncode) == "exited 3 (rank 1 exited 3)"
+
+
+def test_a_horovod_worker_aborted_is_explained() -> None:
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGABRT)"
+    done = _run([{"HOROVOD_RANK": "0"}], code, "--timeout", "120")
+    assert done.returncode == 128 + signal.SIGABRT
+    assert "worker rank 0 exited -6 (SIGABRT): Horovod's gloo rendezvous gives up after 120 s" in (
+        done.stdout
+    )
+
+
+def test_term_reaches_every_worker(tmp_path: Path) -> None:
+    code = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (open("
+        f"{str(tmp_path)!r} + '/t' + os.environ['RANK'], 'w'), sys.exit(143)))\n"
+        "print('up', flush=True); time.sleep(60)\n"
+    )
+    envs = json.dumps([{"RANK": "0"}, {"RANK": "1"}])
+    argv = [sys.executable, "-m", "cloudtrain.node", "spawn", "--envs", envs,
+            "--", sys.executable, "-c", code]  # fmt: skip
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        assert [proc.stdout.readline(), proc.stdout.readline()] == ["up\n", "up\n"]
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t0", "t1"]
+
+
+def test_a_report_names_the_signal() -> None:
+    assert spawn.report(2, -9).splitlines() == [
+        "cloudtrain: worker rank 2 exited -9 (SIGKILL)",
+        "  rank: 2",
+        "  exitcode: -9",
+    ]
