@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from cloudtrain.jobs.torchrun import _PYTHON
 from cloudtrain.model import NodeInfo
 
 __all__ = [
@@ -38,9 +37,7 @@ def command(args: Sequence[str], python: str) -> list[str]:
         return [python, "-m", *args[1:]]
     if args[:1] == ["--no-python"]:
         return list(args[1:])
-    if args and _PYTHON.fullmatch(args[0]):
-        return [python, *args[1:]]
-    return [python, *args]
+    return [python, *args]  # a script (`entrypoint_args` dropped a leading ``python``)
 
 
 def tensorflow_envs(

@@ -13,7 +13,8 @@ reads for both. `--rendezvous` (the head of a Horovod job) serves Horovod's rend
 `--hosts` on ADDR:PORT, the cluster's private address only, while the workers run.
 
 A worker killed by SIGABRT in a Horovod job is most often the gloo rendezvous giving up on a
-worker that never came (Horovod prints nothing of it): the report says so, naming `--timeout`.
+worker that never came (Horovod prints only gloo's C++ ``Wait timeout`` line, no Python error):
+the report says so, naming `--timeout`.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ import os
 from torch import nn
 
 from cloudtrain.runtime.dist import _require_group, device, local_rank, world_size
+from cloudtrain.spec.frameworks import STRATEGIES
 
 __all__ = ["STRATEGIES", "STRATEGY_ENV", "strategy", "wrap"]
 
-STRATEGIES = ("ddp", "fsdp")
 #: The variable that names the job's strategy (one of `STRATEGIES`; unset or empty: ddp).
 STRATEGY_ENV = "CLOUDTRAIN_STRATEGY"
 
