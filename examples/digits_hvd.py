@@ -2,13 +2,17 @@
 
     cloudtrain train -c demo examples/digits_hvd.py -- --epochs 5
 
-It imports Horovod when it is installed, and cloudtrain's Horovod-style API on torch.distributed
-(`cloudtrain.runtime.hvd`) otherwise: the same script, unchanged, under cloudtrain's torchrun.
+It imports Horovod when Horovod started it (``--runtime horovod``: its workers have
+``HOROVOD_RANK``), and cloudtrain's Horovod-style API on torch.distributed
+(`cloudtrain.runtime.hvd`) otherwise: the same script, unchanged, under cloudtrain's torchrun,
+even where Horovod is installed (imported there, its ``hvd.init()`` would make each worker a
+world of one).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 from sklearn.datasets import load_digits
@@ -18,9 +22,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-try:
+if (
+    "HOROVOD_RANK" in os.environ
+):  # started by Horovod's launcher, or cloudtrain's `--runtime horovod`
     import horovod.torch as hvd  # type: ignore[import-not-found]
-except ImportError:
+else:  # torchrun: the same API over torch.distributed
     import cloudtrain.runtime.hvd as hvd
 
 

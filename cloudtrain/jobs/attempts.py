@@ -139,6 +139,16 @@ def run_dir(node: NodeInfo, rec: JobRecord) -> str:
     return job_dir(node, rec.id, attempt_of(rec))
 
 
+def ran_on(rec: JobRecord, nodes: Sequence[NodeInfo]) -> list[NodeInfo]:
+    """The nodes of its cluster (`nodes`) that the job's current attempt was started on: a job
+    of ``--nodes 1`` on a two-node cluster is not judged by the node it never ran on. A record
+    from before the attempt started (or from an older cloudtrain) names none: all of them."""
+    started = set(rec.detail.get("ran_on") or ())
+    if not started:
+        return list(nodes)
+    return [n for n in nodes if n.index in started]
+
+
 def elastic(rec: JobRecord) -> bool:
     """An elastic job (``--nodes MIN:MAX``): a node lost on the way does not end it."""
     return bool((rec.detail.get("spec") or {}).get("min_nodes"))

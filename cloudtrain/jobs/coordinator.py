@@ -50,6 +50,7 @@ from cloudtrain.jobs.attempts import (
     job_dir,
     judge,
     node_state,
+    ran_on,
     run_dir,
     unreachable,
 )
@@ -236,7 +237,9 @@ class Coordinator:
         started are stopped again when anything fails (or Ctrl-C), and the error raised."""
         override = rec.detail.get("checkpoint_dir")
         args = list(rec.command)
-        self.state.update_job(rec.id, detail={"attempt": attempt})
+        self.state.update_job(
+            rec.id, detail={"attempt": attempt, "ran_on": [n.index for n in nodes]}
+        )
         rec = self._job(rec.id)
         try:
             fan_out(lambda n: self._sync(n, job.workdir), nodes)
@@ -442,7 +445,7 @@ class Coordinator:
         nodes = self.state.nodes(rec.cluster)
         if not nodes:
             raise NotFoundError(f"job {rec.id}: its cluster {rec.cluster!r} is gone (torn down)")
-        return nodes
+        return ran_on(rec, nodes)
 
     def _status(self, node: NodeInfo, rec: JobRecord) -> dict[str, Any]:
         """The job's state on `node` as its agent reads it, or ``{"unreachable": why}`` when
@@ -712,7 +715,7 @@ class Coordinator:
         rec = self._job(job_id)
         if follow and not rec.finished:
             return self.follow(job_id, on_line)
-        nodes = self.state.nodes(rec.cluster)
+        nodes = ran_on(rec, self.state.nodes(rec.cluster))
         if nodes and rec.status != "pending" and not rec.detail.get("managed"):
             for node in nodes:
                 for line in self._read_log(node, rec).splitlines():
@@ -739,7 +742,7 @@ class Coordinator:
         rec = self._job(job_id)
         keep = rec.detail.get("checkpoint_keep") or checkpoints.KEEP
         kept = checkpoints.Kept(self.home, job_id, keep=keep)
-        nodes = [n for n in self.state.nodes(rec.cluster) if n.index != lost]
+        nodes = [n for n in ran_on(rec, self.state.nodes(rec.cluster)) if n.index != lost]
         newest = kept.newest()
 
         def warn(index: int, exc: Exception) -> None:
@@ -774,7 +777,7 @@ class Coordinator:
             if rec.detail.get("managed"):
                 continue  # its watcher keeps the copy of every attempt
             copy_dir = self.home / "logs" / rec.id
-            for node in nodes:
+            for node in ran_on(rec, nodes):
                 try:
                     out = self._read_log(node, rec)
                 except (CommandError, ProviderError) as exc:

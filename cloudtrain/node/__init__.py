@@ -17,6 +17,8 @@ Stdlib only and quick to start, because it runs on every node for every job::
                                                       (`cloudtrain.node.spawn`)
     python -m cloudtrain.node runtime RUNTIME         install (cloud nodes) or check what
                                                       a runtime needs (`.runtimes`)
+    python -m cloudtrain.node horovod build|rendezvous  Horovod's wheel, built once per torch,
+                                                      and its rendezvous (`.horovod`)
     python -m cloudtrain.node autostop --root ROOT    the node stops itself after S idle seconds
         [--idle-s S | --off] [--deadline T --why W]   (--off: never when idle), or at T (epoch
         [--sessions | --no-sessions]                  seconds) because W (lifetime, budget);
@@ -195,6 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cloudtrain.node import runtimes
 
         return runtimes.main(words[1:])
+    if words[:1] == ["horovod"]:  # Horovod's wheel, and a job's rendezvous
+        from cloudtrain.node import horovod
+
+        return horovod.main(words[1:])
     parser = argparse.ArgumentParser(
         prog="python -m cloudtrain.node",
         description=__doc__,

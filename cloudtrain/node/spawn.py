@@ -31,10 +31,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
-__all__ = ["GRACE_S", "main", "report", "run_workers"]
+__all__ = ["GRACE_S", "STOP_GRACE_S", "main", "report", "run_workers"]
 
 #: How long the other workers get to finish once one has failed, before TERM.
 GRACE_S = 10.0
+#: How long the workers get to end once this process is told to stop (TERM or INT), before
+#: KILL: less than the coordinator's own grace (10 s), so that this process reports and the
+#: node's exit code is written before the coordinator KILLs what is left (TensorFlow's
+#: multi-worker runtime ignores TERM while it waits for a peer).
+STOP_GRACE_S = 5.0
 POLL_S = 0.1
 
 
@@ -82,18 +87,22 @@ def run_workers(
     *,
     why_abort: str = "",
     grace_s: float = GRACE_S,
+    stop_grace_s: float = STOP_GRACE_S,
 ) -> int:
     """Run one `command` per entry of `envs` (its variables on top of ours) until all end;
     0 when all succeed, else the code of the first that failed (the others stopped then).
-    TERM or INT to this process is passed on to the workers."""
+    TERM or INT to this process is passed on to the workers; those that have not ended
+    `stop_grace_s` later are KILLed."""
     procs: list[subprocess.Popen[bytes]] = []
     ranks = [int(env.get("RANK", env.get("HOROVOD_RANK", i))) for i, env in enumerate(envs)]
     stopping: list[int] = []
+    stop_by: list[float] = []  # when the workers told to stop are KILLed
     copiers: list[threading.Thread] = []
     lock = threading.Lock()
 
     def forward(signum: int, frame: FrameType | None) -> None:
         stopping.append(signum)
+        stop_by.append(time.monotonic() + stop_grace_s)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
@@ -125,6 +134,8 @@ def run_workers(
             if all(c == 0 for c in codes):
                 _drain(copiers)
                 return 0 if len(procs) == len(envs) else 128 + stopping[0]
+            if stop_by and time.monotonic() > stop_by[0]:
+                _stop(procs, 0)  # told to stop, and some did not: KILL them (reported next)
             time.sleep(POLL_S)
     finally:
         for signum, handler in previous.items():

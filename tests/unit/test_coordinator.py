@@ -212,6 +212,19 @@ def test_refresh_records_each_node_s_state_and_waits_for_an_unreachable_one(
     assert done.detail["nodes"] == [{"state": "exited", "exit_code": 0}] * 2
 
 
+def test_a_job_on_fewer_nodes_than_its_cluster_is_judged_by_its_own(setup: Setup) -> None:
+    """`--nodes 1` on a two-node cluster: the node it never ran on (no job folder there:
+    "vanished" to its agent) neither fails it nor is asked for it."""
+    coord, _, node, state = setup
+    roots = [n.root for n in state.nodes("c1")]
+    node.exit_codes[roots[1]] = None  # what its agent would say: no exit code, no process
+    rec = coord.submit("c1", JobSpec(entrypoint=("train.py",), num_nodes=1))
+    assert rec.detail["ran_on"] == [0]
+    done = coord.refresh(rec.id)
+    assert done.status == "succeeded"
+    assert done.detail["nodes"] == [{"state": "exited", "exit_code": 0}]
+
+
 def test_a_preemption_notice_is_one_event_of_the_job_and_marks_the_node(setup: Setup) -> None:
     coord, _, node, state = setup
     rec = coord.submit("c1", JobSpec(entrypoint=("train.py",)))

@@ -149,6 +149,27 @@ def test_term_reaches_every_worker(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t0", "t1"]
 
 
+def test_a_worker_that_ignores_term_is_killed_in_the_stop_grace_and_reported() -> None:
+    """TensorFlow's multi-worker runtime ignores TERM while it waits for a peer: the spawner
+    KILLs it after `STOP_GRACE_S`, before the coordinator's own KILL would take the spawner
+    too (and with it the node's exit code)."""
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('up', flush=True); time.sleep(60)\n"
+    )
+    envs = json.dumps([{"RANK": "0"}])
+    argv = [sys.executable, "-m", "cloudtrain.node", "spawn", "--envs", envs,
+            "--", sys.executable, "-c", code]  # fmt: skip
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "up\n"
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGKILL
+        out = proc.stdout.read()
+    assert read_failure(out).worker_exit == -signal.SIGKILL, out
+
+
 def test_a_report_names_the_signal() -> None:
     assert spawn.report(2, -9).splitlines() == [
         "cloudtrain: worker rank 2 exited -9 (SIGKILL)",
