@@ -59,6 +59,12 @@ def parse_args() -> argparse.Namespace:
         help="training state one rank may hold: params + grads + Adam state (default: %(default)s)",
     )
     p.add_argument("--checkpoint-dir", type=Path, default=runtime.checkpoint_dir())
+    p.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        help="seconds to wait after each epoch (time for a test to break a node mid-job)",
+    )
     return p.parse_args()
 
 
@@ -213,6 +219,7 @@ def main() -> None:
                 f"train_acc {train_acc:.4f} test_acc {test_acc:.4f}",
                 flush=True,
             )
+        time.sleep(args.pause)
 
     final = accuracy(model, test)
     seconds = time.monotonic() - started

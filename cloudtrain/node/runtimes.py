@@ -14,7 +14,9 @@ tensorflow     ``tensorflow`` (no GPU: tf-keras requires it, and ``tensorflow-cp
                would share its folder) or ``tensorflow[and-cuda]`` at `TF_VERSION`, with
                ``tf-keras`` of the same version: the Keras 2 that MultiWorkerMirroredStrategy works
                with (TF's own Keras 3 breaks it: tensorflow#72388, keras#20585); jobs get
-               ``TF_USE_LEGACY_KERAS=1``. On GPU nodes TensorFlow must see every GPU.
+               ``TF_USE_LEGACY_KERAS=1``. On GPU nodes TensorFlow must see every GPU; when it
+               does not, the CUDA it was built for is checked against the driver's
+               (`gpus_missing`).
 horovod        built once per node for the node's torch (`cloudtrain.node.horovod`: 0.28.1 with the
                two fixes it needs for torch >= 2.1), the wheel cached in ``<root>/cache/wheels``
 =============  ===================================================================================
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -31,15 +34,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["TF_VERSION", "main", "tensorflow_packages"]
+__all__ = ["TF_VERSION", "driver_cuda", "gpus_missing", "main", "tensorflow_packages"]
 
 TF_VERSION = "2.21.0"
 CONFIGS = ("bootstrap/bootstrap.env", "/etc/cloudtrain/bootstrap.env")
 TF_PROBE = (
     "import os; os.environ['TF_USE_LEGACY_KERAS'] = '1'; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'"
     "; import tensorflow as tf, tf_keras"
-    "; print(tf.__version__, len(tf.config.list_physical_devices('GPU')))"
+    "; print(tf.__version__, len(tf.config.list_physical_devices('GPU')),"
+    " tf.sysconfig.get_build_info().get('cuda_version') or '-')"
 )
+_DRIVER_CUDA = re.compile(r"CUDA Version:\s*(\d+)\.(\d+)")
 HOROVOD_PROBE = "import horovod.torch as hvd; import horovod; print(horovod.__version__)"
 
 
@@ -90,13 +95,43 @@ def tensorflow(install: bool, gpus: int) -> str:
             f"TensorFlow with tf-keras is not importable by {sys.executable}: install it there "
             f"({shlex.join(['pip', 'install', *packages])}); cloud nodes install it themselves"
         )
-    version, seen = found.split()
+    version, seen, built = found.split()
     if int(seen) < gpus:
-        raise RuntimeError(
-            f"TensorFlow {version} sees {seen} of the node's {gpus} GPU(s): its CUDA build does "
-            "not match the driver (nvidia-smi shows the CUDA the driver supports)"
-        )
+        raise RuntimeError(gpus_missing(version, int(seen), gpus, built, driver_cuda()))
     return f"TensorFlow {version} with tf-keras" + (f", {seen} GPU(s)" if gpus else "")
+
+
+def driver_cuda() -> tuple[int, int] | None:
+    """The newest CUDA the node's NVIDIA driver supports (``nvidia-smi``'s header), or None."""
+    try:
+        out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = _DRIVER_CUDA.search(out)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def gpus_missing(
+    version: str, seen: int, gpus: int, built: str, driver: tuple[int, int] | None
+) -> str:
+    """Why TensorFlow `version`, built for CUDA `built` ("-": not a CUDA build), sees `seen`
+    of the node's `gpus` GPUs, given the CUDA the driver supports: what to do about it."""
+    head = f"TensorFlow {version} sees {seen} of the node's {gpus} GPU(s)"
+    if built == "-":
+        return f"{head}: it is not a CUDA build (install tensorflow[and-cuda]=={version})"
+    needed = tuple(int(part) for part in built.split(".")[:2])
+    if driver is None:
+        return f"{head}: nvidia-smi does not answer, so the NVIDIA driver is not working"
+    supports = f"{driver[0]}.{driver[1]}"
+    if driver < needed:
+        return (
+            f"{head}: it is built for CUDA {built} and the NVIDIA driver supports CUDA "
+            f"{supports} at most: a newer driver (or a TensorFlow built for CUDA {supports})"
+        )
+    return (
+        f"{head}, built for CUDA {built} with a driver for CUDA {supports}: its CUDA "
+        f"libraries do not load (pip install tensorflow[and-cuda]=={version} installs them)"
+    )
 
 
 def horovod(install: bool, root: Path) -> str:

@@ -18,6 +18,7 @@ from tests.integration.conftest import REPO, SCRIPTS, Shell, wait_for
 
 pytestmark = pytest.mark.integration
 EXAMPLE = REPO / "examples" / "digits_ddp.py"
+FSDP = REPO / "examples" / "digits_fsdp.py"
 
 
 def kill_node(home: Path, cluster: str, index: int) -> float:
@@ -84,6 +85,30 @@ def test_a_managed_job_replaces_a_killed_node_and_resumes_from_its_checkpoint(
     assert logs.stdout.count("final test accuracy") == 1
     assert "epoch 3/8" in logs.stdout, "the copy keeps the attempt before the recovery"
     assert sh("down", "m").returncode == 0
+
+
+def test_a_managed_fsdp_job_resumes_from_the_shards_of_a_node_that_is_gone(sh: Shell) -> None:
+    """Each node holds its own shards of an fsdp checkpoint: the lost node's shards come from
+    the copy pulled while the job ran (every node's, `Kept.pull_sharded`), and the replacement
+    and the survivor resume from their union."""
+    sh.env["CLOUDTRAIN_CHECKPOINT_PULL_S"] = "1"
+    assert sh("up", "--name", "s", "--nodes", "2").returncode == 0
+    train = sh.popen("train", "-c", "s", "--managed", "--strategy", "fsdp", str(FSDP), "--",
+                     "--epochs", "6", "--pause", "2")  # fmt: skip
+    before = read_until(train, r"epoch 3/6")
+    kill_node(sh.home, "s", 1)
+    rest, _ = train.communicate(timeout=300)
+    out = before + rest
+    assert train.returncode == 0, out
+    assert "replacing node(s) 1 of s" in out
+    resumed = re.search(r"resumed from epoch (\d+) \(saved by 2 ranks, now 2\)", out)
+    assert resumed, out
+    assert int(resumed.group(1)) >= 2, out  # at most one epoch of work lost
+    accuracy = re.search(r"final test accuracy: (\d\.\d+)", out)
+    assert accuracy, out
+    assert float(accuracy.group(1)) >= 0.9, out
+    assert [r["cause"] for r in sh.job("s-1")["detail"]["recoveries"]] == ["vanished"]
+    assert sh("down", "s").returncode == 0
 
 
 def test_a_script_that_fails_is_not_recovered_unless_asked(sh: Shell) -> None:
