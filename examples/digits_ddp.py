@@ -96,9 +96,11 @@ def main() -> None:
     print(f"rank {runtime.rank()}/{runtime.world_size()} on node {node}: {share}\n", end="",
           flush=True)  # fmt: skip
     first_step = True
+    runtime.report(total_steps=args.epochs * len(loader))  # `train` shows an ETA from it
     for epoch in range(start, args.epochs):
         sampler.set_epoch(epoch)
         total_loss, correct, seen = 0.0, 0, 0
+        epoch_started = time.monotonic()
         for x, y in loader:
             x, y = x.to(runtime.device()), y.to(runtime.device())
             optimizer.zero_grad()
@@ -117,6 +119,9 @@ def main() -> None:
         train_loss = runtime.average(total_loss / seen)
         train_acc = runtime.average(correct / seen)
         test_acc = accuracy(model, test)  # the whole test set; replicas hold the same weights
+        samples_s = seen * runtime.world_size() / (time.monotonic() - epoch_started)
+        runtime.report(epoch=epoch + 1, loss=train_loss, train_acc=train_acc,
+                       test_acc=test_acc, samples_s=samples_s)  # fmt: skip
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
         runtime.save_checkpoint(path, {**state, "epoch": epoch + 1})
         if runtime.is_main():

@@ -230,9 +230,15 @@ def check_environment() -> None:
 
 
 def _register() -> None:
-    from cloudtrain.cli import bootstrap_cmd, clusters, jobs, watch
+    from cloudtrain.cli import bootstrap_cmd, clusters, jobs, metrics_cmd, watch
 
-    for command in (*clusters.COMMANDS, *jobs.COMMANDS, *watch.COMMANDS, *bootstrap_cmd.COMMANDS):
+    for command in (
+        *clusters.COMMANDS,
+        *jobs.COMMANDS,
+        *metrics_cmd.COMMANDS,
+        *watch.COMMANDS,
+        *bootstrap_cmd.COMMANDS,
+    ):
         cli.add_command(command)
 
 

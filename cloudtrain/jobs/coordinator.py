@@ -38,7 +38,7 @@ from typing import Any
 
 from cloudtrain.errors import CommandError, ConfigError, JobError, NotFoundError, ProviderError
 from cloudtrain.executors.base import SSH_FAILED, Executor, RunResult, fan_out
-from cloudtrain.jobs import checkpoints, workers
+from cloudtrain.jobs import checkpoints, metrics, workers
 from cloudtrain.jobs.attempts import (
     HEARTBEAT_S,
     JobSpec,
@@ -511,6 +511,23 @@ class Coordinator:
                                  "redone", job_id=rec.id)  # fmt: skip
         self.state.update_job(rec.id, detail=detail)
 
+    def pull_metrics(self, rec: JobRecord, nodes: Sequence[NodeInfo] | None = None) -> None:
+        """Copy home the new lines of the current attempt's metrics from `nodes` (default: the
+        job's); a node that does not answer is logged and tried again next time."""
+        attempt = attempt_of(rec)
+
+        def pull(node: NodeInfo) -> None:
+            folder = job_dir(node, rec.id, attempt)
+            try:
+                metrics.pull(metrics.copy_path(self.home, rec.id, attempt, node.index),
+                             lambda offset: self._agent(node, "metrics", folder, "--offset",
+                                                        str(offset)).check().stdout)  # fmt: skip
+            except (CommandError, ProviderError, OSError) as exc:
+                log.warning("could not copy the metrics of %s from node %d: %s", rec.id,
+                            node.index, exc)  # fmt: skip
+
+        fan_out(pull, ran_on(rec, nodes) if nodes is not None else self._job_nodes(rec))
+
     def _read_log(self, node: NodeInfo, rec: JobRecord, tail: int | None = None) -> str:
         args = ["follow", "--once", run_dir(node, rec)]
         if tail is not None:
@@ -671,6 +688,7 @@ class Coordinator:
             now = time.monotonic()
             if now > next_beat:
                 beats = fan_out(lambda n: self._status(n, rec), nodes)
+                self.pull_metrics(rec, [n for n in nodes if n.index not in lost])
                 self._note_agents(rec, nodes, beats)
                 self._note_progress(rec, beats)
                 for node, status in zip(nodes, beats, strict=True):
@@ -701,6 +719,7 @@ class Coordinator:
                 next_pull = time.monotonic() + checkpoint_pull_s()
         for thread in regrowing.values():  # a node made again is the next attempt's
             thread.join()
+        self.pull_metrics(rec, [n for n in nodes if n.index not in lost])
         self.pull_checkpoints(job_id)
         if self._job(job_id).finished:
             return None
@@ -774,6 +793,7 @@ class Coordinator:
         """Copy every job's node logs of `cluster` to ``<home>/logs`` (before a teardown)."""
         nodes = self.state.nodes(cluster)
         for rec in self.state.jobs(cluster):
+            self.pull_metrics(rec, nodes)
             if rec.detail.get("managed"):
                 continue  # its watcher keeps the copy of every attempt
             copy_dir = self.home / "logs" / rec.id

@@ -6,6 +6,8 @@ Stdlib only and quick to start, because it runs on every node for every job::
     python -m cloudtrain.node follow JOB_DIR          stream node.log until the job ends
     python -m cloudtrain.node follow JOB_DIR --once   print node.log as it is now
     python -m cloudtrain.node status JOB_DIR          one JSON line: exit code, alive, pid
+    python -m cloudtrain.node metrics JOB_DIR         the whole lines of the job's metrics.jsonl
+                     [--offset N]                     from byte N (`cloudtrain.runtime.metrics`)
     python -m cloudtrain.node kill --match K=V ...    stop every process whose environment has
                      [--grace S] [--mark JOB_DIR]     all K=V (TERM, then KILL after S seconds)
     python -m cloudtrain.node agent --root ROOT       the resident agent (`cloudtrain.node.agent`):
@@ -48,9 +50,11 @@ from pathlib import Path
 from cloudtrain.node import agent, notices, selfstop
 from cloudtrain.node.procs import POLL_S, alive, find_processes, kill_matching, tell_job
 
-__all__ = ["find_processes", "kill_matching", "main", "tell_job"]
+__all__ = ["find_processes", "kill_matching", "main", "tell_job", "whole_lines"]
 
 MAX_POLL_S = 0.1
+#: The most of a job's metrics one `metrics` call returns (the coordinator asks again).
+METRICS_CHUNK = 4 << 20
 
 
 def free_ports(count: int) -> list[int]:
@@ -99,6 +103,23 @@ def _read(path: Path) -> str | None:
         return path.read_text().strip()
     except FileNotFoundError:
         return None
+
+
+def whole_lines(path: Path, offset: int, limit: int = METRICS_CHUNK) -> bytes:
+    """The whole lines of `path` from byte `offset` on, at most `limit` bytes of them (a line
+    longer than that alone); nothing when the file is not there or has no new whole line."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(offset, 0))
+            data = f.read(limit)
+            while data and b"\n" not in data:  # one line longer than the limit
+                more = f.read(limit)
+                if not more:
+                    break
+                data += more
+    except OSError:
+        return b""
+    return data[: data.rfind(b"\n") + 1]
 
 
 def follow(job_dir: Path, *, once: bool = False, tail: int | None = None) -> int:
@@ -215,6 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_follow.add_argument("--tail", type=int, metavar="LINES")
     p_status = sub.add_parser("status")
     p_status.add_argument("job_dir", type=Path)
+    p_metrics = sub.add_parser("metrics")
+    p_metrics.add_argument("job_dir", type=Path)
+    p_metrics.add_argument("--offset", type=int, default=0)
     p_kill = sub.add_parser("kill")
     p_kill.add_argument("--match", action="append", required=True, metavar="KEY=VALUE")
     p_kill.add_argument("--grace", type=float, default=10.0)
@@ -251,6 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "status":
         root = args.job_dir.absolute().parent.parent  # <root>/jobs/<id>
         print(json.dumps({**job_status(args.job_dir), "agent": agent.heal(root)}))
+    elif args.command == "metrics":
+        sys.stdout.buffer.write(whole_lines(args.job_dir / "metrics.jsonl", args.offset))
     elif args.command == "agent":
         return _agent(args)
     elif args.command == "autostop":

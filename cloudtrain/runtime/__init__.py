@@ -5,6 +5,7 @@
     model = runtime.wrap(model)             # the job's strategy(): "ddp", or "fsdp" (FSDP2)
     loss = runtime.average(loss.item())     # mean over all replicas
     runtime.step()                          # once per optimizer step: the job's progress
+    runtime.report(step=epoch, loss=loss)   # numbers kept with the job: `cloudtrain metrics`
     runtime.save_checkpoint(runtime.checkpoint_dir() / "last.pt", state)
     runtime.save_sharded(runtime.checkpoint_dir() / "run", model, optimizer)  # FSDP: DCP shards
     runtime.on_preemption(lambda: save_and_stop())   # the cloud's notice, a minute ahead
@@ -29,6 +30,7 @@ from cloudtrain.runtime.dist import (
     shutdown,
     world_size,
 )
+from cloudtrain.runtime.metrics import report
 from cloudtrain.runtime.parallel import STRATEGIES, strategy, wrap
 from cloudtrain.runtime.preemption import on_preemption, preempting
 from cloudtrain.runtime.progress import step
@@ -51,6 +53,7 @@ __all__ = [
     "on_preemption",
     "preempting",
     "rank",
+    "report",
     "save_checkpoint",
     "save_sharded",
     "shutdown",

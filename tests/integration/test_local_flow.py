@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -55,6 +56,15 @@ def test_two_node_ddp_trains_streams_both_nodes_and_leaves_nothing(sh: Shell) ->
     logs = sh("logs", job_id.group(1))
     assert logs.returncode == 0
     assert "final test accuracy" in logs.stdout
+    reported = sh("metrics", job_id.group(1), "--json")
+    assert reported.returncode == 0, reported.stderr
+    per_epoch = [ln for ln in json.loads(reported.stdout) if "loss" in ln]
+    printed = re.findall(r"epoch (\d)/5 loss ([\d.]+) train_acc ([\d.]+) test_acc ([\d.]+)",
+                         train.stdout)  # fmt: skip
+    assert [(str(m["epoch"]), f"{m['loss']:.4f}", f"{m['train_acc']:.4f}",
+             f"{m['test_acc']:.4f}") for m in per_epoch] == printed  # fmt: skip
+    assert [m["step"] for m in per_epoch] == [23, 46, 69, 92, 115]
+    assert all(m["rank"] == 0 and m["samples_s"] > 0 for m in per_epoch)
     assert "[node 0] " in logs.stdout
     assert "[node 1] " in logs.stdout
 
@@ -76,6 +86,13 @@ def test_two_node_ddp_trains_streams_both_nodes_and_leaves_nothing(sh: Shell) ->
     kept = sh("logs", job_id.group(1))
     assert kept.returncode == 0
     assert "final test accuracy" in kept.stdout
+    table = sh("metrics", job_id.group(1))
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[0].split() == [
+        "attempt", "step", "at", "epoch", "loss", "train_acc", "test_acc", "samples_s",
+    ]  # fmt: skip
+    assert len(table.stdout.splitlines()) == 6
+    assert "the script said it takes 115 steps" in table.stderr
 
     again_down = sh("down", "demo")
     assert again_down.returncode == 0
