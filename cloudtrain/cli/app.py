@@ -50,6 +50,8 @@ class App:
     out: Console = field(default_factory=lambda: _console(sys.stdout))
     err: Console = field(default_factory=lambda: _console(sys.stderr))
     json: bool = False
+    #: `train` shows how its job goes under the logs (`cloudtrain.cli.live`); --no-live: not
+    live: bool = True
     _state: State | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -170,13 +170,16 @@ def run_job(
             f"stop it with `cloudtrain cancel {rec.id}`"
         )
         return rec
-    try:
-        if policy is not None:
-            from cloudtrain.cli.watch import follow_managed
+    from cloudtrain.cli.live import following
 
-            rec = follow_managed(app, rec.id)
-        else:
-            rec = coord.follow(rec.id, app.node_line)
+    try:
+        with following(app, rec.id, live=app.live):
+            if policy is not None:
+                from cloudtrain.cli.watch import follow_managed
+
+                rec = follow_managed(app, rec.id)
+            else:
+                rec = coord.follow(rec.id, app.node_line)
     except KeyboardInterrupt:
         watched = ", and its watcher keeps recovering it" if policy is not None else ""
         app.note(
@@ -224,6 +227,11 @@ def policy_from(options: dict[str, Any], down: bool, task: TaskSpec | None = Non
     if max_recoveries is None:
         max_recoveries = DEFAULT_MAX_RECOVERIES
     return Policy(max_recoveries=max_recoveries, retry_on_failure=retry, down=down)
+
+
+def _no_live(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.find_object(App).live = False  # type: ignore[union-attr]
 
 
 def job_options(fn: Any) -> Any:
@@ -283,6 +291,13 @@ def job_options(fn: Any) -> Any:
             help="Recover a managed job also when the script itself exits non-zero.",
         ),
         click.option("--detach", "-d", is_flag=True, help="Return once the job runs."),
+        click.option(
+            "--no-live",
+            is_flag=True,
+            expose_value=False,
+            callback=_no_live,
+            help="No progress panel (step, metrics, ETA, nodes) under the logs.",
+        ),
         click.option(
             "--down",
             is_flag=True,

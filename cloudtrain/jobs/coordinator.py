@@ -689,6 +689,7 @@ class Coordinator:
             if now > next_beat:
                 beats = fan_out(lambda n: self._status(n, rec), nodes)
                 self.pull_metrics(rec, [n for n in nodes if n.index not in lost])
+                self.state.update_job(rec.id, detail={"nodes": [node_state(b) for b in beats]})
                 self._note_agents(rec, nodes, beats)
                 self._note_progress(rec, beats)
                 for node, status in zip(nodes, beats, strict=True):
