@@ -93,6 +93,16 @@ def test_two_node_ddp_trains_streams_both_nodes_and_leaves_nothing(sh: Shell) ->
     ]  # fmt: skip
     assert len(table.stdout.splitlines()) == 6
     assert "the script said it takes 115 steps" in table.stderr
+    curve = sh.home.parent / "curve.png"
+    drawn = sh("plot", job_id.group(1), "loss", "test_acc", "-o", str(curve))
+    assert drawn.returncode == 0, drawn.stderr
+    assert curve.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    unknown = sh("plot", job_id.group(1), "los")
+    assert unknown.returncode == 2
+    assert unknown.stderr == (
+        f"error: metric 'los': job {job_id.group(1)} reported epoch, loss, train_acc, test_acc, "
+        "samples_s\n"
+    )
 
     again_down = sh("down", "demo")
     assert again_down.returncode == 0
