@@ -148,6 +148,21 @@ def _waiting(on_event: OnEvent) -> Callable[[str], None]:
     return lambda message: on_event(Event("wait", message))
 
 
+def recording(state: State, cluster: str, on_event: OnEvent) -> OnEvent:
+    """`on_event`, with what belongs in the cluster's event log kept there too: a create
+    attempt that failed in a zone (``capacity``: the place and the cloud's code) and a
+    bootstrap phase done on every node (``phase``)."""
+
+    def record(event: Event) -> None:
+        if event.kind == "capacity":
+            state.add_event(cluster, "capacity", f"create attempt failed in {event.message}")
+        elif event.kind == "phase":
+            state.add_event(cluster, "bootstrap", event.message)
+        on_event(event)
+
+    return record
+
+
 def _up(
     state: State,
     home: Path,
@@ -184,11 +199,13 @@ def _up(
         },
     )
     state.add_event(spec.name, "up", f"provisioning {spec.num_nodes} node(s) on {spec.provider}")
+    on_event = recording(state, spec.name, on_event)
     earlier = state.open_intents(spec.name)  # an `up` or `down` that died half way
+    asked = time.time()  # a node made now bills from here (`State.set_nodes`)
     try:
         with state.intent(spec.name, "apply", {"provider": spec.provider}):
             nodes = prov.apply(the_plan, on_event)
-    except BaseException:
+    except BaseException as exc:
         try:
             left: list[NodeInfo] | None = prov.describe(spec.name, spec.cluster_id)
         except Exception:  # cannot tell what exists: keep the record, so `down` can clean
@@ -199,15 +216,22 @@ def _up(
             # nothing it wrote: it writes only once every host answered
             left = []
         if left:  # a half-made cluster: keep the record so `up` completes it, `down` removes it
-            state.set_nodes(spec.name, left)
-        if left is None or left:
+            state.set_nodes(spec.name, left, since=asked)
+        if left is None:
             state.set_cluster_status(spec.name, "partial")
+            kept = "its record kept: what it made could not be listed"
+        elif left:
+            state.set_cluster_status(spec.name, "partial")
+            kept = f"{len(left)} node(s) kept"
         else:  # all or nothing: nothing was made, so nothing is recorded
             state.delete_cluster(spec.name)
+            kept = "nothing was made"
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed: {exc}"
+        state.add_event(spec.name, "up", f"up {why}; {kept}")
         raise
     for intent in earlier:
         state.end_intent(intent.id, "finished by a later up")
-    state.set_nodes(spec.name, nodes)
+    state.set_nodes(spec.name, nodes, since=asked)
     state.set_cluster_status(spec.name, "bootstrapping")
     state.add_event(spec.name, "up", f"{len(nodes)} node(s) running")
     if bootstrap_timeout_s is not None:
@@ -217,6 +241,7 @@ def _up(
             state.set_cluster_status(spec.name, UNWATCHED)
             state.add_event(spec.name, "bootstrap", "the wait for the bootstrap was interrupted")
             raise
+        state.add_event(spec.name, "up", f"cluster {spec.name!r} is up: {len(nodes)} node(s) ready")
     state.set_cluster_status(spec.name, "up")
     if the_plan.spec.limits and bootstrap_timeout_s is not None:
         hand_limits(state, home, the_plan.spec)

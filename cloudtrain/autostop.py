@@ -9,8 +9,8 @@ here: `settle` finds such a cluster and removes what is left — the whole clust
 lifetime or budget ended, it was to be deleted when idle, or its instances are stopped rather
 than gone (GCP: their disks bill, and `up` does not start them); else it is recorded
 ``stopped`` (`up` brings it back on the resources it kept: AWS's security group and key pair).
-
-`cost_so_far`: the price recorded at launch × the hours since `up`, until the cluster stopped.
+What it cost is in its nodes' spans (`cloudtrain.spans`), which end at its lifetime's or
+budget's end at the latest.
 """
 
 from __future__ import annotations
@@ -28,20 +28,6 @@ STOPPED = "stopped"
 HALTED = frozenset({"stopped", "terminated", "stopping"})
 #: How late a node may stop after its deadline by this machine's clock and still be "ended".
 SKEW_S = 120.0
-
-
-def cost_so_far(record: ClusterRecord, now: float | None = None) -> float | None:
-    """USD since `up` at the recorded price (None when none is known): the cluster's price per
-    hour × the hours until now, its deadline (its nodes are gone then) or when it was found
-    stopped, whichever is first."""
-    if record.price_per_hour is None:
-        return None
-    end = time.time() if now is None else now
-    if record.spec.limits.ends_at is not None:
-        end = min(end, record.spec.limits.ends_at)
-    if record.status == STOPPED:
-        end = min(end, record.updated_at)
-    return record.price_per_hour * max(0.0, end - record.created_at) / 3600
 
 
 def ended(spec: ClusterSpec, now: float | None = None) -> bool:

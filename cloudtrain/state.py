@@ -9,6 +9,11 @@ An *intent* is written before each cloud mutation and closed after it: an open i
 later command means an earlier one died half way (``up`` interrupted), to be finished or cleaned.
 The cloud's tags stay the truth about what exists; losing this file leaks nothing.
 
+A *span* is one node billing (`cloudtrain.spans`): `set_nodes` and `delete_cluster` keep the
+spans in step with the nodes in the same transaction, so no path that records nodes forgets
+them. Spans, jobs and events outlive their cluster's record (`cloudtrain.cost` reports clusters
+already down; ``cloudtrain events`` tells their story).
+
 Every `sqlite3`/`OSError` is raised as `StateError` naming the file. Reads never raise
 `NotFoundError` (they return None or []); updates of a missing cluster, job or intent do.
 """
@@ -29,8 +34,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from cloudtrain import spans as _spans
 from cloudtrain.errors import NotFoundError, StateError
 from cloudtrain.model import NodeInfo
+from cloudtrain.spans import SpanRecord
 from cloudtrain.spec import ClusterSpec
 
 __all__ = [
@@ -42,6 +49,7 @@ __all__ = [
     "EventRecord",
     "IntentRecord",
     "JobRecord",
+    "SpanRecord",
     "State",
     "home",
 ]
@@ -84,6 +92,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             action TEXT NOT NULL, detail_json TEXT NOT NULL, closed_at REAL, outcome TEXT)""",
         "CREATE INDEX intents_open ON intents (cluster, id) WHERE closed_at IS NULL",
     ),
+    2: _spans.SCHEMA,  # the node spans (`cloudtrain.spans`)
 }
 SCHEMA_VERSION = max(_MIGRATIONS)
 
@@ -96,6 +105,7 @@ _JOB_COLS = (
     "nproc_per_node, command_json, detail_json"
 )
 _INTENT_COLS = "id, ts, cluster, action, detail_json, closed_at, outcome"
+_EVENT_COLS = "id, ts, cluster, job_id, kind, message"
 _JOB_BY_ID = f"SELECT {_JOB_COLS} FROM jobs WHERE id = ?"
 
 
@@ -367,24 +377,38 @@ class State:
                 raise NotFoundError(f"no cluster named {name!r}")
 
     def delete_cluster(self, name: str) -> None:
-        """Forget the cluster and its nodes; its jobs, events and intents stay. Idempotent."""
+        """Forget the cluster and its nodes, ending their spans; its spans, jobs, events and
+        intents stay. Idempotent."""
         with self._write() as conn:
+            _spans.end_all(conn, name, self._clock())
             conn.execute("DELETE FROM clusters WHERE name = ?", (name,))
 
     # -- nodes ------------------------------------------------------------------------------
 
-    def set_nodes(self, cluster: str, nodes: Sequence[NodeInfo]) -> None:
-        """Replace the cluster's nodes. Raises `NotFoundError` for an unknown cluster."""
+    def set_nodes(
+        self, cluster: str, nodes: Sequence[NodeInfo], *, since: float | None = None
+    ) -> None:
+        """Replace the cluster's nodes, and their spans with them (`cloudtrain.spans.track`:
+        a new billing node's span starts at `since`, when it was asked for, default now).
+        Raises `NotFoundError` for an unknown cluster."""
         indexes = [node.index for node in nodes]
         if len(set(indexes)) != len(indexes) or any(n.cluster != cluster for n in nodes):
             raise ValueError(f"nodes for {cluster!r} must have that cluster and distinct indexes")
+        now = self._clock()
         with self._write() as conn:
-            if not conn.execute("SELECT 1 FROM clusters WHERE name = ?", (cluster,)).fetchone():
+            row = conn.execute(
+                f"SELECT {_CLUSTER_COLS} FROM clusters WHERE name = ?", (cluster,)
+            ).fetchone()
+            if row is None:
                 raise NotFoundError(f"no cluster named {cluster!r}")
+            record = _cluster(row)
             conn.execute("DELETE FROM nodes WHERE cluster = ?", (cluster,))
             conn.executemany(
                 "INSERT INTO nodes VALUES (?, ?, ?)",
                 [(cluster, n.index, _dumps(n.to_dict())) for n in nodes],
+            )
+            _spans.track(
+                conn, record.spec, record.plan, record.price_per_hour, nodes, now=now, since=since
             )
 
     def nodes(self, cluster: str) -> list[NodeInfo]:
@@ -509,6 +533,29 @@ class State:
             (*params, -1 if limit is None else limit),
         )
         return [EventRecord(*row) for row in rows]
+
+    def event_log(
+        self, name: str | None = None, *, after: int = 0, since: float | None = None
+    ) -> list[EventRecord]:
+        """Every event with an id above `after` and a time at or after `since`, oldest first; of
+        `name` when given: a cluster's (its jobs' too) or a job's."""
+        where = " WHERE id > ?"
+        params: list[Any] = [after]
+        if since is not None:
+            where = f"{where} AND ts >= ?"
+            params.append(since)
+        if name is not None:
+            where = f"{where} AND (cluster = ? OR job_id = ?)"
+            params += [name, name]
+        rows = self._read(f"SELECT {_EVENT_COLS} FROM events{where} ORDER BY id", params)
+        return [EventRecord(*row) for row in rows]
+
+    # -- spans ------------------------------------------------------------------------------
+
+    def spans(self, cluster: str | None = None, *, since: float | None = None) -> list[SpanRecord]:
+        """The spans (of one cluster name, past clusters of that name included) still open or
+        ended at or after `since`, oldest first."""
+        return [_spans.record(row) for row in self._read(*_spans.select(cluster, since))]
 
     # -- intents ----------------------------------------------------------------------------
 

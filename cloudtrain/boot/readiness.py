@@ -9,13 +9,17 @@ phase and the last lines of that phase's log when one fails.
 Between the bootstrap's two stages a node waits for cloudtrain's wheel: its status is then
 ``"state": "waiting", "waiting_for": "wheel", "wheel": "<where to put it>"``, and the
 `Handoff` copies the wheel there and starts the bootstrap again, which goes on into stage 2.
+
+Once a phase is over (done or skipped) on every node, one ``phase`` event says so, with the
+slowest node's time: what the cluster's event log keeps of a bootstrap.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +80,55 @@ def hand_over_wheel(wheel: Callable[[], Path]) -> Handoff:
     return handoff
 
 
+#: A phase's states that mean it is over and went well.
+PASSED = ("done", "skipped")
+
+
+def _passed(status: Mapping[str, Any]) -> dict[str, tuple[str, float | None]]:
+    """The phases `status` says are over and went well: each one's state and its seconds."""
+    found: dict[str, tuple[str, float | None]] = {}
+    for phase in status.get("phases") or []:
+        if isinstance(phase, dict) and phase.get("state") in PASSED:
+            try:
+                took: float | None = (
+                    datetime.datetime.fromisoformat(str(phase["finished"]))
+                    - datetime.datetime.fromisoformat(str(phase["started"]))
+                ).total_seconds()
+            except (KeyError, TypeError, ValueError):
+                took = None
+            found[str(phase.get("name"))] = (str(phase["state"]), took)
+    return found
+
+
+def phase_line(name: str, results: Mapping[int, tuple[str, float | None]]) -> str:
+    """``bootstrap phase torch done on 2 node(s), the slowest in 41 s (node 1)`` from each
+    node's (state, seconds) of phase `name`."""
+    done = {i: took for i, (state, took) in results.items() if state == "done"}
+    if not done:
+        return f"bootstrap phase {name} skipped on {len(results)} node(s) (nothing to do)"
+    skipped = f" (skipped on {len(results) - len(done)})" if len(done) < len(results) else ""
+    timed = {i: took for i, took in done.items() if took is not None}
+    slowest = max(timed, key=lambda i: (timed[i], -i), default=None)
+    head = f"bootstrap phase {name} done on {len(results)} node(s){skipped}"
+    if slowest is None:
+        return head
+    return f"{head}, the slowest in {timed[slowest]:.0f} s (node {slowest})"
+
+
+def _all_passed(
+    passed: Mapping[int, Mapping[str, tuple[str, float | None]]], count: int, told: set[str]
+) -> list[str]:
+    """The lines of the phases over on all `count` nodes and not `told` yet (added to it)."""
+    if len(passed) < count:
+        return []
+    lines = []
+    for name in dict.fromkeys(n for phases in passed.values() for n in phases):
+        if name not in told and all(name in phases for phases in passed.values()):
+            told.add(name)
+            lines.append(phase_line(name, {i: phases[name] for i, phases in passed.items()}))
+    return lines
+
+
 def _waits_for_wheel(status: dict[str, Any]) -> bool:
     return status.get("state") == "waiting" and status.get("waiting_for") == "wheel"
 
@@ -95,6 +148,8 @@ def wait_ready(
     `timeout_s` passes (naming the slowest phase)."""
     seen: dict[int, str] = {}
     handed: dict[int, dict[str, Any]] = {}  # node → its status when the wheel was handed over
+    passed: dict[int, dict[str, tuple[str, float | None]]] = {}  # node → its phases over
+    told: set[str] = set()  # the phases said to be over on every node
     deadline = time.monotonic() + timeout_s
     pairs = list(zip(nodes, executors, strict=True))
     while True:
@@ -118,6 +173,9 @@ def wait_ready(
                 continue
             if status.get("state") == "failed":
                 raise _failure(executor, node, status)
+            passed[node.index] = _passed(status)
+        for line in _all_passed(passed, len(pairs), told):
+            on_event(Event("phase", line))
         if all(s is not None and s.get("state") == "ready" for s in statuses):
             return
         if time.monotonic() > deadline:

@@ -21,6 +21,8 @@ from cloudtrain.cli.options import (
 )
 
 if TYPE_CHECKING:
+    from cloudtrain.cost import Figure
+    from cloudtrain.model import NodeInfo
     from cloudtrain.spec import TaskSpec
     from cloudtrain.state import ClusterRecord
 
@@ -339,7 +341,6 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
     import time
 
     from cloudtrain import api, autostop
-    from cloudtrain.autostop import cost_so_far
     from cloudtrain.cli import render
     from cloudtrain.errors import CloudtrainError
 
@@ -380,6 +381,8 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
     jobs = [refreshed.get(j.id, j) for j in state.jobs(cluster)]
     nodes = {c.name: state.nodes(c.name) for c in clusters}
     events = state.events(cluster, limit=EVENTS_SHOWN)
+    now = time.time()
+    spent = {c.name: cost_so_far(app, c, now) for c in clusters}
     if as_json:
         data = {
             "clusters": [
@@ -389,7 +392,8 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
                     "status": c.status,
                     "price_per_hour": c.price_per_hour,
                     "created_at": c.created_at,
-                    "cost_so_far": cost_so_far(c),
+                    "cost_so_far": render.money_json(spent[c.name]),
+                    "cost_is_estimate": spent[c.name].estimate,
                     "spec": c.spec.to_dict(),
                     "nodes": [n.to_dict() for n in nodes[c.name]],
                 }
@@ -411,10 +415,9 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
     idle = [c for c in clusters if c.spec.limits.idle_minutes and c.status in ("up", "partial")]
     told = [c for c in clusters if c.name == cluster and _stops_itself(c)]
     beats = _agent_beats(app, [c for c in clusters if c in idle or c in told])
-    now = time.time()
     stops = {c.name: render.stops_text(c.spec, beats[c.name], now) for c in idle if c.name in beats}
     counts = {k: len(v) for k, v in nodes.items()}
-    app.out.print(render.clusters_table(clusters, counts, stops, now))
+    app.out.print(render.clusters_table(clusters, counts, stops, now, spent))
     if jobs:
         app.out.print(render.jobs_table(jobs[:20]))
     if cluster is not None:  # one cluster's story: its agents, what happened to it lately
@@ -423,6 +426,14 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
                 app.out.print(render.agent_line(beat, now), markup=False)
         if events:
             app.out.print(render.events_table(events))
+
+
+def cost_so_far(app: App, record: ClusterRecord, now: float) -> Figure:
+    """What the cluster `record` cost since it was made: its nodes' spans of this record (a
+    name's earlier clusters are `cloudtrain cost`'s), at the price recorded at `up`."""
+    from cloudtrain import cost
+
+    return cost.spent(app.state.spans(record.name), now, record.name, record.created_at)
 
 
 def _stops_itself(c: ClusterRecord) -> bool:
@@ -471,6 +482,8 @@ def reconcile(app: App, clusters: list[ClusterRecord], others: bool = True) -> N
         if before != after:
             app.note(f"{c.name}: {len(before - after)} node(s) gone, {len(after - before)} "
                      "new, since the last record; updated")  # fmt: skip
+        for line in node_changes(c.provider, list(known.values()), found):
+            state.add_event(c.name, "node", line)
         state.set_nodes(c.name, found)
         live = sum(n.state == "running" for n in found)
         status = "up" if live >= c.spec.num_nodes else "partial" if found else "gone"
@@ -506,6 +519,26 @@ def reconcile(app: App, clusters: list[ClusterRecord], others: bool = True) -> N
                 app.note(f"warning: cluster {name!r} exists on {pname} (found by its tags) but "
                          f"is not recorded here; `cloudtrain down {name} --provider {pname}` "
                          "removes it")  # fmt: skip
+
+
+def node_changes(provider: str, recorded: list[NodeInfo], found: list[NodeInfo]) -> list[str]:
+    """What became of the nodes since they were recorded, one line each (an event): gone from
+    the provider (preempted, or removed behind cloudtrain's back), no longer billing, or new."""
+    from cloudtrain.spans import NOT_BILLING
+
+    now = {n.node_id: n for n in found}
+    lines = []
+    for old in recorded:
+        new = now.get(old.node_id)
+        if new is None:
+            lines.append(f"node {old.index} ({old.node_id}) is gone: {provider} no longer has it")
+        elif new.state in NOT_BILLING and old.state not in NOT_BILLING:
+            lines.append(f"node {old.index} ({old.node_id}) is {new.state}")
+    was = {n.node_id for n in recorded}
+    for n in found:
+        if n.node_id not in was:
+            lines.append(f"node {n.index} ({n.node_id}) found {n.state}, not recorded before")
+    return lines
 
 
 @click.command()

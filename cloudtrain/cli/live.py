@@ -49,7 +49,7 @@ def _rate(lines: Sequence[Mapping[str, Any]]) -> float | None:
     mine = [ln for ln in lines if ln["attempt"] == attempt and not ln.get("rank")]
     if len(mine) < 2 or mine[-1]["at"] <= mine[0]["at"]:
         return None
-    return (mine[-1]["step"] - mine[0]["step"]) / (mine[-1]["at"] - mine[0]["at"])
+    return float(mine[-1]["step"] - mine[0]["step"]) / float(mine[-1]["at"] - mine[0]["at"])
 
 
 def summary(

@@ -230,12 +230,24 @@ def check_environment() -> None:
 
 
 def _register() -> None:
-    from cloudtrain.cli import bootstrap_cmd, clusters, jobs, metrics_cmd, watch
+    from cloudtrain.cli import (
+        bootstrap_cmd,
+        clusters,
+        cost_cmd,
+        dashboard_cmd,
+        events_cmd,
+        jobs,
+        metrics_cmd,
+        watch,
+    )
 
     for command in (
         *clusters.COMMANDS,
+        *cost_cmd.COMMANDS,
+        *events_cmd.COMMANDS,
         *jobs.COMMANDS,
         *metrics_cmd.COMMANDS,
+        *dashboard_cmd.COMMANDS,
         *watch.COMMANDS,
         *bootstrap_cmd.COMMANDS,
     ):

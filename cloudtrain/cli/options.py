@@ -8,6 +8,7 @@ package, whose declarations are not read until it is named.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -166,3 +167,34 @@ def job_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
     from cloudtrain.spec import validate_job_id
 
     return validate_job_id(value)
+
+
+# -- moments on the command line ------------------------------------------------------------------
+
+#: A duration back from now: ``30d``, ``12h``, ``90m``.
+_AGO = re.compile(r"([0-9]{1,6})([dhm])")
+_UNIT_S = {"d": 86400, "h": 3600, "m": 60}
+SINCE_HELP = "30d, 12h, 90m (back from now), or an ISO date or time (2026-11-01, 2026-11-01T09:30)"
+
+
+def parse_since(text: str, now: float, flag: str = "--since") -> float:
+    """The moment `text` names: ``30d``, ``12h`` or ``90m`` before `now`, or an ISO date (its
+    midnight) or date and time, in local time unless it gives its offset. `ConfigError`
+    naming `flag`, the value and what is allowed, for anything else or a moment after
+    `now`."""
+    import datetime
+
+    from cloudtrain.errors import ConfigError
+
+    value = text.strip()
+    ago = _AGO.fullmatch(value)
+    if ago:
+        return now - int(ago.group(1)) * _UNIT_S[ago.group(2)]
+    try:
+        moment = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: give {SINCE_HELP}") from None
+    at = moment.timestamp()  # a naive one is local time
+    if at > now:
+        raise ConfigError(f"{flag} {text!r} is in the future; give {SINCE_HELP}")
+    return at

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
+    from cloudtrain.cost import Figure
     from cloudtrain.model import NodeInfo, Plan
     from cloudtrain.plan.catalog import InstanceType
     from cloudtrain.spec import ClusterSpec
@@ -91,11 +92,11 @@ def clusters_table(
     node_counts: dict[str, int],
     stops: Mapping[str, str] | None = None,
     now: float | None = None,
+    costs: Mapping[str, Figure] | None = None,
 ) -> Table:
-    """The clusters; ``cost`` is the price at launch × the hours since `up` (until it
-    stopped), ``stops`` when it stops by itself (`stops`: what its agents said)."""
-    from cloudtrain.autostop import cost_so_far
-
+    """The clusters; ``cost`` is what each cost so far (`costs`: its nodes' spans at the price
+    recorded at `up`; ``~`` marks a spot price's estimate), ``stops`` when it stops by itself
+    (`stops`: what its agents said)."""
     now = time.time() if now is None else now
     table = Table(title="clusters", title_justify="left")
     for col in ("name", "provider", "nodes", "GPUs/node", "status", "$/h", "cost", "created",
@@ -104,7 +105,6 @@ def clusters_table(
     for c in clusters:
         spec = c.spec
         price = "-" if c.price_per_hour is None else f"{c.price_per_hour:.2f}"
-        cost = cost_so_far(c, now)
         table.add_row(
             c.name,
             c.provider,
@@ -112,11 +112,30 @@ def clusters_table(
             spec.resources.gpus or "cpu",
             c.status,
             price,
-            "-" if cost is None else f"{cost:.2f}",
+            money_text((costs or {}).get(c.name)),
             ago(c.created_at),
             Text((stops or {}).get(c.name) or lifetime_left(spec, now)),
         )
+    if any(f.estimate for f in (costs or {}).values()):
+        table.caption = "~ a spot price's estimate"
+        table.caption_justify = "left"
     return table
+
+
+def money_json(figure: Figure) -> float | None:
+    """USD to the cent for ``--json`` (None when no price is known)."""
+    from cloudtrain.cost import money
+
+    return None if figure.unpriced and not figure.prices else float(money(figure.cost))
+
+
+def money_text(figure: Figure | None) -> str:
+    """``12.30``, ``~12.30`` for an estimate (a spot price), ``-`` when the price is unknown."""
+    from cloudtrain.cost import money
+
+    if figure is None or (figure.unpriced and not figure.prices):
+        return "-"
+    return f"{'~' if figure.estimate else ''}{money(figure.cost):,}"
 
 
 def lifetime_left(spec: ClusterSpec, now: float) -> str:

@@ -94,3 +94,13 @@ def wait_for(predicate: Any, timeout: float = 60, what: str = "condition") -> No
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def require(found: bool, why: str) -> None:
+    """Skip the test when a tool it needs (TensorFlow, Horovod, Chromium) is not here; fail it
+    where ``CLOUDTRAIN_TEST_TOOLS=required`` (`.ci/run`, which installs them all)."""
+    if found:
+        return
+    if os.environ.get("CLOUDTRAIN_TEST_TOOLS") == "required":
+        pytest.fail(why)
+    pytest.skip(why)

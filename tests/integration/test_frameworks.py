@@ -4,18 +4,17 @@ losses), FSDP with sharded checkpoints resumed on a different number of ranks, a
 refused up front.
 
 TensorFlow and Horovod are not the project's dependencies: `.ci/run` installs both (Horovod
-built once against this torch) and sets ``CLOUDTRAIN_FRAMEWORK_TESTS=required``, which turns
+built once against this torch) and sets ``CLOUDTRAIN_TEST_TOOLS=required``, which turns
 their tests' skip on a machine without them into a failure."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 
 import pytest
 
-from tests.integration.conftest import REPO, Shell
+from tests.integration.conftest import REPO, Shell, require
 
 pytestmark = pytest.mark.integration
 EXAMPLES = REPO / "examples"
@@ -24,12 +23,7 @@ PEER_FAILS = REPO / "tests" / "integration" / "scripts" / "tf_peer_fails.py"
 
 
 def needs(module: str, install: str) -> None:
-    if importlib.util.find_spec(module) is not None:
-        return
-    why = f"{module} is not installed here: {install}"
-    if os.environ.get("CLOUDTRAIN_FRAMEWORK_TESTS") == "required":
-        pytest.fail(why)
-    pytest.skip(why)
+    require(importlib.util.find_spec(module) is not None, f"{module} is not installed: {install}")
 
 
 def epochs(out: str) -> list[str]:

@@ -1,5 +1,6 @@
-"""The user's side of clusters that stop themselves: limits resolved at `up`, the cost so far to
-the cent, and which clusters the next command may settle (never one an `up` is making)."""
+"""The user's side of clusters that stop themselves: limits resolved at `up`, and which clusters
+the next command may settle (never one an `up` is making). What one cost so far, its deadline
+included, is tests/unit/test_cost.py's."""
 
 from __future__ import annotations
 
@@ -27,16 +28,6 @@ def test_the_budget_ends_when_price_times_hours_reaches_it() -> None:
     assert (longer.ends_at, longer.ends_why) == (1000.0 + 8 * 3600, "lifetime")
     assert Limits(idle_minutes=5).resolved(1000.0, 4.0).ends_at is None
     assert not Limits(ends_at=5.0), "what `up` resolved is not a limit the user asked"
-
-
-def test_the_cost_so_far_stops_at_the_deadline(state: State) -> None:
-    limits = Limits(max_cost=1).resolved(1000.0, price_per_hour=36.0)  # 100 s
-    state.put_cluster(ClusterSpec("c", "local", 2, limits=limits), status="up",
-                      price_per_hour=36.0)  # fmt: skip
-    record = state.cluster("c")
-    assert record is not None
-    assert f"{autostop.cost_so_far(record, now=1000.0 + 37):.2f}" == "0.37"
-    assert autostop.cost_so_far(record, now=1000.0 + 3600) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(

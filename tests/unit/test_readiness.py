@@ -172,3 +172,42 @@ def test_a_failed_cloudtrain_phase_is_a_failure_not_a_wait(tmp_path: Path) -> No
     with pytest.raises(BootstrapError, match="exit code 75"):
         wait_ready([node(0)], [ex], poll_s=0, handoff=hand_over_wheel(lambda: tmp_path / "w"))
     assert [c for c in ex.calls if c.kind == "put"] == []
+
+
+def phases(*done: tuple[str, str, str, str | None], state: str = "ready") -> str:
+    """A status whose phases ended as given: (name, state, started, finished)."""
+    listed = [{"name": n, "state": st, "started": a, "finished": b, "exit_code": 0, "log": ""}
+              for n, st, a, b in done]  # fmt: skip
+    return json.dumps({"phase": done[-1][0], "state": state, "phases": listed})
+
+
+def test_a_phase_over_on_every_node_is_one_event_with_the_slowest() -> None:
+    t = "2026-12-01T10:00:{:02d}Z"
+    first = scripted(iter([
+        phases(("base", "done", t.format(0), t.format(12)), state="running"),
+        phases(("base", "done", t.format(0), t.format(12)),
+               ("driver", "skipped", t.format(12), t.format(12)),
+               ("torch", "done", t.format(12), t.format(53))),
+    ]))  # fmt: skip
+    second = scripted(iter([
+        phases(("base", "done", t.format(1), t.format(9)),
+               ("driver", "done", t.format(9), t.format(40)),
+               ("torch", "done", "", None)),  # a time it cannot read: not the slowest
+    ] * 2))  # fmt: skip
+    events: list[Event] = []
+    wait_ready([node(0), node(1)], [first, second], on_event=events.append, poll_s=0)
+    assert [e.message for e in events if e.kind == "phase"] == [
+        "bootstrap phase base done on 2 node(s), the slowest in 12 s (node 0)",
+        "bootstrap phase driver done on 2 node(s) (skipped on 1), the slowest in 31 s (node 1)",
+        "bootstrap phase torch done on 2 node(s), the slowest in 41 s (node 0)",
+    ]
+    assert all(e.node is None for e in events if e.kind == "phase")
+
+
+def test_a_phase_skipped_everywhere_says_so() -> None:
+    from cloudtrain.boot.readiness import phase_line
+
+    assert phase_line("driver", {0: ("skipped", 0.0), 1: ("skipped", None)}) == (
+        "bootstrap phase driver skipped on 2 node(s) (nothing to do)"
+    )
+    assert phase_line("base", {0: ("done", None)}) == "bootstrap phase base done on 1 node(s)"

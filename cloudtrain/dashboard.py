@@ -1,0 +1,217 @@
+"""`cloudtrain dashboard`: a page on this machine of the clusters, their cost so far, the jobs
+with their loss curves, and the event log, served from the state while the command runs. No
+server to keep, nothing from the network: the page (``cloudtrain/data/dashboard.html``) draws
+its own SVG charts.
+
+=====================  ==========================================================================
+this user only         it listens on 127.0.0.1 alone; every request needs the URL's random token
+                       (``?token=``, then a cookie the page gets: HttpOnly, SameSite=Strict),
+                       compared in constant time; another local user gets 403 and nothing else
+no rebinding           a request whose ``Host`` is not ``127.0.0.1:PORT`` or ``localhost:PORT`` is
+                       refused (a web page elsewhere cannot reach it through a DNS name)
+no script from data    names and messages reach the page as JSON and are put in as text, never as
+                       markup; the page's Content-Security-Policy allows only its own script
+                       (by nonce) and requests to itself; no Referer carries the token away
+live                   a running job's metrics are copied from its nodes every `PULL_S`
+                       (`Coordinator.pull_metrics`), so a detached job's curves grow too
+=====================  ==========================================================================
+
+API (JSON, same token): ``/api/state`` (clusters, jobs, the newest events) and
+``/api/metrics?job=ID`` (that job's lines, `cloudtrain.jobs.metrics`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import http.cookies
+import http.server
+import json
+import logging
+import secrets
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from email.message import Message
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from cloudtrain import cost
+from cloudtrain.jobs import metrics
+from cloudtrain.state import State
+
+__all__ = ["PULL_S", "Dashboard", "snapshot"]
+
+log = logging.getLogger(__name__)
+PULL_S = 5.0
+EVENTS = 50
+JOBS = 50
+COOKIE = "cloudtrain_dashboard"
+
+
+def snapshot(state: State, home: Path, now: float) -> dict[str, Any]:
+    """What the page shows, from `state`: clusters with their cost so far, the newest `JOBS`
+    jobs, the newest `EVENTS` events."""
+    clusters = []
+    for rec in state.clusters():
+        spent = cost.spent(state.spans(rec.name), now, rec.name, made_at=rec.created_at)
+        clusters.append({
+            "name": rec.name,
+            "provider": rec.provider,
+            "status": rec.status,
+            "nodes": len(state.nodes(rec.name)),
+            "price_per_hour": rec.price_per_hour,
+            "cost_so_far": float(cost.money(spent.cost)),
+            "estimate": spent.estimate,
+            "created_at": rec.created_at,
+        })  # fmt: skip
+    jobs = []
+    for job in sorted(state.jobs(), key=lambda j: j.seq, reverse=True)[:JOBS]:
+        step = (job.detail.get("progress") or {}).get("step")
+        if job.status == "running":  # a detached job's step: from what it reported
+            reported = metrics.latest(metrics.read(home, job.id)).get("step")
+            step = max(step or 0, reported or 0) if step or reported else None
+        jobs.append({
+            "id": job.id,
+            "cluster": job.cluster,
+            "name": job.name,
+            "status": job.status,
+            "nodes": job.num_nodes,
+            "created_at": job.created_at,
+            "ended_at": job.ended_at,
+            "recoveries": len(job.detail.get("recoveries") or []),
+            "step": step,
+        })  # fmt: skip
+    events = [
+        {"ts": e.ts, "cluster": e.cluster, "job": e.job_id, "kind": e.kind, "message": e.message}
+        for e in state.events(limit=EVENTS)
+    ]
+    return {"now": now, "clusters": clusters, "jobs": jobs, "events": events}
+
+
+class Dashboard:
+    """The page's server on 127.0.0.1:`port` (0: one the system chose), for `home`'s state.
+    `pull(job_id)` copies a running job's metrics from its nodes (None: never)."""
+
+    def __init__(
+        self, home: Path, port: int = 0, pull: Callable[[str], None] | None = None
+    ) -> None:
+        self.home = home
+        self.token = secrets.token_urlsafe(24)
+        self._pull = pull
+        self._stop = threading.Event()
+        self._page = resources.files("cloudtrain.data").joinpath("dashboard.html").read_text()
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/?token={self.token}"
+
+    def serve(self) -> None:
+        """Serve until `close` (or Ctrl-C in the caller); blocks."""
+        puller = threading.Thread(target=self._pull_running, daemon=True)
+        puller.start()
+        try:
+            self.httpd.serve_forever(poll_interval=0.2)
+        finally:
+            self._stop.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def _pull_running(self) -> None:
+        if self._pull is None:
+            return
+        while not self._stop.wait(PULL_S):
+            with State.open(self.home) as state:
+                running = [j.id for j in state.jobs() if j.status == "running"]
+            for job_id in running:
+                try:
+                    self._pull(job_id)
+                except Exception as exc:  # a node that does not answer: next time
+                    log.debug("could not copy the metrics of %s: %s", job_id, exc)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def allowed(self, headers: Message[str, str], query: Mapping[str, list[str]]) -> bool:
+        if headers.get("Host") not in (f"127.0.0.1:{self.port}", f"localhost:{self.port}"):
+            return False
+        given = (query.get("token") or [""])[0]
+        if not given:
+            cookies = http.cookies.SimpleCookie(headers.get("Cookie") or "")
+            given = cookies[COOKIE].value if COOKIE in cookies else ""
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
+    def answer(self, path: str, query: Mapping[str, list[str]]) -> tuple[int, str, bytes, str]:
+        """(status, content type, body, the page's script nonce or "") for a GET of `path`."""
+        if path == "/":
+            nonce = secrets.token_urlsafe(16)
+            return (
+                200,
+                "text/html; charset=utf-8",
+                self._page.replace("{{NONCE}}", nonce).encode(),
+                nonce,
+            )
+        if path == "/api/state":
+            with State.open(self.home) as state:
+                body = snapshot(state, self.home, time.time())
+            return 200, "application/json", json.dumps(body).encode(), ""
+        if path == "/api/metrics":
+            from cloudtrain.spec import validate_job_id
+
+            try:
+                job_id = validate_job_id((query.get("job") or [""])[0])
+            except Exception:
+                return 400, "text/plain", b"bad job id", ""
+            lines = metrics.read(self.home, job_id)
+            return 200, "application/json", json.dumps(lines).encode(), ""
+        return 404, "text/plain", b"not found", ""
+
+    def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
+        dashboard = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            server_version = "cloudtrain"
+            sys_version = ""
+
+            def do_GET(self) -> None:
+                url = urllib.parse.urlsplit(self.path)
+                query = urllib.parse.parse_qs(url.query)
+                if not dashboard.allowed(self.headers, query):
+                    self._send(403, "text/plain", b"forbidden", "")
+                    return
+                try:
+                    status, kind, body, nonce = dashboard.answer(url.path, query)
+                except Exception as exc:  # the state is busy or broken: say so, keep serving
+                    log.warning("dashboard: %s %s", type(exc).__name__, exc)
+                    status, kind, body, nonce = 503, "text/plain", b"try again", ""
+                self._send(status, kind, body, nonce)
+
+            def _send(self, status: int, kind: str, body: bytes, nonce: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Cache-Control", "no-store")
+                self.send_header("Referrer-Policy", "no-referrer")
+                self.send_header("X-Content-Type-Options", "nosniff")
+                self.send_header("X-Frame-Options", "DENY")
+                policy = "default-src 'none'; connect-src 'self'; frame-ancestors 'none'"
+                if nonce:
+                    policy += f"; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'"
+                    self.send_header(
+                        "Set-Cookie",
+                        f"{COOKIE}={dashboard.token}; HttpOnly; SameSite=Strict; Path=/",
+                    )
+                self.send_header("Content-Security-Policy", policy)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("dashboard: " + format, *args)
+
+        return Handler
