@@ -162,12 +162,13 @@ class Dashboard:
                 body = snapshot(state, self.home, time.time())
             return 200, "application/json", json.dumps(body).encode(), ""
         if path == "/api/metrics":
+            from cloudtrain.errors import ConfigError
             from cloudtrain.spec import validate_job_id
 
             try:
                 job_id = validate_job_id((query.get("job") or [""])[0])
-            except Exception:
-                return 400, "text/plain", b"bad job id", ""
+            except ConfigError as exc:
+                return 400, "text/plain", str(exc).encode(), ""
             lines = metrics.read(self.home, job_id)
             return 200, "application/json", json.dumps(lines).encode(), ""
         return 404, "text/plain", b"not found", ""

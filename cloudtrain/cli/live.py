@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -27,6 +28,8 @@ from cloudtrain.cli.app import App, escape_controls
 from cloudtrain.jobs import metrics as kept
 
 __all__ = ["PLAIN_EVERY_S", "following", "summary"]
+
+log = logging.getLogger(__name__)
 
 PLAIN_EVERY_S = 10.0
 REFRESH_S = 1.0
@@ -122,11 +125,14 @@ def following(app: App, job_id: str, *, live: bool = True) -> Iterator[None]:
     def plain() -> None:
         said: list[str] = []
         while not stop.wait(PLAIN_EVERY_S):
-            with contextlib.suppress(Exception):  # a panel never fails the command
+            try:
                 now = reader.lines()
-                if now[:2] != said[:2]:  # a new step or a new report
-                    app.note("cloudtrain: " + " | ".join(now))
-                said = now
+            except Exception as exc:  # a panel never fails the command; the next try may read
+                log.debug("live panel: %s: %s", type(exc).__name__, exc)
+                continue
+            if now[:2] != said[:2]:  # a new step or a new report
+                app.note("cloudtrain: " + " | ".join(now))
+            said = now
 
     thread = threading.Thread(target=plain, daemon=True)
     thread.start()
