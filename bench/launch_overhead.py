@@ -1,14 +1,18 @@
-"""What does cloudtrain add to torchrun? The example's 2-node training, both ways, alternately.
+"""What does cloudtrain add to torchrun, or save? The example's 2-node training, four ways.
 
     python bench/launch_overhead.py [--rounds 5] [--epochs 5]
 
 Each round runs `examples/digits_ddp.py` on two local nodes
-  (a) through `cloudtrain train` on a cluster made once by `cloudtrain up` (a new CLI process
-      each round: state, workdir sync, the node agent, detached agents, streamed logs), and
-  (b) as bare torchrun: two agents with the c10d rendezvous on 127.0.0.1, started by hand,
-in alternating order, each with a fresh checkpoint folder. It prints medians of the time to the
-first optimizer step (the example prints "cloudtrain: first step") and of the wall time, and
-cloudtrain's ratio to bare torchrun (≤ 1.0 means cloudtrain adds nothing measurable).
+  (a) bare torchrun: two agents with the c10d rendezvous on 127.0.0.1, started by hand;
+  (b) `cloudtrain train --start-method spawn` on a cluster made once by `cloudtrain up` (a new
+      CLI process each round: state, workdir sync, the node agent, detached agents, streamed
+      logs), whose agents are torchrun itself;
+  (c) `cloudtrain train` with its default, fork: torchrun's agent forks workers that inherit
+      its imported torch (`cloudtrain.jobs.elastic`);
+  (d) the floor: the script in one plain process (one rank, no rendezvous, no agent);
+in an order that rotates each round, each with a fresh checkpoint folder. It prints medians of
+the time to the first optimizer step (the example prints "cloudtrain: first step"), of the
+steady training time after it, and of the wall time, with each one's ratio to bare torchrun.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,25 +58,29 @@ def timed(procs: list[subprocess.Popen[str]], start: float) -> tuple[float, floa
     return first[0], wall, out
 
 
-def run_cloudtrain(env: dict[str, str], epochs: int, ckpt: Path) -> tuple[float, float, str]:
+def run_cloudtrain(
+    env: dict[str, str], epochs: int, ckpt: Path, start_method: str
+) -> tuple[float, float, str]:
     argv = [
-        sys.executable,
-        "-m",
-        "cloudtrain.cli",
-        "train",
-        "-c",
-        "bench",
-        str(EXAMPLES / "digits_ddp.py"),
-        "--",
-        "--epochs",
-        str(epochs),
-        "--checkpoint-dir",
-        str(ckpt),
-    ]
+        sys.executable, "-m", "cloudtrain.cli", "train", "-c", "bench",
+        "--start-method", start_method,
+        str(EXAMPLES / "digits_ddp.py"), "--", "--epochs", str(epochs),
+        "--checkpoint-dir", str(ckpt),
+    ]  # fmt: skip
     start = time.perf_counter()
     proc = subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    return timed([proc], start)
+
+
+def run_floor(env: dict[str, str], epochs: int, ckpt: Path) -> tuple[float, float, str]:
+    argv = [sys.executable, "digits_ddp.py", "--epochs", str(epochs), "--checkpoint-dir", str(ckpt)]
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        argv, env={**env, "OMP_NUM_THREADS": "1"}, cwd=EXAMPLES,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
     return timed([proc], start)
 
 
@@ -140,35 +149,45 @@ def main() -> None:
             check=True,
             capture_output=True,
         )
-        results: dict[str, list[tuple[float, float]]] = {"cloudtrain": [], "torchrun": []}
+        runs: dict[str, Callable[[dict[str, str], int, Path], tuple[float, float, str]]] = {
+            "torchrun": run_torchrun,
+            "spawn": lambda e, n, c: run_cloudtrain(e, n, c, "spawn"),
+            "fork": lambda e, n, c: run_cloudtrain(e, n, c, "fork"),
+            "floor": run_floor,
+        }
+        names = list(runs)
+        results: dict[str, list[tuple[float, float]]] = {who: [] for who in names}
         try:
             for r in range(args.rounds):
-                order = ("cloudtrain", "torchrun") if r % 2 == 0 else ("torchrun", "cloudtrain")
+                order = names[r % len(names) :] + names[: r % len(names)]
                 for who in order:
                     ckpt = Path(tmp) / f"ckpt-{who}-{r}"
-                    run = run_cloudtrain if who == "cloudtrain" else run_torchrun
-                    first, wall, _ = run(env, args.epochs, ckpt)
+                    first, wall, _ = runs[who](env, args.epochs, ckpt)
                     results[who].append((first, wall))
                     print(
-                        f"round {r + 1} {who:>10}: first step {first:5.2f} s, wall {wall:5.2f} s",
+                        f"round {r + 1} {who:>8}: first step {first:5.2f} s, wall {wall:5.2f} s",
                         flush=True,
                     )
         finally:
             subprocess.run([*cli, "down", "bench"], env=env, check=True, capture_output=True)
 
     med = {
-        who: (statistics.median(f for f, _ in rs), statistics.median(w for _, w in rs))
+        who: (
+            statistics.median(f for f, _ in rs),
+            statistics.median(w - f for f, w in rs),
+            statistics.median(w for _, w in rs),
+        )
         for who, rs in results.items()
     }
-    (ct_first, ct_wall), (tr_first, tr_wall) = med["cloudtrain"], med["torchrun"]
     print()
-    print(f"medians over {args.rounds} rounds, 2 local nodes x 1 process, {args.epochs} epochs:")
-    print(f"  {'':>22} {'cloudtrain':>11} {'torchrun':>9} {'ratio':>6}")
-    print(
-        f"  {'time to first step (s)':>22} {ct_first:11.2f} {tr_first:9.2f} "
-        f"{ct_first / tr_first:6.2f}"
-    )
-    print(f"  {'wall time (s)':>22} {ct_wall:11.2f} {tr_wall:9.2f} {ct_wall / tr_wall:6.2f}")
+    print(f"medians over {args.rounds} rounds, 2 local nodes x 1 process, {args.epochs} epochs "
+          "(ratio: to bare torchrun):")  # fmt: skip
+    print(f"  {'':>26} " + " ".join(f"{who:>8} {'ratio':>5}" for who in names))
+    rows = ("time to first step (s)", "steady, after it (s)", "wall time (s)")
+    for i, label in enumerate(rows):
+        base = med["torchrun"][i]
+        cells = " ".join(f"{med[who][i]:8.2f} {med[who][i] / base:5.2f}" for who in names)
+        print(f"  {label:>26} {cells}")
 
 
 if __name__ == "__main__":

@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from cloudtrain.errors import (
     AccountError,
     BootstrapError,
+    CapacityError,
     CloudtrainError,
     ConfigError,
     NotFoundError,
@@ -126,6 +127,7 @@ def up(
     prov: Provider | None = None,
     complete_only: bool = False,
     zones_last: Collection[str] = (),
+    regions: Sequence[str] = (),
 ) -> list[NodeInfo]:
     """Create the cluster, or complete it if it exists with the same spec, and wait for every
     node's bootstrap (unless `bootstrap_timeout_s` is None: stop after provisioning). Blocks.
@@ -134,14 +136,16 @@ def up(
     to use (default: the spec's, built for this call). With `complete_only`, a cluster that is
     no longer recorded once the lock is held (a `down` went first) is `NotFoundError`, never
     made anew: a recovery must not bring back a cluster its owner just removed. `zones_last`:
-    zones tried only after every other zone of an offer (one that just preempted a node)."""
+    zones tried only after every other zone of an offer (one that just preempted a node).
+    `regions`: only the offers of these regions, in this order (the optimizer's choice);
+    `CapacityError` when the provider has none of them."""
     from cloudtrain import locks
 
     wait = _waiting(on_event)
     with locks.cluster_lock(home, spec.name, "up", on_wait=wait):
         if complete_only and state.cluster(spec.name) is None:
             raise NotFoundError(f"cluster {spec.name!r} is gone (torn down); nothing to complete")
-        return _up(state, home, spec, on_event, bootstrap_timeout_s, prov, zones_last)
+        return _up(state, home, spec, on_event, bootstrap_timeout_s, prov, zones_last, regions)
 
 
 def _waiting(on_event: OnEvent) -> Callable[[str], None]:
@@ -171,6 +175,7 @@ def _up(
     bootstrap_timeout_s: float | None,
     prov: Provider | None = None,
     zones_last: Collection[str] = (),
+    regions: Sequence[str] = (),
 ) -> list[NodeInfo]:
     check_existing(state, spec)
     current = state.cluster(spec.name)
@@ -183,6 +188,8 @@ def _up(
     )
     prov = prov or provider_for(spec, home)  # built once for the command
     the_plan = plan(spec, home, prov=prov)  # validates against the catalog first
+    if regions:
+        the_plan = in_regions(the_plan, regions)
     the_plan = with_limits(the_plan, current.created_at if current else time.time())
     if zones_last:
         the_plan = dataclasses.replace(the_plan, offers=tuple(
@@ -246,6 +253,19 @@ def _up(
     if the_plan.spec.limits and bootstrap_timeout_s is not None:
         hand_limits(state, home, the_plan.spec)
     return nodes
+
+
+def in_regions(the_plan: Plan, regions: Sequence[str]) -> Plan:
+    """`the_plan` with only the offers of `regions`, in that order; `CapacityError` when
+    none is left (the cloud planned otherwise than the catalog: the next cloud is tried)."""
+    offers = tuple(o for region in regions for o in the_plan.offers if o.region == region)
+    if not offers:
+        raise CapacityError(
+            the_plan.spec.provider,
+            "NoOffer",
+            f"no offer of {the_plan.spec.resources.gpus} in {', '.join(regions)}",
+        )
+    return dataclasses.replace(the_plan, offers=offers)
 
 
 def with_limits(the_plan: Plan, created_at: float) -> Plan:

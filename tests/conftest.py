@@ -13,9 +13,11 @@ from cloudtrain.cli.main import cli
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+def _offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No test may reach beyond this machine: cloud SDKs and the "what is my IP" lookup are
-    pointed at a closed loopback port unless a test points them at a local stand-in."""
+    pointed at a closed loopback port unless a test points them at a local stand-in. No test
+    reads the developer's own CLOUDTRAIN_HOME either (an updated catalog there, say)."""
+    monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path / "home"))
     closed = "http://127.0.0.1:9"
     monkeypatch.setenv("CLOUDTRAIN_PUBLIC_IP_URL", closed)
     monkeypatch.setenv("CLOUDTRAIN_SSH_LOOPBACK_ONLY", "1")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,8 @@ from cloudtrain.cli.options import (
 if TYPE_CHECKING:
     from cloudtrain.cost import Figure
     from cloudtrain.model import NodeInfo
-    from cloudtrain.spec import TaskSpec
+    from cloudtrain.plan.optimizer import Ranking
+    from cloudtrain.spec import ClusterSpec, TaskSpec
     from cloudtrain.state import ClusterRecord
 
 pass_app = click.make_pass_decorator(App)
@@ -34,7 +36,8 @@ def cluster_options(fn: Any) -> Any:
     provider's own options, as each provider declares them."""
     options = [
         click.option("--name", "-n", help="Cluster name: lowercase letters, digits, '-'."),
-        click.option("--provider", "-p", help=f"Where: {', '.join(listed())} (default local)."),
+        click.option("--provider", "-p", help=f"Where: {', '.join(listed())} or any (default: "
+                     "local; with --gpus, any: the cheapest cloud whose credentials are here)."),
         click.option("--nodes", "num_nodes", type=str, help="Number of nodes."),
         click.option("--gpus", help="Accelerator and count per node, e.g. A100:8, V100:1."),
         click.option("--spot", is_flag=True, default=None, help="Use spot/preemptible nodes."),
@@ -56,6 +59,8 @@ def cluster_options(fn: Any) -> Any:
                      "not."),
         click.option("--max-cost", help="Delete the cluster when it has cost this many USD "
                      "(the price at launch × node-hours)."),
+        click.option("--max-price", help="The most USD per node-hour an offer may cost (the "
+                     "catalog's price; spot's with --spot)."),
         *provider_options(),
     ]  # fmt: skip
     for option in reversed(options):
@@ -68,7 +73,7 @@ def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
     provider's own options (checked against what it declares) in its `extra`."""
     import dataclasses
 
-    from cloudtrain.spec import taskfile, validate_num_nodes
+    from cloudtrain.spec import ANYWHERE, taskfile, validate_num_nodes
 
     overrides = {
         "name": flags.get("name"),
@@ -87,6 +92,9 @@ def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
     )
     task = with_access(task, flags.get("ssh_cidr"))
     cluster = task.cluster
+    if cluster.provider == ANYWHERE:  # each cloud takes its own (`anywhere.on`)
+        return dataclasses.replace(task, cluster=dataclasses.replace(
+            cluster, extra={**cluster.extra, **loose_settings(flags)}))  # fmt: skip
     settings = provider_settings(cluster.provider, flags)
     if not settings:
         return task
@@ -111,15 +119,47 @@ def with_access(task: TaskSpec, ssh_cidr: str | None) -> TaskSpec:
     return dataclasses.replace(task, cluster=cluster)
 
 
+def validate_max_price(value: str | None) -> float | None:
+    """--max-price as a number of USD per node-hour (None: unbounded)."""
+    if value is None:
+        return None
+    try:
+        price = float(value)
+    except ValueError:
+        price = -1.0
+    if not 0 < price < float("inf"):
+        from cloudtrain.errors import ConfigError
+
+        raise ConfigError(
+            f"--max-price {value!r} is not a price; allowed: a positive number of USD per "
+            "node-hour, e.g. 3.5"
+        )
+    return price
+
+
 def bring_up(
-    app: App, task: TaskSpec, dry_run: bool, *, setup: bool = True, down_on_failure: bool = False
+    app: App,
+    task: TaskSpec,
+    dry_run: bool,
+    *,
+    setup: bool = True,
+    down_on_failure: bool = False,
+    max_price: str | None = None,
 ) -> None:
     """`up`'s body, shared with `launch`."""
-    from cloudtrain import api
+    from cloudtrain import anywhere, api
     from cloudtrain.cli import render
     from cloudtrain.provision import registry
+    from cloudtrain.spec import ANYWHERE
 
-    spec = task.cluster
+    price_cap = validate_max_price(max_price)
+    spec = anywhere.place(app.state, task.cluster)
+    if spec.provider == ANYWHERE or price_cap is not None:
+        ranking = anywhere.rank(spec, price_cap)
+        _show_ranking(app, spec, ranking, dry_run)
+        if not dry_run:
+            _up_cheapest(app, spec, ranking, setup, down_on_failure)
+        return
     if dry_run:
         plan = api.plan(spec, app.home, dry_run=True)
         app.out.print(render.plan_table(plan))
@@ -140,12 +180,77 @@ def bring_up(
             app.note(f"note: the {spec.provider} provider cannot create clusters in this version")
         return
     app.note(f"Bringing up {spec.name!r}: {spec.num_nodes} node(s) on {spec.provider} …")
+    _bring_up(
+        app,
+        spec,
+        setup,
+        down_on_failure,
+        lambda: api.up(
+            app.state, app.home, spec, app.event, bootstrap_timeout_s=1800 if setup else None
+        ),
+    )
+
+
+def _show_ranking(app: App, spec: ClusterSpec, ranking: Ranking, dry_run: bool) -> None:
+    """The offers `up` tries in order (all of them in a dry run, else the first few), what
+    was left out, and a warning when the catalog's prices are old."""
+    from cloudtrain.cli import render
+    from cloudtrain.plan import catalog
+
+    stale = catalog.staleness()
+    if stale:
+        app.note(f"warning: {stale}")
+    app.out.print(render.ranking_table(spec, ranking, most=None if dry_run else 5))
+    for line in ranking.skipped:
+        app.note(f"  left out: {line}")
+    if dry_run:
+        tries = ", then ".join(f"{c.provider} ({', '.join(c.regions)})"
+                               for c in ranking.choices())  # fmt: skip
+        app.out.print(f"dry run: would try {tries}; nothing was created", markup=False)
+
+
+def _up_cheapest(
+    app: App, spec: ClusterSpec, ranking: Ranking, setup: bool, down_on_failure: bool
+) -> None:
+    from cloudtrain import anywhere
+
+    first = ranking.offers[0]
+    app.note(
+        f"Bringing up {spec.name!r}: {spec.num_nodes} node(s), cheapest first "
+        f"({first.provider} {first.region} at ${first.price_per_node_hour:.2f}/node-hour) …"
+    )
+    _bring_up(
+        app,
+        spec,
+        setup,
+        down_on_failure,
+        lambda: anywhere.up(
+            app.state,
+            app.home,
+            spec,
+            ranking,
+            app.event,
+            bootstrap_timeout_s=1800 if setup else None,
+        ),
+    )
+
+
+def _bring_up(
+    app: App,
+    spec: ClusterSpec,
+    setup: bool,
+    down_on_failure: bool,
+    create: Callable[[], list[NodeInfo]],
+) -> None:
+    """Run `create` (an `up`), then say what is up, or what was kept when the bootstrap
+    failed."""
+    from cloudtrain import api
+    from cloudtrain.cli import render
     from cloudtrain.errors import BootstrapError
 
     try:
         with app.err.status(f"provisioning {spec.name}"):
-            nodes = api.up(app.state, app.home, spec, app.event,
-                           bootstrap_timeout_s=1800 if setup else None)  # fmt: skip
+            nodes = create()
     except BootstrapError:
         if down_on_failure:
             app.note(f"the bootstrap failed; tearing {spec.name!r} down (--down-on-failure)")
@@ -189,7 +294,8 @@ def up(
     """Create a cluster (or complete a half-made one) from flags and/or TASK_FILE, and wait
     until every node's bootstrap reports ready."""
     task = load_task(task_file, **flags)
-    bring_up(app, task, dry_run, setup=not no_setup, down_on_failure=down_on_failure)
+    bring_up(app, task, dry_run, setup=not no_setup, down_on_failure=down_on_failure,
+             max_price=flags.get("max_price"))  # fmt: skip
 
 
 @click.command()

@@ -101,6 +101,7 @@ def _framework(
 ) -> dict[str, Any]:
     """The job's runtime and strategy: the flags over the task file's; checked together."""
     from cloudtrain.errors import ConfigError
+    from cloudtrain.jobs.elastic import START_METHODS
     from cloudtrain.spec import SpecError
     from cloudtrain.spec.frameworks import validate_runtime, validate_strategy
 
@@ -116,7 +117,14 @@ def _framework(
             f"--max-restarts is torchrun's and needs runtime torch, not {runtime!r}; "
             "--managed recovers any runtime's job"
         )
-    return {"runtime": runtime, "strategy": strategy}
+    start = options.get("start_method")
+    if start is not None and start not in START_METHODS:
+        raise ConfigError(
+            f"--start-method {start!r} is not a start method; allowed: {', '.join(START_METHODS)}"
+        )
+    if start is not None and runtime != "torch":
+        raise ConfigError(f"--start-method is for runtime torch, not {runtime!r}")
+    return {"runtime": runtime, "strategy": strategy, "start_method": start or START_METHODS[0]}
 
 
 #: A workdir larger than this gets a warning before it is copied to every node.
@@ -204,7 +212,7 @@ def run_job(
 #: The job's own flags (the rest shape the cluster).
 JOB_FLAGS = (
     "nproc_per_node", "max_restarts", "envs", "resume_from", "managed", "max_recoveries",
-    "retry_on_failure", "runtime", "strategy",
+    "retry_on_failure", "runtime", "strategy", "start_method",
 )  # fmt: skip
 
 
@@ -246,6 +254,12 @@ def job_options(fn: Any) -> Any:
             metavar="torch|tensorflow|horovod",
             help="What starts the processes (default: the task's, else torch): torchrun, "
             "TensorFlow workers with TF_CONFIG, or Horovod workers.",
+        ),
+        click.option(
+            "--start-method",
+            metavar="fork|spawn",
+            help="How a torch job's workers start on each node: fork (the default: from the "
+            "agent, which imported torch already) or spawn (new interpreters, as torchrun).",
         ),
         click.option(
             "--strategy",
@@ -446,7 +460,7 @@ def launch(app: App, /, task_file: Path, detach: bool, down: bool, **flags: Any)
     task = load_task(task_file, **flags)
     policy = policy_from(options, down, task)
     job = job_from_task(task, **options)  # checked before anything is created
-    bring_up(app, task, dry_run=False)
+    bring_up(app, task, dry_run=False, max_price=flags.get("max_price"))
     _train_and_maybe_down(app, task.cluster.name, job, detach, down, policy)
 
 

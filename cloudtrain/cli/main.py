@@ -232,6 +232,7 @@ def check_environment() -> None:
 def _register() -> None:
     from cloudtrain.cli import (
         bootstrap_cmd,
+        catalog_cmd,
         clusters,
         cost_cmd,
         dashboard_cmd,
@@ -243,6 +244,7 @@ def _register() -> None:
 
     for command in (
         *clusters.COMMANDS,
+        *catalog_cmd.COMMANDS,
         *cost_cmd.COMMANDS,
         *events_cmd.COMMANDS,
         *jobs.COMMANDS,

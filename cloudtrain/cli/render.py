@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from cloudtrain.cost import Figure
     from cloudtrain.model import NodeInfo, Plan
     from cloudtrain.plan.catalog import InstanceType
+    from cloudtrain.plan.optimizer import Ranking
     from cloudtrain.spec import ClusterSpec
     from cloudtrain.state import ClusterRecord, EventRecord, JobRecord
 
@@ -64,6 +65,31 @@ def plan_table(plan: Plan) -> Table:
             f"{offer.price_per_node_hour * spec.num_nodes:.2f}",
             style=None if i == 0 else "dim",
         )
+    return table
+
+
+def ranking_table(spec: ClusterSpec, ranking: Ranking, most: int | None = None) -> Table:
+    """The offers of every cloud at hand, cheapest first, as `up` tries them (the first
+    `most`, and how many more)."""
+    kind = "spot estimate" if spec.resources.spot else "on-demand"
+    table = Table(title=f"where {spec.name!r} can run, cheapest first ({kind})",
+                  title_justify="left")  # fmt: skip
+    for col in ("#", "provider", "region", "instance type", "GPUs/node", "$/node/h", "$/h"):
+        table.add_column(col, justify="right" if col.startswith(("$", "#")) else "left")
+    shown = ranking.offers if most is None else ranking.offers[:most]
+    for i, offer in enumerate(shown, start=1):
+        table.add_row(
+            str(i),
+            offer.provider,
+            offer.region,
+            offer.instance_type,
+            f"{offer.accelerator}:{offer.accelerator_count}",
+            f"{offer.price_per_node_hour:.2f}",
+            f"{offer.price_per_node_hour * spec.num_nodes:.2f}",
+            style=None if i == 1 else "dim",
+        )
+    if len(shown) < len(ranking.offers):
+        table.caption = f"and {len(ranking.offers) - len(shown)} more (--dry-run lists all)"
     return table
 
 

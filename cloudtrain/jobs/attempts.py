@@ -103,6 +103,8 @@ class JobSpec:
     #: `cloudtrain.spec.frameworks`
     runtime: str = "torch"
     strategy: str | None = None
+    #: how a torch job's workers start (`cloudtrain.jobs.elastic`): fork or spawn
+    start_method: str = "fork"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for the job's record (a managed job's watcher starts it again)."""

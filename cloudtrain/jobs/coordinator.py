@@ -401,6 +401,7 @@ class Coordinator:
                 max_restarts=max(job.max_restarts, ELASTIC_MIN_RESTARTS if job.min_nodes else 0),
                 args=args,
                 min_nodes=job.min_nodes,
+                start_method=job.start_method,
             ).argv()
             for node in nodes
         ]

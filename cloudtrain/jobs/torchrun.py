@@ -1,6 +1,7 @@
 """What cloudtrain knows about torchrun: the command for one node, and reading its failures.
 
-The command is the documented torchrun interface (``python -m torch.distributed.run``) with the
+The command is the documented torchrun interface (``python -m torch.distributed.run``, or the
+same flags to `cloudtrain.jobs.elastic`, torchrun with workers forked from its agent) with the
 c10d rendezvous hosted by the head node's agent, through cloudtrain's backend
 (`cloudtrain.jobs.rendezvous`), whose stores listen on the head's private address only.
 `--rdzv-conf is_host=` and `--local-addr` are given explicitly: agents that share a hostname
@@ -70,6 +71,9 @@ class Launch:
     args: Sequence[str]
     #: an elastic job goes on while this many nodes are left (torchrun's ``--nnodes MIN:MAX``)
     min_nodes: int | None = None
+    #: how the workers start: ``fork`` from the agent, which imported torch already
+    #: (`cloudtrain.jobs.elastic`), or ``spawn``, new interpreters (torchrun itself)
+    start_method: str = "fork"
 
     def argv(self) -> list[str]:
         nnodes = str(self.num_nodes)
@@ -78,8 +82,11 @@ class Launch:
             nnodes = f"{self.min_nodes}:{self.num_nodes}"
             # the survivors of a lost node form the next round after this many seconds
             conf += f",last_call_timeout={ELASTIC_LAST_CALL_S}"
+        forked = self.start_method == "fork" and self.args[:1] != ["--no-python"]
+        launcher = ["cloudtrain.jobs.elastic", "--start-method", "fork"] if forked else [
+            "torch.distributed.run"]  # fmt: skip
         return [
-            self.python, "-m", "torch.distributed.run",
+            self.python, "-m", *launcher,
             "--nnodes", nnodes,
             "--nproc-per-node", str(self.nproc_per_node),
             "--rdzv-backend", rendezvous.BACKEND,

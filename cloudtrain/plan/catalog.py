@@ -2,9 +2,15 @@
 
 The data ships in the package as ``cloudtrain/data/catalog.csv`` and is read on first use by
 `load` (cached) through `importlib.resources`, so it works from a wheel or an editable install;
-nothing is read at import time. The file starts with ``# key: value`` comment lines — the
-required one is ``# prices_read_on: YYYY-MM-DD``, the date the prices were read — then a CSV
-header (`FIELDS`) and one row per provider, instance type and region:
+nothing is read at import time. ``cloudtrain catalog update`` (`cloudtrain.plan.prices`) reads
+newer prices from the clouds' price lists into ``$CLOUDTRAIN_HOME/catalog.csv``; `load` lays
+that file's prices over the shipped rows (the shipped file says which machines exist, the home
+file what they cost, row by row, the newer read winning). A home file that cannot be read is
+one warning, and the shipped prices.
+
+A catalog file starts with ``# key: value`` comment lines — ``# prices_read_on: YYYY-MM-DD``
+is the oldest date a price was read, and the date of every row that has none of its own —
+then a CSV header (`FIELDS`) and one row per provider, instance type and region:
 
 - ``zones``: the region's zones offering the type, ';'-separated (Azure zones are ``1``, ``2``,
   ``3``). AWS maps zone letters per account, so zones are a hint: a zone that does not offer the
@@ -13,17 +19,34 @@ header (`FIELDS`) and one row per provider, instance type and region:
   estimate and may be empty (unknown).
 - ``status``: ``available`` or ``retired YYYY-MM-DD``. Retired rows stay so that a request for
   them is answered with that fact and the alternatives, not with a cloud error.
+- ``prices_read_on``: the day this row's prices were read (ISO); empty: the file's date.
+
+Prices older than `STALE_DAYS` make `staleness` return a warning to show.
 """
 
 from __future__ import annotations
 
 import csv
+import datetime
 import functools
+import io
+import logging
+import os
+import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from decimal import Decimal
 from importlib import resources
+from pathlib import Path
 
-from cloudtrain.errors import ConfigError, suggest
+from cloudtrain.errors import ConfigError, one_line, suggest
+
+log = logging.getLogger(__name__)
+
+#: Prices read longer ago than this many days make `staleness` warn.
+STALE_DAYS = 90
+#: The name of the updated catalog in ``$CLOUDTRAIN_HOME`` (`home_path`).
+FILENAME = "catalog.csv"
 
 
 @dataclass(frozen=True)
@@ -44,6 +67,8 @@ class InstanceType:
     spot_usd_per_hour: float | None
     status: str
     note: str
+    #: The day the prices were read, ``YYYY-MM-DD`` (`parse` fills it from the file's date).
+    prices_read_on: str = ""
 
     @property
     def retired(self) -> bool:
@@ -66,10 +91,24 @@ FIELDS = tuple(f.name for f in fields(InstanceType))
 
 @dataclass(frozen=True)
 class Catalog:
-    """Every known machine type, and the date its prices were read."""
+    """Every known machine type, and the date its prices were read (the oldest row's)."""
 
     rows: tuple[InstanceType, ...]
     prices_read_on: str
+
+    def staleness(
+        self, today: datetime.date | None = None, rows: Iterable[InstanceType] | None = None
+    ) -> str | None:
+        """A one-line warning when the oldest price of `rows` (default: every row still sold)
+        was read more than `STALE_DAYS` days before `today`; None when the prices are fresh."""
+        chosen = [r for r in self.rows if not r.retired] if rows is None else list(rows)
+        oldest = min((r.prices_read_on for r in chosen if r.prices_read_on), default="")
+        oldest = oldest or self.prices_read_on
+        age = ((today or datetime.date.today()) - datetime.date.fromisoformat(oldest)).days
+        if age <= STALE_DAYS:
+            return None
+        refresh = "`cloudtrain catalog update` refreshes them"
+        return f"prices read on {oldest}, {age} days ago; {refresh}"
 
     def accelerators(self) -> tuple[str, ...]:
         """Sorted accelerator names, retired rows included."""
@@ -252,7 +291,8 @@ def _retired(rows: Iterable[InstanceType]) -> str:
 
 
 def parse(text: str) -> Catalog:
-    """A `Catalog` from the text of a catalog file (see the module docstring for the format)."""
+    """A `Catalog` from the text of a catalog file (see the module docstring for the format).
+    Raises ValueError, naming the row, for anything else."""
     meta: dict[str, str] = {}
     lines: list[str] = []
     for line in text.splitlines():
@@ -262,20 +302,46 @@ def parse(text: str) -> Catalog:
         elif line.strip():
             lines.append(line)
     reader = csv.DictReader(lines)
-    if tuple(reader.fieldnames or ()) != FIELDS:
-        raise ValueError(f"catalog header is {reader.fieldnames}, expected {list(FIELDS)}")
-    if not meta.get("prices_read_on"):
+    try:
+        if tuple(reader.fieldnames or ()) != FIELDS:
+            raise ValueError(f"catalog header is {reader.fieldnames}, expected {list(FIELDS)}")
+        read_on = meta.get("prices_read_on", "")
+        if read_on:
+            _date(read_on)
+        rows = []
+        for number, raw in enumerate(reader, start=2):
+            if not (read_on or (raw.get("prices_read_on") or "").strip()):
+                raise ValueError(
+                    f"catalog row {number} has no prices_read_on, and the catalog no "
+                    "'# prices_read_on: YYYY-MM-DD' line"
+                )
+            try:
+                rows.append(_row(raw, read_on))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"catalog row {number}: {exc}") from exc
+    except csv.Error as exc:
+        raise ValueError(f"catalog is no CSV: {exc}") from exc
+    if not read_on and not rows:
         raise ValueError("catalog has no '# prices_read_on: YYYY-MM-DD' line")
-    rows = []
-    for number, raw in enumerate(reader, start=2):
-        try:
-            rows.append(_row(raw))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"catalog row {number}: {exc}") from exc
-    return Catalog(rows=tuple(rows), prices_read_on=meta["prices_read_on"])
+    return Catalog(rows=tuple(rows), prices_read_on=read_on or oldest(rows))
 
 
-def _row(raw: dict[str, str]) -> InstanceType:
+def _date(text: str) -> str:
+    """`text` if it is an ISO date (``2026-11-01``); else ValueError."""
+    try:
+        datetime.date.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"prices_read_on {text!r} is no date (YYYY-MM-DD)") from None
+    return text
+
+
+def oldest(rows: Sequence[InstanceType]) -> str:
+    """The oldest read date of the rows still sold (of every row when none is)."""
+    sold = [r for r in rows if not r.retired] or rows
+    return min(r.prices_read_on for r in sold)
+
+
+def _row(raw: dict[str, str], read_on: str) -> InstanceType:
     spot = raw["spot_usd_per_hour"].strip()
     return InstanceType(
         provider=raw["provider"],
@@ -292,11 +358,113 @@ def _row(raw: dict[str, str]) -> InstanceType:
         spot_usd_per_hour=float(spot) if spot else None,
         status=raw["status"].strip() or "available",
         note=raw["note"].strip(),
+        prices_read_on=_date((raw.get("prices_read_on") or "").strip() or read_on),
     )
 
 
+def money(value: float) -> str:
+    """A price as the decimal it was written as: ``3.06``, ``0.00001`` (never ``1e-05``)."""
+    return format(Decimal(repr(value)), "f")
+
+
+def dump(catalog: Catalog) -> str:
+    """The text of a catalog file that `parse` reads back as `catalog`."""
+    out = io.StringIO()
+    out.write(f"# prices_read_on: {catalog.prices_read_on}\n")
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(FIELDS)
+    for r in catalog.rows:
+        values = {f: getattr(r, f) for f in FIELDS}
+        values["zones"] = ";".join(r.zones)
+        values["ondemand_usd_per_hour"] = money(r.ondemand_usd_per_hour)
+        spot = r.spot_usd_per_hour
+        values["spot_usd_per_hour"] = "" if spot is None else money(spot)
+        writer.writerow([values[f] for f in FIELDS])
+    return out.getvalue()
+
+
+def save(catalog: Catalog, path: Path) -> None:
+    """Write `catalog` to `path`, private (0600) and atomically: a reader sees the old file or
+    the new one, never half of one. Its folder is made (0700) when missing. Raises OSError."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(dump(catalog))
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temp, 0o600)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def overlay(base: Catalog, newer: Catalog) -> Catalog:
+    """`base`'s rows, each with the prices and read date of `newer`'s same row (provider,
+    instance type, region) where that was read on the same day or later."""
+    read = {(r.provider, r.instance_type, r.region): r for r in newer.rows}
+    rows = []
+    for row in base.rows:
+        new = read.get((row.provider, row.instance_type, row.region))
+        if new is not None and new.prices_read_on >= row.prices_read_on:
+            row = replace(
+                row,
+                ondemand_usd_per_hour=new.ondemand_usd_per_hour,
+                spot_usd_per_hour=new.spot_usd_per_hour,
+                prices_read_on=new.prices_read_on,
+            )
+        rows.append(row)
+    return Catalog(rows=tuple(rows), prices_read_on=oldest(rows) if rows else base.prices_read_on)
+
+
+def home_path() -> Path:
+    """Where ``cloudtrain catalog update`` writes the prices it read:
+    ``$CLOUDTRAIN_HOME/catalog.csv``."""
+    from cloudtrain.state import home
+
+    return home() / FILENAME
+
+
 @functools.cache
-def load() -> Catalog:
+def shipped() -> Catalog:
     """The catalog shipped with cloudtrain, read once from the package data."""
-    data = resources.files("cloudtrain.data").joinpath("catalog.csv")
+    data = resources.files("cloudtrain.data").joinpath(FILENAME)
     return parse(data.read_text(encoding="utf-8"))
+
+
+def load() -> Catalog:
+    """The catalog: the shipped one with the prices of ``$CLOUDTRAIN_HOME/catalog.csv`` laid
+    over it when that file exists. Cached per version of that file (the same object until it
+    changes); a file that cannot be read is one warning logged, and the shipped prices."""
+    path = home_path()
+    try:
+        st = path.stat()
+    except OSError:
+        return _load(None, 0, 0)
+    return _load(str(path), st.st_mtime_ns, st.st_size)
+
+
+def staleness(
+    today: datetime.date | None = None, rows: Iterable[InstanceType] | None = None
+) -> str | None:
+    """`Catalog.staleness` of the catalog `load` gives: a warning line, or None."""
+    return load().staleness(today, rows)
+
+
+@functools.cache
+def _load(path: str | None, mtime_ns: int, size: int) -> Catalog:
+    base = shipped()
+    if path is None:
+        return base
+    try:
+        newer = parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        log.warning(
+            "warning: ignoring %s (%s); using the prices shipped with cloudtrain, read on %s",
+            path,
+            one_line(str(exc), 160),
+            base.prices_read_on,
+        )
+        return base
+    return overlay(base, newer)

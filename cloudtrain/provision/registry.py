@@ -33,6 +33,10 @@ BUILTIN: dict[str, str] = {
     "azure": "cloudtrain.providers.azure.provider:AzureProvider",
 }
 
+#: The clouds: their prices are in the catalog, and whether their credentials are present is
+#: known offline (`cloudtrain.provision.credentials`); the optimizer chooses among them.
+CLOUDS: tuple[str, ...] = ("aws", "azure", "gcp")
+
 #: Where a cluster goes when its task names no provider: this machine.
 DEFAULT = "local"
 

@@ -342,6 +342,11 @@ def validate_num_nodes(value: object, field: str = "num_nodes") -> int:
     return value
 
 
+#: The provider of a spec that leaves the choice of cloud to the optimizer (`cloudtrain
+#: .plan.optimizer`): what `up --gpus …` means when no provider is named.
+ANYWHERE = "any"
+
+
 def validate_provider(value: object, known: Sequence[str], field: str = "provider") -> str:
     """`value` if it is one of the `known` provider names."""
     if not isinstance(value, str) or value not in known:
@@ -442,7 +447,8 @@ def task_from_dict(
             f"unknown field {key!r}{suggest(key, TASK_FIELDS)}; allowed: {', '.join(TASK_FIELDS)}",
         )
     name = validate_name(data.get("name"))
-    provider = validate_provider(data.get("provider", "local"), known.providers)
+    asked = data.get("provider")
+    provider = None if asked is None else validate_provider(asked, (*known.providers, ANYWHERE))
     raw_nodes = data.get("num_nodes", 1)
     min_nodes = None
     if isinstance(raw_nodes, str) and ":" in raw_nodes:
@@ -453,6 +459,8 @@ def task_from_dict(
     if not isinstance(raw_res, Mapping):
         raise SpecError("resources", f"resources must be a mapping, got {raw_res!r}")
     resources = resources_from_dict(raw_res, known.accelerators)
+    if provider is None:  # GPUs are where the clouds are; without them, this machine
+        provider = ANYWHERE if resources.accelerator else "local"
     workdir = None
     raw_wd = _opt_str(data, "workdir", "workdir")
     if raw_wd is not None:

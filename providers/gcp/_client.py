@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import AccountError, ConfigError, ProviderError
+from cloudtrain.providers.gcp._credentials import PROJECT_ENVS
 from cloudtrain.providers.gcp._errors import (
     map_operation_error,
     map_sdk_error,
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from google.cloud import compute_v1
 
 ENDPOINT_ENV = "CLOUDTRAIN_GCP_ENDPOINT"
-PROJECT_ENVS = ("CLOUDSDK_CORE_PROJECT", "GOOGLE_CLOUD_PROJECT")
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 
 

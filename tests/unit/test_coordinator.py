@@ -88,6 +88,15 @@ def test_entrypoint_forms() -> None:
         entrypoint_args(["python"])
 
 
+def test_spawn_and_commands_are_torchrun_itself(setup: Setup) -> None:
+    coord, provider, _, _ = setup
+    coord.submit("c1", JobSpec(entrypoint=("train.py",), start_method="spawn"))
+    assert {c.argv[1:3] for c in started(provider)} == {("-m", "torch.distributed.run")}
+    coord.cancel("c1-1")
+    coord.submit("c1", JobSpec(entrypoint=("bash", "run.sh")))
+    assert {c.argv[1:3] for c in started(provider)[2:]} == {("-m", "torch.distributed.run")}
+
+
 def test_submit_starts_one_torchrun_agent_per_node_with_the_env_contract(setup: Setup) -> None:
     coord, provider, _, state = setup
     rec = coord.submit("c1", JobSpec(entrypoint=("train.py", "--epochs", "3"), max_restarts=2))
@@ -102,7 +111,9 @@ def test_submit_starts_one_torchrun_agent_per_node_with_the_env_contract(setup: 
         assert call.argv == (
             "python3",
             "-m",
-            "torch.distributed.run",
+            "cloudtrain.jobs.elastic",  # torchrun, its workers forked from the agent
+            "--start-method",
+            "fork",
             "--nnodes",
             "2",
             "--nproc-per-node",

@@ -67,8 +67,24 @@ CASES = [
         "cannot find this machine's public address to allow SSH from; pass --ssh-cidr",
     ),
     (
-        ["up", "--name", "x", "--gpus", "A100:8"],
+        ["up", "--name", "x", "--provider", "local", "--gpus", "A100:8"],
         "provider 'local' takes no --gpus (got 'A100:8')",
+    ),
+    (
+        ["up", "--name", "x", "--gpus", "A100:8", "--max-price", "20"],
+        "--max-price 20: the cheapest offer of A100:8 is aws us-east-1 (p4d.24xlarge) at "
+        "$32.77/node-hour; raise it",
+    ),
+    *(
+        (
+            ["up", "--name", "x", "--gpus", "V100:1", "--max-price", bad],
+            f"--max-price {bad!r} is not a price; allowed: a positive number of USD per node-hour",
+        )
+        for bad in ("cheap", "0", "-1", "nan", "inf")
+    ),
+    (
+        ["up", "--name", "x", "--provider", "ssh", "--hosts", "u@h1", "--max-price", "3"],
+        "--max-price: provider 'ssh' has no prices in the catalog; clouds that do: aws, azure, gcp",
     ),
     (
         ["up", "--name", "x", "--spot"],

@@ -1,0 +1,122 @@
+"""torchrun whose workers are forked from its agent: the agent imported torch, and so have they.
+
+Each worker of a plain torchrun job is a new interpreter that imports torch again (about 1.7 s of
+CPU on a small machine, more with CUDA's libraries), after its agent already did. Run as::
+
+    python -m cloudtrain.jobs.elastic --start-method fork [torchrun's flags] script.py ARGS
+
+this is torchrun — its own parser, `LaunchConfig`, `elastic_launch`, rendezvous, restarts, env
+contract (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` …), error files and failure
+report — with a function entrypoint, `run_target`, which torch elastic starts with the
+``fork`` start method. The worker runs the script as ``python -u script.py ARGS`` would (or
+``python -u -m module ARGS``): ``__name__ == "__main__"``, ``sys.argv``, an absolute
+``__file__``, the script's folder first on ``sys.path`` (a sibling module imports), Python's
+default signal handlers, line-buffered output, a traceback on stderr for an uncaught exception
+(exit 1), ``SystemExit``'s code, and the script's own ``atexit`` handlers (not the agent's).
+
+Forking is safe only before CUDA is initialised in the agent (`import torch` does not
+initialise it; nothing here touches it): if it was, the job falls back to ``spawn`` with a
+warning. ``--start-method spawn``, a command (``--no-python``) and torchrun's own
+``--run-path`` are handed to torchrun unchanged.
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import os
+import runpy
+import signal
+import sys
+import traceback
+import types
+from collections.abc import Sequence
+from importlib.machinery import SourceFileLoader
+from typing import Any
+
+#: The start methods a job may ask for (`JobSpec.start_method`): fork is the default.
+START_METHODS = ("fork", "spawn")
+
+
+def run_target(module: bool, target: str, *args: str) -> None:
+    """A forked worker's body: `target` (a script's path, or a module's name when `module`)
+    with `args`, as the interpreter would run it."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # not the agent's handlers
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)  # as `python -u` (the log follows it live)
+    atexit._clear()  # the agent's exit handlers are not this worker's
+    sys.argv = [target, *args]
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            _run_script(target)
+    except SystemExit:
+        raise
+    except BaseException:
+        traceback.print_exc()  # the script's own traceback in the job's log, as Python prints
+        raise
+    finally:
+        atexit._run_exitfuncs()  # the fork's child ends with os._exit, which runs none
+
+
+def _run_script(target: str) -> None:
+    """`target` as ``python target`` runs it: a new ``__main__`` module with the absolute
+    ``__file__``, ``sys.argv[0]`` as given, the script's folder first on ``sys.path``."""
+    path = os.path.abspath(target)
+    sys.path[0] = os.path.dirname(path)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __builtins__=builtins, __cached__=None,
+                         __loader__=SourceFileLoader("__main__", path))  # fmt: skip
+    sys.modules["__main__"] = main
+    with open(path, "rb") as source:
+        code = compile(source.read(), path, "exec")
+    exec(code, main.__dict__)
+
+
+def _fork_args(cmd_args: Sequence[str]) -> tuple[bool, str, list[str]]:
+    """torchrun's ``[-u, (-m), target, args…]`` as (module, target, args)."""
+    rest = list(cmd_args)
+    if rest[:1] == ["-u"]:
+        rest = rest[1:]
+    module = rest[:1] == ["-m"]
+    if module:
+        rest = rest[1:]
+    return module, rest[0], rest[1:]
+
+
+def launch(argv: Sequence[str]) -> Any:
+    """Parse torchrun's flags from `argv` and run the job: forked workers when the flags ask
+    for ``fork`` and a Python entrypoint, else torchrun as it is. Returns what torch elastic
+    returns (each rank's return value)."""
+    import torch
+    from torch.distributed import run
+
+    torchrun: Any = run  # untyped: its functions take and give argparse's Namespace
+    cuda: Any = torch.cuda
+    args = torchrun.parse_args(list(argv))
+    if args.start_method == "fork" and cuda.is_initialized():
+        print("cloudtrain: CUDA was initialised before the workers started; starting them "
+              "with spawn instead of fork", file=sys.stderr)  # fmt: skip
+        args.start_method = "spawn"
+    if args.start_method != "fork" or args.no_python or args.run_path:
+        return torchrun.run(args)
+    if args.master_port is None:  # as torchrun's `run` sets it (the static backend's only)
+        args.master_port = 29500
+    config, _, cmd_args = torchrun.config_from_args(args)
+    from torch.distributed.launcher.api import elastic_launch
+
+    module, target, rest = _fork_args(cmd_args)
+    return elastic_launch(config=config, entrypoint=run_target)(module, target, *rest)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    record(launch)(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    main()

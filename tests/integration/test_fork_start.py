@@ -1,0 +1,122 @@
+"""Workers forked from torchrun's agent (`cloudtrain.jobs.elastic`) see what torchrun's own
+spawned workers see: the same script, run both ways on two real ranks with the c10d rendezvous,
+prints the same facts — ``__name__``, ``sys.argv``, ``__file__``, a sibling module imported, a
+relative import inside a package run with ``-m``, the env contract, the signal handlers — and
+ends with the same exit codes and the script's own traceback and ``atexit`` handlers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = """
+import atexit, json, os, signal, sys
+import sibling
+atexit.register(lambda: print("atexit ran in rank", os.environ["RANK"], flush=True))
+
+def facts():
+    return {
+        "name": __name__, "argv": sys.argv, "file": __file__, "sibling": sibling.VALUE,
+        "path0": sys.path[0],
+        "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE",
+                "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "TORCHELASTIC_RUN_ID")},
+        "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+        "sigint_default": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+    }
+
+if __name__ == "__main__":
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    dist.barrier()
+    sys.stdout.write("FACTS " + json.dumps(facts()) + chr(10))  # one write: ranks share a pipe
+    sys.stdout.flush()
+    dist.destroy_process_group()
+    how = os.environ.get("END")
+    if how == "raise" and os.environ["RANK"] == "1":
+        raise ValueError("boom from the script")
+    if how == "exit":
+        sys.exit(3)
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "sibling.py").write_text("VALUE = 'next to the script'\n")
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helpers.py").write_text("WHO = 'a relative import'\n")
+    (package / "main.py").write_text(
+        "import sys\nfrom .helpers import WHO\nif __name__ == '__main__':\n"
+        "    print('MODULE', __name__, __package__, WHO, sys.argv[1:], flush=True)\n"
+    )
+    return tmp_path
+
+
+def run(workdir: Path, start_method: str, *target: str, end: str = "") -> tuple[int, str]:
+    launcher = "cloudtrain.jobs.elastic" if start_method == "fork" else "torch.distributed.run"
+    flags = ["--standalone", "--nproc-per-node", "2", "--start-method", start_method]
+    done = subprocess.run(
+        [sys.executable, "-m", launcher, *flags, *target],
+        cwd=workdir,
+        env={"PATH": "/usr/bin:/bin", "END": end, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def facts(output: str) -> list[dict[str, object]]:
+    found = [json.loads(line.split("FACTS ", 1)[1]) for line in output.splitlines()
+             if "FACTS " in line]  # fmt: skip
+    for fact in found:
+        env = fact["env"]
+        assert isinstance(env, dict)
+        env.pop("TORCHELASTIC_RUN_ID")  # standalone: a new id each run
+        env.pop("MASTER_ADDR")  # standalone: the host's name
+    return sorted(found, key=lambda f: str(f["env"]))
+
+
+def test_a_forked_worker_sees_what_a_spawned_one_sees(workdir: Path) -> None:
+    code, forked = run(workdir, "fork", "train.py", "--lr", "0.1")
+    assert code == 0, forked
+    code, spawned = run(workdir, "spawn", "train.py", "--lr", "0.1")
+    assert code == 0, spawned
+    assert facts(forked) == facts(spawned)
+    first = facts(forked)[0]
+    assert first["name"] == "__main__"
+    assert first["file"] == str(workdir / "train.py")
+    assert first["argv"] == ["train.py", "--lr", "0.1"]
+    assert first["sibling"] == "next to the script"
+    assert first["path0"] == str(workdir)
+    assert first["sigterm_default"] is True
+    assert first["sigint_default"] is True
+    assert [f["env"]["RANK"] for f in facts(forked)] == ["0", "1"]  # type: ignore[index]
+    assert forked.count("atexit ran in rank") == 2
+
+
+def test_a_module_with_relative_imports_runs_as_under_python_m(workdir: Path) -> None:
+    code, forked = run(workdir, "fork", "-m", "pkg.main", "x")
+    assert code == 0, forked
+    assert forked.count("MODULE __main__ pkg a relative import ['x']") == 2
+
+
+def test_exit_codes_and_tracebacks_are_the_scripts(workdir: Path) -> None:
+    code, forked = run(workdir, "fork", "train.py", end="raise")
+    assert code == 1
+    assert 'raise ValueError("boom from the script")' in forked  # the script's traceback
+    assert "ValueError: boom from the script" in forked
+    assert "start_method: fork" in forked  # torch elastic's report names how it started them
+    code, forked = run(workdir, "fork", "train.py", end="exit")
+    assert code == 1  # torchrun's agent exits 1 when a worker failed, whatever its code
+    assert "exitcode  : 3" in forked
+    _, spawned = run(workdir, "spawn", "train.py", end="exit")
+    assert "exitcode  : 3" in spawned
