@@ -233,6 +233,7 @@ def _register() -> None:
     from cloudtrain.cli import (
         bootstrap_cmd,
         catalog_cmd,
+        check_cmd,
         clusters,
         cost_cmd,
         dashboard_cmd,
@@ -245,6 +246,7 @@ def _register() -> None:
     for command in (
         *clusters.COMMANDS,
         *catalog_cmd.COMMANDS,
+        *check_cmd.COMMANDS,
         *cost_cmd.COMMANDS,
         *events_cmd.COMMANDS,
         *jobs.COMMANDS,

@@ -17,6 +17,10 @@ to it over HTTP. ``StandInApp``, the middleware, fills moto's gaps and watches t
   other parameters differ. botocore fills in a token when the caller gives none, and a retry
   resends the same one;
 - gives **no public IPv4 to multi-interface launches** (EFA on p4d/p4de), as EC2 does;
+- **answers Service Quotas' ``GetServiceQuota`` for EC2** (moto knows only VPC's quotas): the
+  P-instance vCPU quotas ``EC2_QUOTAS`` at their defaults, or what ``set_service_quota`` set
+  for a region; any other EC2 quota code is ``NoSuchResourceException``, as AWS answers a code
+  it does not know;
 - on start and ``reset``, re-applies the offering and instance-type shims of ``moto_gaps.py``,
   and its indexed tag lookup (``index_tag_lookups``: moto scans every tag of the region to find
   one resource's, which made a describe of N tagged instances cost O(N²)).
@@ -83,6 +87,7 @@ __all__ = [
     "DLAMI_NAME_PATTERN",
     "DLAMI_OWNER_ID",
     "DLAMI_SSM_PARAMETER",
+    "EC2_QUOTAS",
     "GPU_TYPES",
     "GPU_ZONES",
     "Call",
@@ -97,6 +102,13 @@ __all__ = [
     "put_dlami_parameter",
     "register_dlami",
 ]
+
+EC2_QUOTAS = {
+    "L-417A185B": ("Running On-Demand P instances", 384.0),
+    "L-7212CCBC": ("All P Spot Instance Requests", 192.0),
+}
+"""EC2 quota code → (name, default vCPUs) that the stand-in's Service Quotas answers: room for
+four p4d.24xlarge on demand and two as spot (a new AWS account often starts at 0)."""
 
 _SCOPE = re.compile(r"Credential=[^/]+/\d+/([^/]+)/([^/]+)/aws4_request")
 _INSTANCE_ID = re.compile(rb"<instanceId>(i-[0-9a-f]+)</instanceId>")
@@ -237,6 +249,8 @@ class StandInApp:
         self._calls: list[Call] = []
         self._faults: list[Fault] = []
         self._launches: dict[tuple[str, str], tuple[dict[str, str], bytes]] = {}
+        #: (region, EC2 quota code) → the value set by ``set_service_quota``
+        self._service_quotas: dict[tuple[str, str], float] = {}
         moto_gaps.extend_gpu_offerings()
         moto_gaps.add_p3_instance_types()
         moto_gaps.index_tag_lookups()
@@ -297,6 +311,14 @@ class StandInApp:
             self._faults.append(fault)
         return fault
 
+    def set_service_quota(self, code: str, value: float, region: str = "us-east-1") -> None:
+        """What ``GetServiceQuota`` answers for EC2 quota `code` in `region` (one of
+        ``EC2_QUOTAS``) until the next ``reset``."""
+        if code not in EC2_QUOTAS:
+            raise ValueError(f"the stand-in serves the EC2 quotas {sorted(EC2_QUOTAS)} only")
+        with self._lock:
+            self._service_quotas[(region, code)] = value
+
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
@@ -309,6 +331,7 @@ class StandInApp:
             self._calls.clear()
             self._faults.clear()
             self._launches.clear()
+            self._service_quotas.clear()
         moto_gaps.extend_gpu_offerings()
         moto_gaps.add_p3_instance_types()
         moto_gaps.index_tag_lookups()
@@ -359,6 +382,8 @@ class StandInApp:
             return _raw_answer(fault.raw)
         if fault is not None:
             return _error(call, fault.code, fault.message, fault.status)
+        if call.service == "servicequotas" and call.action == "GetServiceQuota":
+            return self._service_quota(call)
         if call.service != "ec2":
             return None
         if call.action in PLACEMENT_ACTIONS:
@@ -369,6 +394,35 @@ class StandInApp:
         if call.action == "RunInstances":
             return self._run_instances(call, environ)
         return None
+
+    def _service_quota(self, call: Call) -> _Answer | None:
+        """An EC2 quota as Service Quotas writes it; None (moto answers) for other services."""
+        if call.params.get("ServiceCode") != "ec2":
+            return None
+        code = call.params.get("QuotaCode", "")
+        if code not in EC2_QUOTAS:
+            raise Ec2Error(
+                "NoSuchResourceException",
+                f"The request failed because the specified quota {code} does not exist.",
+                400,
+            )
+        name, default = EC2_QUOTAS[code]
+        with self._lock:
+            value = self._service_quotas.get((call.region, code), default)
+        quota = {
+            "ServiceCode": "ec2",
+            "ServiceName": "Amazon Elastic Compute Cloud (Amazon EC2)",
+            "QuotaArn": f"arn:aws:servicequotas:{call.region}:{DEFAULT_ACCOUNT_ID}:ec2/{code}",
+            "QuotaCode": code,
+            "QuotaName": name,
+            "Value": value,
+            "Unit": "None",
+            "Adjustable": True,
+            "GlobalQuota": False,
+            "QuotaAppliedAtLevel": "ACCOUNT",
+        }
+        body = json.dumps({"Quota": quota}).encode()
+        return _answer(200, body, "application/x-amz-json-1.1")
 
     def _drop(self, call: Call, environ: WSGIEnvironment) -> bool:
         """Whether the first matching rule is a `Raw` ``drop``; if so, the request's socket is

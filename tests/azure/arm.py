@@ -10,7 +10,8 @@ kept as first written. What it models, because the provider relies on it:
 - a VM whose **allocation fails** is kept with ``provisioningState: Failed`` (its NIC and IP
   too) until it is deleted; the error arrives in the ``Azure-AsyncOperation`` status;
 - a size the region (or zone) does not offer, by ``skus``/``restrict``, is a 409
-  ``SkuNotAvailable``, as ARM answers it.
+  ``SkuNotAvailable``, as ARM answers it;
+- each location's **compute usages** (vCPU quotas by family, `USAGES`), set by `set_usage`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,18 @@ SIZES = (
     "Standard_NC96ads_A100_v4",
     "Standard_ND96amsr_A100_v4",
 )
+#: Compute usages every location starts with: usage name → (localized name, limit), current
+#: usage 0, in vCPUs. Plausible for a subscription granted GPU quota (a new one has 0 in the
+#: GPU families); static: VMs made do not count against them. `Store.set_usage` changes one.
+USAGES = {
+    "cores": ("Total Regional vCPUs", 350),
+    "lowPriorityCores": ("Total Regional Low-priority vCPUs", 100),
+    "standardNDSv2Family": ("Standard NDSv2 Family vCPUs", 40),
+    "standardNDASv4_A100Family": ("Standard NDASv4_A100 Family vCPUs", 96),
+    "StandardNCADSA100v4Family": ("Standard NCADS_A100_v4 Family vCPUs", 96),
+    "standardNDAMSv4_A100Family": ("Standard NDAMSv4_A100 Family vCPUs", 96),
+    "standardNCSv3Family": ("Standard NCSv3 Family vCPUs", 0),
+}
 #: Codes that arrive in the finished operation (the PUT itself was accepted).
 ASYNC_CODES = frozenset(
     {"AllocationFailed", "ZonalAllocationFailed", "OverconstrainedAllocationRequest"}
@@ -106,6 +119,34 @@ class Store:
     addresses: Iterator[int] = field(default_factory=lambda: itertools.count(4))
     #: sizes without accelerated networking (ARM refuses to enable it on them)
     no_accelerated_networking: set[str] = field(default_factory=set)
+    #: location → usage name → [current, limit], for what `set_usage` changed (else `USAGES`)
+    usages: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+
+    # -- compute usages -----------------------------------------------------------------
+
+    def set_usage(self, location: str, name: str, limit: int, current: int = 0) -> None:
+        """One usage of `location` (a name of `USAGES`); with the stand-in's lock held."""
+        if name not in USAGES:
+            raise ValueError(f"the stand-in serves the usages {sorted(USAGES)} only")
+        self.usage(location)[name] = [current, limit]
+
+    def usage(self, location: str) -> dict[str, list[int]]:
+        """`location`'s usages, the defaults until `set_usage` changes one."""
+        return self.usages.setdefault(
+            location.lower(), {n: [0, limit] for n, (_, limit) in USAGES.items()}
+        )
+
+    def usage_list(self, location: str) -> list[dict[str, Any]]:
+        """``usage.list(location)`` as ARM writes it."""
+        return [
+            {
+                "unit": "Count",
+                "currentValue": current,
+                "limit": limit,
+                "name": {"value": name, "localizedValue": USAGES[name][0]},
+            }
+            for name, (current, limit) in self.usage(location).items()
+        ]
 
     # -- resources ----------------------------------------------------------------------
 

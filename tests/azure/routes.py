@@ -2,6 +2,8 @@
 
 A mixin of `StandIn` (``standin.py``), kept apart so each file stays readable; it reads the
 stand-in's ``store``, ``tokens``, ``base``, ``token_error``, ``page_size`` and ``retry_after``.
+Besides the routes ``standin.py`` lists, it serves each location's compute usages (``GET
+/subscriptions/{sub}/providers/Microsoft.Compute/locations/{loc}/usages``, `arm.USAGES`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class Routes:
                 return self._resource(method, "/".join(["", *segs]), segs, body)
         if low[2:5] == ["providers", "microsoft.compute", "virtualmachines"]:
             return self._page(self._vms(), query, path)
+        if low[2:5] == ["providers", "microsoft.compute", "locations"] and low[6:] == ["usages"]:
+            return self._page(self.store.usage_list(low[5]), query, path)
         if low[2:5] == ["providers", "microsoft.compute", "skus"]:
             return 200, {}, {"value": self._skus(query.get("$filter", ""))}
         raise ArmError(404, "NotFound", f"no route for {method} {path}")

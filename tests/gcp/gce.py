@@ -49,6 +49,18 @@ DEFAULT_RULES = {  # name → (what it allows, from where): the default network'
     "default-allow-rdp": ([{"IPProtocol": "tcp", "ports": ["3389"]}], "0.0.0.0/0"),
     "default-allow-ssh": ([{"IPProtocol": "tcp", "ports": ["22"]}], "0.0.0.0/0"),
 }
+#: The quotas `project_quotas` / `region_quotas` start with (metric → limit; usage 0), in GPUs
+#: and vCPUs: plausible for a project that was granted GPUs (a new one has GPUS_ALL_REGIONS 0).
+PROJECT_QUOTAS = {"GPUS_ALL_REGIONS": 32.0, "CPUS_ALL_REGIONS": 2400.0}
+REGION_QUOTAS = {
+    "CPUS": 1200.0,
+    "NVIDIA_V100_GPUS": 16.0,
+    "NVIDIA_A100_GPUS": 16.0,
+    "NVIDIA_A100_80GB_GPUS": 8.0,
+    "PREEMPTIBLE_NVIDIA_V100_GPUS": 32.0,
+    "PREEMPTIBLE_NVIDIA_A100_GPUS": 16.0,
+    "PREEMPTIBLE_NVIDIA_A100_80GB_GPUS": 8.0,
+}
 IMPLIED_DENY = "implied-deny-ingress"  # GCE's rule at 65535: nothing else matched
 PROTOCOLS = {"tcp": "6", "udp": "17", "icmp": "1", "esp": "50", "ah": "51", "sctp": "132"}
 _TERM = re.compile(r'\(?\s*(labels\.[a-z0-9_-]+|name|status)\s*(=|!=)\s*"?([^"\s)]*)"?\s*\)?')
@@ -111,6 +123,16 @@ class Gce:
         default_factory=lambda: {z: dict(t) for z, t in ZONES.items()}
     )
     default_network: bool = True
+    #: metric → [limit, usage] of the project (``projects.get``) and of each region of `zones`
+    #: (``regions.get``); static: launches do not count against them
+    project_quotas: dict[str, list[float]] = field(
+        default_factory=lambda: {m: [v, 0.0] for m, v in PROJECT_QUOTAS.items()}
+    )
+    region_quotas: dict[str, dict[str, list[float]]] = field(
+        default_factory=lambda: {
+            z.rsplit("-", 1)[0]: {m: [v, 0.0] for m, v in REGION_QUOTAS.items()} for z in ZONES
+        }
+    )
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
     _pending: list[str] = field(default_factory=list)
 
@@ -176,6 +198,41 @@ class Gce:
         if name not in self.operations:
             raise ApiError(404, "notFound", f"The resource 'operations/{name}' was not found")
         return self.operations[name].body
+
+    # -- project, regions and their quotas ------------------------------------------------
+
+    def project_body(self) -> dict[str, Any]:
+        """``projects.get``: the project with its project-wide quotas."""
+        return {
+            "kind": "compute#project",
+            "id": "4815162342",
+            "name": self.project,
+            "quotas": _quotas(self.project_quotas),
+            "defaultServiceAccount": f"4815162342-compute@{self.project}.iam.gserviceaccount.com",
+            "selfLink": self.link(),
+        }
+
+    def set_quota(
+        self, metric: str, limit: float, usage: float = 0.0, region: str | None = None
+    ) -> None:
+        """A quota's limit and usage: the project's (`region` None) or a region's. A test
+        calls it with the stand-in's lock held (``with gcp.lock: gcp.gce.set_quota(...)``)."""
+        held = self.project_quotas if region is None else self.region_quotas.setdefault(region, {})
+        held[metric] = [float(limit), float(usage)]
+
+    def region_body(self, region: str) -> dict[str, Any]:
+        """``regions.get``: the region, its zones and its quotas; 404 for one it does not know."""
+        if region not in self.region_quotas:
+            raise ApiError(404, "notFound", f"The resource 'regions/{region}' was not found")
+        return {
+            "kind": "compute#region",
+            "id": str(1000 + sorted(self.region_quotas).index(region)),
+            "name": region,
+            "status": "UP",
+            "zones": [self.link("zones", z) for z in sorted(self.zones) if z.startswith(region)],
+            "quotas": _quotas(self.region_quotas[region]),
+            "selfLink": self.link("regions", region),
+        }
 
     # -- firewall rules -------------------------------------------------------------------
 
@@ -359,6 +416,10 @@ class Gce:
             ("regions", region),
             lambda: self.policies.pop((region, name), None) and None,
         )
+
+
+def _quotas(held: dict[str, list[float]]) -> list[dict[str, Any]]:
+    return [{"metric": m, "limit": lim, "usage": use} for m, (lim, use) in sorted(held.items())]
 
 
 def _last(link: str) -> str:

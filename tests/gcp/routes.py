@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 Args = dict[str, str]
 Handler = Callable[[Gce, "Call", Args, int], dict[str, Any]]
-_PATH = re.compile(r"^/compute/v1/projects/([^/]+)/(.*)$")
+_PATH = re.compile(r"^/compute/v1/projects/([^/]+)(?:/(.*))?$")
 
 
 def page(items: list[Any], call: Call, size: int) -> tuple[list[Any], dict[str, Any]]:
@@ -35,6 +35,8 @@ Z, R, N, OP = (
     "(?P<op>[^/]+)",
 )
 ROUTES: list[tuple[str, str, str, Handler]] = [
+    ("GET", "", "projects.get", lambda g, c, a, s: g.project_body()),
+    ("GET", R, "regions.get", lambda g, c, a, s: g.region_body(a["region"])),
     ("GET", f"{Z}/instances", "instances.list", lambda g, c, a, s: _list(g, c, s, a["zone"])),
     (
         "POST",
@@ -120,7 +122,7 @@ def route(method: str, path: str, gce: Gce) -> tuple[str, str | None, Args, Hand
     found = _PATH.match(path)
     if found and found.group(1) == gce.project:
         for verb, pattern, name, handler in ROUTES:
-            args = re.fullmatch(pattern, found.group(2)) if verb == method else None
+            args = re.fullmatch(pattern, found.group(2) or "") if verb == method else None
             if args:
                 return name, args.groupdict().get("zone"), args.groupdict(), handler
     return "unknown", None, {}, _missing(path)
