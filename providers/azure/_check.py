@@ -10,18 +10,16 @@ Calls, all read-only (``cloudtrain.check`` says what it makes of them):
 
 A regular VM must fit both its family's quota and ``cores``; a Spot VM only
 ``lowPriorityCores``. A location's usage that cannot be read is a finding; only the first call
-decides whether the credentials are valid. A page that is not JSON is mapped here (`_json`):
-azure-core's pagers raise a bare ``JSONDecodeError`` for it.
+decides whether the credentials are valid.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.check import Finding, Quota, Report, unread
-from cloudtrain.errors import CloudtrainError, ProviderError, one_line
+from cloudtrain.errors import CloudtrainError
 from cloudtrain.providers.azure._client import Clients, azure_errors
 
 if TYPE_CHECKING:
@@ -59,14 +57,14 @@ def check(options: Mapping[str, Any], rows: Sequence[InstanceType]) -> Report:
     error of the first call (`AuthError` for refused credentials)."""
     clients = Clients(options.get("subscription") or None, retries=RETRIES)
     subscription = clients.subscription
-    with azure_errors(f"subscription {subscription}"), _json(f"subscription {subscription}"):
+    with azure_errors(f"subscription {subscription}"):
         next(iter(clients.resources().resource_groups.list()), None)
     quotas: list[Quota] = []
     findings: list[Finding] = []
     for location in sorted({r.region for r in rows}):
         here = [r for r in rows if r.region == location]
         try:
-            with azure_errors(location), _json(location):
+            with azure_errors(location):
                 usages = {
                     str(u.name.value).lower(): u
                     for u in clients.compute().usage.list(location)
@@ -105,22 +103,6 @@ def check(options: Mapping[str, Any], rows: Sequence[InstanceType]) -> Report:
                 )
             )
     return Report(f"subscription {subscription}", tuple(quotas), tuple(findings))
-
-
-@contextmanager
-def _json(where: str) -> Iterator[None]:
-    """A page whose body is not JSON: azure-core's pagers raise the bare ``JSONDecodeError``
-    (a ``ValueError``), which `azure_errors` does not map."""
-    try:
-        yield
-    except ValueError as exc:
-        raise ProviderError(
-            "azure",
-            "DecodeError",
-            f"the answer in {where} is not ARM's JSON ({one_line(str(exc), 120)}); retry "
-            "later, or check the endpoint (CLOUDTRAIN_AZURE_ENDPOINT) and any proxy in the way",
-            retryable=True,
-        ) from exc
 
 
 def _needs(rows: Iterable[InstanceType]) -> tuple[tuple[str, int], ...]:

@@ -13,6 +13,7 @@ Every call runs inside `azure_errors`, which maps whatever azure-core raises (``
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -192,6 +193,8 @@ def azure_errors(where: str = "") -> Iterator[None]:
             raise no_credentials(exc) from exc
         raise map_http_error(exc, where) from exc
     except DecodeError as exc:  # an HttpResponseError too, of a body that could not be read
+        raise map_decode_error(exc, where) from exc
+    except json.JSONDecodeError as exc:  # a pager's page of 200 that is no JSON (a login page)
         raise map_decode_error(exc, where) from exc
     except HttpResponseError as exc:
         raise map_http_error(exc, where) from exc

@@ -143,15 +143,17 @@ CREDENTIALS_HINT = (
 )
 
 
-def map_decode_error(exc: DecodeError, where: str = "") -> ProviderError:
-    """A body azure-core could not decode: not JSON (garbled), or cut short (the connection
+def map_decode_error(exc: DecodeError | ValueError, where: str = "") -> ProviderError:
+    """A body azure-core could not decode: not JSON (garbled, or a page of 200 its pagers read
+    with `json.loads`, which raises the bare ``JSONDecodeError``), or cut short (the connection
     closed early: ``IncompleteReadError``). Retryable: the next answer may be whole."""
     place = f" in {where}" if where else ""
-    detail = one_line(str(exc.message or exc), 160).rstrip(".")
-    what = "was cut short" if type(exc).__name__ == "IncompleteReadError" else "is not JSON"
+    detail = one_line(str(getattr(exc, "message", None) or exc), 160).rstrip(".")
+    name = type(exc).__name__
+    what = "was cut short" if name == "IncompleteReadError" else "is not JSON"
     return ProviderError(
         "azure",
-        type(exc).__name__,
+        "DecodeError" if name == "JSONDecodeError" else name,
         f"the answer{place} {what} ({detail}); retry later, or check for {ENDPOINT_HINT}",
         retryable=True,
     )

@@ -80,7 +80,7 @@ def test_usages_that_cannot_be_read_are_a_finding_not_a_failure(azure: StandIn) 
     assert (result.valid, result.usable, result.quotas) == (True, True, ())
     [finding] = result.findings
     assert finding.problem.startswith(
-        "the vCPU quotas of eastus not read: DecodeError: the answer in eastus is not ARM's JSON"
+        "the vCPU quotas of eastus not read: DecodeError: the answer in eastus is not JSON"
     )
     assert finding.fix.startswith("retry")
 

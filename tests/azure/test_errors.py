@@ -66,8 +66,14 @@ def list_skus(clients: Clients) -> list[Any]:
             "object is not iterable)",
         ),
         ({"drop": True}, "ConnectionError", True, "Remote end closed connection without response"),
+        (
+            {"status": 200, "body": BAD_GATEWAY.replace(b"502 Bad Gateway", b"Sign in")},
+            "DecodeError",
+            True,
+            "azure: DecodeError: the answer in eastus is not JSON (",
+        ),
     ],
-    ids=["nginx-502", "nginx-403", "garbled", "cut", "wrong-shape", "closed"],
+    ids=["nginx-502", "nginx-403", "garbled", "cut", "wrong-shape", "closed", "html-200"],
 )
 def test_an_answer_that_is_no_arm_response_is_one_line(
     azure: StandIn, raw: dict[str, Any], code: str, retryable: bool, says: str
