@@ -47,7 +47,7 @@ def check(options: Mapping[str, Any], rows: Sequence[InstanceType]) -> Report:
     clients = Clients(project=options.get("project") or None)
     project = clients.project
     with gcp_errors(f"project {project}"):
-        found = clients._get("ProjectsClient").get(project=project, timeout=clients.call_timeout_s)
+        found = clients.projects().get(project=project, timeout=clients.call_timeout_s)
     credentials = clients.credentials()
     account = getattr(credentials, "service_account_email", None)
     identity = f"project {project}" + (f" ({account})" if isinstance(account, str) else "")
@@ -72,7 +72,7 @@ def check(options: Mapping[str, Any], rows: Sequence[InstanceType]) -> Report:
         here = [r for r in rows if r.region == region]
         try:
             with gcp_errors(region):
-                answer = clients._get("RegionsClient").get(
+                answer = clients.regions().get(
                     project=project, region=region, timeout=clients.call_timeout_s
                 )
         except CloudtrainError as exc:

@@ -117,6 +117,14 @@ class Clients:
                     )
             return self._clients[name]
 
+    def projects(self) -> compute_v1.ProjectsClient:
+        client: compute_v1.ProjectsClient = self._get("ProjectsClient")
+        return client
+
+    def regions(self) -> compute_v1.RegionsClient:
+        client: compute_v1.RegionsClient = self._get("RegionsClient")
+        return client
+
     def instances(self) -> compute_v1.InstancesClient:
         client: compute_v1.InstancesClient = self._get("InstancesClient")
         return client
