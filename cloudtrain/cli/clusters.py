@@ -61,6 +61,8 @@ def cluster_options(fn: Any) -> Any:
                      "(the price at launch × node-hours)."),
         click.option("--max-price", help="The most USD per node-hour an offer may cost (the "
                      "catalog's price; spot's with --spot)."),
+        click.option("--no-preflight", is_flag=True, help="Skip the all-reduce check across "
+                     "the nodes at the end of up of a multi-node GPU cluster."),
         *provider_options(),
     ]  # fmt: skip
     for option in reversed(options):
@@ -145,8 +147,11 @@ def bring_up(
     setup: bool = True,
     down_on_failure: bool = False,
     max_price: str | None = None,
+    preflight: bool = True,
 ) -> None:
-    """`up`'s body, shared with `launch`."""
+    """`up`'s body, shared with `launch`: the cluster made (on the cheapest cloud at hand when
+    it names none), its bootstrap waited for, and its network checked (`preflight`) when it
+    has several GPU nodes."""
     from cloudtrain import anywhere, api
     from cloudtrain.cli import render
     from cloudtrain.provision import registry
@@ -159,6 +164,7 @@ def bring_up(
         _show_ranking(app, spec, ranking, dry_run)
         if not dry_run:
             _up_cheapest(app, spec, ranking, setup, down_on_failure)
+            _preflight(app, spec.name, setup and preflight)
         return
     if dry_run:
         plan = api.plan(spec, app.home, dry_run=True)
@@ -189,6 +195,16 @@ def bring_up(
             app.state, app.home, spec, app.event, bootstrap_timeout_s=1800 if setup else None
         ),
     )
+    _preflight(app, spec.name, setup and preflight)
+
+
+def _preflight(app: App, name: str, wanted: bool) -> None:
+    """The preflight after `up` (a multi-node GPU cluster only; not with --no-setup, whose
+    nodes have no torch yet, nor with --no-preflight)."""
+    if wanted:
+        from cloudtrain.cli.preflight_cmd import after_up
+
+        after_up(app, name)
 
 
 def _show_ranking(app: App, spec: ClusterSpec, ranking: Ranking, dry_run: bool) -> None:
@@ -295,7 +311,7 @@ def up(
     until every node's bootstrap reports ready."""
     task = load_task(task_file, **flags)
     bring_up(app, task, dry_run, setup=not no_setup, down_on_failure=down_on_failure,
-             max_price=flags.get("max_price"))  # fmt: skip
+             max_price=flags.get("max_price"), preflight=not flags.get("no_preflight"))  # fmt: skip
 
 
 @click.command()

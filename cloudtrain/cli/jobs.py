@@ -460,7 +460,8 @@ def launch(app: App, /, task_file: Path, detach: bool, down: bool, **flags: Any)
     task = load_task(task_file, **flags)
     policy = policy_from(options, down, task)
     job = job_from_task(task, **options)  # checked before anything is created
-    bring_up(app, task, dry_run=False, max_price=flags.get("max_price"))
+    bring_up(app, task, dry_run=False, max_price=flags.get("max_price"),
+             preflight=not flags.get("no_preflight"))  # fmt: skip
     _train_and_maybe_down(app, task.cluster.name, job, detach, down, policy)
 
 

@@ -1,8 +1,9 @@
 """``cloudtrain``: the command line. Exit codes are decided here and only here:
 
     0    ok                         3    a provider/cloud error (capacity, quota, auth), a
-    1    the job failed/cancelled        node command failed, or the cluster stayed busy
-                                         (another command held its lock past the wait)
+    1    the job failed/cancelled;       node command failed, or the cluster stayed busy
+         what was checked is not         (another command held its lock past the wait)
+         usable (`check`)
     2    bad input (nothing made)   4    the local state file is unusable
                                     5    a bug: an unexpected exception (a crash report is
                                          written, see below)
@@ -240,17 +241,19 @@ def _register() -> None:
         events_cmd,
         jobs,
         metrics_cmd,
+        preflight_cmd,
         watch,
     )
 
     for command in (
         *clusters.COMMANDS,
-        *catalog_cmd.COMMANDS,
         *check_cmd.COMMANDS,
+        *catalog_cmd.COMMANDS,
         *cost_cmd.COMMANDS,
         *events_cmd.COMMANDS,
         *jobs.COMMANDS,
         *metrics_cmd.COMMANDS,
+        *preflight_cmd.COMMANDS,
         *dashboard_cmd.COMMANDS,
         *watch.COMMANDS,
         *bootstrap_cmd.COMMANDS,
