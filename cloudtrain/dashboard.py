@@ -22,12 +22,14 @@ API (JSON, same token): ``/api/state`` (clusters, jobs, the newest events) and
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import http.cookies
 import http.server
 import json
 import logging
 import secrets
+import socket
 import threading
 import time
 import urllib.parse
@@ -45,6 +47,9 @@ __all__ = ["PULL_S", "Dashboard", "snapshot"]
 
 log = logging.getLogger(__name__)
 PULL_S = 5.0
+#: How long a connection may keep a handler waiting for its request (a browser's speculative
+#: connection that never asks anything).
+IDLE_S = 30.0
 EVENTS = 50
 JOBS = 50
 COOKIE = "cloudtrain_dashboard"
@@ -90,6 +95,43 @@ def snapshot(state: State, home: Path, now: float) -> dict[str, Any]:
     return {"now": now, "clusters": clusters, "jobs": jobs, "events": events}
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    """A thread per connection, and every one of them ended by `server_close`: the
+    connections still open are shut down (a handler waiting for a request wakes up) and their
+    threads joined, so nothing of the server outlives it."""
+
+    daemon_threads = False
+    block_on_close = True
+
+    def __init__(
+        self, address: tuple[str, int], handler: type[http.server.BaseHTTPRequestHandler]
+    ) -> None:
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:  # not shut down by `server_close` while it is closed here
+            self._open.discard(request)
+            super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a connection cut (by the browser, or by `server_close`): no traceback on the terminal
+        log.debug("dashboard: the connection from %s failed", client_address, exc_info=True)
+
+    def server_close(self) -> None:
+        with self._open_lock:
+            for conn in self._open:
+                with contextlib.suppress(OSError):  # the client went first
+                    conn.shutdown(socket.SHUT_RDWR)
+        super().server_close()  # joins the connections' threads
+
+
 class Dashboard:
     """The page's server on 127.0.0.1:`port` (0: one the system chose), for `home`'s state.
     `pull(job_id)` copies a running job's metrics from its nodes (None: never)."""
@@ -102,8 +144,10 @@ class Dashboard:
         self._pull = pull
         self._stop = threading.Event()
         self._page = resources.files("cloudtrain.data").joinpath("dashboard.html").read_text()
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), self._handler())
-        self.httpd.daemon_threads = True
+        self.httpd = _Server(("127.0.0.1", port), self._handler())
+        self._serving = False
+        self._closed = False
+        self._lock = threading.Lock()
         self.port = self.httpd.server_address[1]
 
     @property
@@ -112,6 +156,10 @@ class Dashboard:
 
     def serve(self) -> None:
         """Serve until `close` (or Ctrl-C in the caller); blocks."""
+        with self._lock:
+            if self._closed:
+                return
+            self._serving = True
         puller = threading.Thread(target=self._pull_running, daemon=True)
         puller.start()
         try:
@@ -120,8 +168,16 @@ class Dashboard:
             self._stop.set()
 
     def close(self) -> None:
+        """Stop serving (from any thread; waits for `serve` to return, if it runs), end the
+        connections still open and close the listening socket. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            serving = self._serving
         self._stop.set()
-        self.httpd.shutdown()
+        if serving:  # shutdown() waits for serve_forever: never when it was not started
+            self.httpd.shutdown()
         self.httpd.server_close()
 
     def _pull_running(self) -> None:
@@ -179,6 +235,7 @@ class Dashboard:
         class Handler(http.server.BaseHTTPRequestHandler):
             server_version = "cloudtrain"
             sys_version = ""
+            timeout = IDLE_S
 
             def do_GET(self) -> None:
                 url = urllib.parse.urlsplit(self.path)

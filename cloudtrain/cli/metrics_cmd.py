@@ -23,6 +23,13 @@ from cloudtrain.cli.options import job_id as job_id_arg
 pass_app = click.make_pass_decorator(App)
 
 
+def _quoted(text: str) -> str:
+    """`text` as it is when every character of it prints, else quoted as Python writes a
+    string (``'a\\nb\\x1b'``), as the errors quote what they were given: a name from a
+    node or the command line never moves the cursor, breaks a line or drives the terminal."""
+    return text if text.isprintable() else repr(text)
+
+
 def _cell(name: str, value: Any) -> str:
     if value is None:
         return ""
@@ -37,7 +44,7 @@ def table(lines: Sequence[Mapping[str, Any]], names: Sequence[str]) -> Table:
     shown = [n for n in names if n != "rank" or any(ln.get("rank") for ln in lines)]
     grid = Table(box=None, pad_edge=False)
     for name in shown:
-        grid.add_column(Text(escape_controls(name)), justify="left" if name == "at" else "right")
+        grid.add_column(Text(_quoted(name)), justify="left" if name == "at" else "right")
     for line in lines:
         grid.add_row(*(Text(_cell(n, line.get(n))) for n in shown))
     return grid
@@ -146,13 +153,17 @@ def plot(app: App, job_id: str, names: tuple[str, ...], output: Path | None) -> 
     reported = [n for n in kept.columns(lines) if n not in (*kept.FIELDS, "total_steps")]
     unknown = [n for n in names if n not in reported]
     if unknown:
-        have = ", ".join(reported) or "none (a script reports them with runtime.report)"
+        none = "none (a script reports them with runtime.report)"
+        have = ", ".join(map(_quoted, reported)) or none
         raise ConfigError(f"metric {unknown[0]!r}: job {job_id} reported {have}")
     if not reported:
         raise ConfigError(f"job {job_id} reported no metrics (a script reports them with "
                           "runtime.report)")  # fmt: skip
-    draw(lines, list(names) or reported, output, f"job {job_id}")
-    app.note(f"wrote {output}")
+    try:
+        draw(lines, list(names) or reported, output, f"job {job_id}")
+    except OSError as exc:  # a folder that is not there, or not ours to write in
+        raise ConfigError(f"--output {str(output)!r}: {exc.strerror or exc}") from None
+    app.note(f"wrote {_quoted(str(output))}")
 
 
 COMMANDS = (metrics, plot)

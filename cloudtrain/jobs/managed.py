@@ -350,16 +350,26 @@ class Watcher:
         """Make again the nodes of `rec`'s cluster that the cloud no longer runs (``up`` of the
         recorded spec, through the engine: in the zone of the others, failing over as any
         ``up`` does, a zone in `zones_last` (one that just preempted a node) tried last when no
-        node is left to pin the zone; it waits for their bootstrap); the indices replaced."""
+        node is left to pin the zone; it waits for their bootstrap); the indices replaced.
+
+        The nodes found gone are recorded gone first, under the cluster's lock: their spans
+        end now, not when the replacements are recorded (which may take many minutes)."""
         from cloudtrain import api
 
-        record = self.state.cluster(rec.cluster)
-        if record is None:
-            raise NotFoundError(f"the cluster {rec.cluster!r} of job {rec.id} is gone")
-        prov = (self._provider or (lambda spec: api.provider_for(spec, self.home)))(record.spec)
-        running = {n.index for n in prov.describe(rec.cluster, record.spec.cluster_id)
-                   if n.state == "running"}  # fmt: skip
-        missing = [i for i in range(record.spec.num_nodes) if i not in running]
+        def wait(message: str) -> None:
+            self._on_event(Event("wait", message))
+
+        with locks.cluster_lock(self.home, rec.cluster, "recover", on_wait=wait):
+            record = self.state.cluster(rec.cluster)
+            if record is None:
+                raise NotFoundError(f"the cluster {rec.cluster!r} of job {rec.id} is gone")
+            prov = (self._provider or (lambda s: api.provider_for(s, self.home)))(record.spec)
+            found = prov.describe(rec.cluster, record.spec.cluster_id)
+            running = [n for n in found if n.state == "running"]
+            indices = {n.index for n in running}
+            missing = [i for i in range(record.spec.num_nodes) if i not in indices]
+            if missing and len(indices) == len(running):  # what still bills, as the cloud says
+                self.state.set_nodes(rec.cluster, running)
         if missing:
             self._say(rec, "recovery", f"job {rec.id}: replacing node(s) "
                       f"{', '.join(map(str, missing))} of {rec.cluster}")  # fmt: skip

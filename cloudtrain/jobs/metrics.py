@@ -23,7 +23,7 @@ from typing import Any
 __all__ = ["columns", "copy_path", "latest", "pull", "read"]
 
 _COPY = re.compile(r"^(\d+)-(\d+)\.jsonl$")
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 #: The fields of a line that are not metrics, in the order a table shows them.
 FIELDS = ("attempt", "step", "at", "rank")
 
@@ -80,7 +80,7 @@ def _clean(line: Mapping[str, Any]) -> dict[str, Any]:
     return {
         k: v
         for k, v in line.items()
-        if _NAME.match(k)
+        if _NAME.fullmatch(k)
         and (v is None or (isinstance(v, int | float) and not isinstance(v, bool)))
     }
 

@@ -36,10 +36,6 @@ log = logging.getLogger(__name__)
 BACKEND = "cloudtrain"
 DEFAULT_PORT = 29400
 
-#: The listening sockets of the stores this process hosts: a store owns the descriptor, the
-#: socket object must outlive it.
-_LISTENERS: list[socket.socket] = []
-
 
 def listener(host: str, port: int) -> socket.socket:
     """A TCP socket listening on `host` alone (an IPv4 or IPv6 address, or a name). An address
@@ -80,17 +76,21 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
         raise ValueError(f"--rdzv-backend {BACKEND} needs --rdzv-conf is_host=0 or 1")
     timeout = timedelta(seconds=int(params.get_as_int("read_timeout", 60) or 60))
     extra: dict[str, Any] = {}
+    sock: socket.socket | None = None
     try:
         if is_host:
             sock = listener(host, port)
-            _LISTENERS.append(sock)
             extra = {"master_listen_fd": sock.fileno(), "wait_for_workers": False}
         store = TCPStore(host, port, is_master=is_host, timeout=timeout, **extra)
     except (OSError, RuntimeError, ValueError) as exc:
+        if sock is not None:
+            sock.close()
         raise RendezvousConnectionError(
             f"the rendezvous store at {host}:{port} could not be "
             f"{'opened' if is_host else 'reached'}: {exc}"
         ) from exc
+    if sock is not None:  # the store owns the descriptor now: torch closes it with the store
+        sock.detach()
 
     class Backend(C10dRendezvousBackend):  # torch's, under the name torchrun asked for
         @property
@@ -116,9 +116,20 @@ def bound_store(host: str, port: int) -> Any:
     from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported from torch._C
 
     sock = listener(host, port)
-    _LISTENERS.append(sock)
-    return TCPStore(host, sock.getsockname()[1], is_master=True, multi_tenant=True,
-                    master_listen_fd=sock.fileno(), wait_for_workers=False)  # fmt: skip
+    try:
+        store = TCPStore(
+            host,
+            sock.getsockname()[1],
+            is_master=True,
+            multi_tenant=True,
+            master_listen_fd=sock.fileno(),
+            wait_for_workers=False,
+        )
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now: torch closes it with the store
+    return store
 
 
 def handler() -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,3 +95,26 @@ def test_the_state_and_a_jobs_metrics_as_json(board: Dashboard) -> None:
     assert lines == [{"attempt": 0, "step": 5, "at": 1.0, "rank": 0, "loss": 0.5}]
     assert get(board, f"/api/metrics?job=../../etc&token={board.token}")[0] == 400
     assert get(board, f"/nope?token={board.token}")[0] == 404
+
+
+def test_close_ends_the_connections_still_open(board: Dashboard) -> None:
+    """A browser's speculative connection that never asks: `close` ends it and its thread."""
+    idle = socket.create_connection(("127.0.0.1", board.port), timeout=5)
+    with idle:
+        assert get(board, f"/api/state?token={board.token}")[0] == 200  # served meanwhile
+        board.close()
+        assert idle.recv(1) == b"", "the dashboard closed its end"
+    handlers = [t for t in threading.enumerate() if "process_request" in t.name]
+    assert handlers == [], "no handler thread outlives the dashboard"
+
+
+def test_a_dashboard_never_served_closes_at_once_and_serves_no_more(tmp_path: Path) -> None:
+    board = Dashboard(tmp_path)
+    closing = threading.Thread(target=board.close, daemon=True)
+    closing.start()
+    closing.join(timeout=5)
+    assert not closing.is_alive(), "close() waited for a serve() that never began"
+    board.close()  # idempotent
+    board.serve()  # returns at once: it is closed
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", board.port), timeout=5).close()

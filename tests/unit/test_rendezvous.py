@@ -34,12 +34,20 @@ def test_an_address_this_machine_lacks_falls_back_to_every_interface(
         sock.close()
 
 
-def test_the_workers_store_listens_on_the_agents_address() -> None:
+def test_the_workers_store_listens_on_the_agents_address(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
+    bound: list[tuple[str, int]] = []
+
+    def recording(host: str, port: int) -> socket.socket:
+        sock = listener(host, port)
+        bound.append(sock.getsockname())
+        return sock
+
+    listener = rendezvous.listener
+    monkeypatch.setattr(rendezvous, "listener", recording)
     store = rendezvous.bound_store("127.0.0.1", 0)
     store.set("k", "v")
-    bound = [s for s in rendezvous._LISTENERS if s.fileno() != -1][-1]
-    assert bound.getsockname() == ("127.0.0.1", store.port)
+    assert bound == [("127.0.0.1", store.port)]
     assert store.get("k") == b"v"
     probe = socket.create_connection(("127.0.0.1", store.port), timeout=5)
     probe.close()
