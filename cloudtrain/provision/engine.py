@@ -9,6 +9,7 @@ live here once::
       │ holders(cluster)                      a name held by another owner, or by this owner
       │                                       under another cluster id: refuse, nothing made
       │ describe(cluster, id)                 this incarnation's nodes, from the cloud's tags
+      │                                       (the cluster's SSH keys are made meanwhile)
       │ repair(nodes)                         e.g. Azure deletes VMs whose allocation failed
       │ more nodes than asked                 refuse (a silent second bill is worse than an error)
       │ offers pinned to the existing nodes' region and zone (a half-made cluster is completed
@@ -191,7 +192,15 @@ class Engine(abc.ABC):
             on_event(Event("warning", f"SSH is open to {spec.ssh_cidr}, wider than a "
                                       f"/{WIDEST_QUIET_PREFIX}, as asked"))  # fmt: skip
         self._refuse_held(spec)
-        nodes = self.repair(spec, self.describe(spec.name, spec.cluster_id), on_event)
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1, thread_name_prefix="cloudtrain-keys") as pool:
+            # local work (a crypto import, key files) while the cloud answers; both finish
+            # before anything is made
+            made_keys = pool.submit(bootstrap.NodeKeys.for_cluster, self.home, spec.name)
+            found = self.describe(spec.name, spec.cluster_id)
+        keys = made_keys.result()
+        nodes = self.repair(spec, found, on_event)
         if len(nodes) > spec.num_nodes:
             raise ConfigError(
                 f"cluster {spec.name!r} has {len(nodes)} nodes, more than the "
@@ -199,7 +208,6 @@ class Engine(abc.ABC):
             )
         missing = sorted(set(range(spec.num_nodes)) - {n.index for n in nodes})
         offers = self._pinned(spec, plan.offers, nodes)
-        keys = bootstrap.NodeKeys.for_cluster(self.home, spec.name)
         if not missing:  # complete: its rules still follow the spec (the caller's address)
             self.prepare(spec, offers[0], keys, on_event)
             return self.wait(spec, offers[0].region, on_event)

@@ -11,8 +11,9 @@ no AWS response is described by its status, content type and title.
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -104,6 +105,19 @@ class Clients:
     def ec2(self, region: str) -> Any:
         return self.get("ec2", region)
 
+    def caller(self, region: str) -> str | None:
+        """Who asks, and where, for keying what is cached (`_cache`): the EC2 endpoint of
+        `region` (``AWS_ENDPOINT_URL*`` included), SSM's endpoint variable, the profile, and
+        the access key id (one account's: another account, or another user of it, never
+        shares an answer). No call is made. None without credentials."""
+        endpoint = self.ec2(region).meta.endpoint_url  # first: it makes the session
+        credentials = self.session().get_credentials()
+        if credentials is None:
+            return None
+        access_key = credentials.get_frozen_credentials().access_key
+        ssm = os.environ.get("AWS_ENDPOINT_URL_SSM", "")
+        return "\0".join([endpoint, ssm, self.session().profile_name or "", access_key])
+
 
 @contextmanager
 def aws_errors(where: str = "") -> Iterator[None]:
@@ -123,6 +137,24 @@ def aws_errors(where: str = "") -> Iterator[None]:
         raise not_an_aws_response(exc, where, last_answer()) from exc
     except BotoCoreError as exc:
         raise map_botocore_error(exc, where) from exc
+
+
+def concurrently(calls: Sequence[Callable[[], T]]) -> list[T]:
+    """Run `calls` at once, a thread each, and return their results in order. Every call has
+    finished before this returns or raises (an interrupt included): what one of them made
+    exists when the caller cleans up after another one's error. Raises the first error, in
+    the order of `calls`. Each call maps its own errors (`aws_errors` is per thread)."""
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(len(calls), 16), thread_name_prefix="cloudtrain-aws") as pool:
+        futures = [pool.submit(call) for call in calls]
+    for future in futures:
+        error = future.exception()
+        if error is not None:
+            raise error
+    return [future.result() for future in futures]
 
 
 def paginate(client: Any, operation: str, key: str, **kwargs: Any) -> Iterator[Any]:

@@ -29,6 +29,12 @@ def user_data(shape: bootstrap.NodeShape, keys: bootstrap.NodeKeys) -> dict[str,
     return {"UserData": bootstrap.fit(doc, USER_DATA_LIMIT, "EC2 UserData")}
 
 
+def boot_data(spec: ClusterSpec, offer: Offer, keys: bootstrap.NodeKeys) -> bytes:
+    """The ``UserData`` of `offer`'s nodes (the same for every zone and index)."""
+    shape = bootstrap.NodeShape.of(offer, notices.IMDSV2, spec.limits)
+    return user_data(shape, keys)["UserData"]
+
+
 def compact(indices: Iterable[int]) -> str:
     """``[0, 1, 2, 5, 7, 8]`` → ``"0-2,5,7-8"``."""
     parts: list[str] = []
@@ -65,11 +71,12 @@ def run_request(
     token: str,
     placement_group: str | None,
     keys: bootstrap.NodeKeys,
+    boot: bytes | None = None,
 ) -> dict[str, Any]:
-    """The exact RunInstances request for `indices` in `zone` (the dry run prints it)."""
+    """The exact RunInstances request for `indices` in `zone` (the dry run prints it);
+    `boot`: its ``UserData`` when already rendered (`boot_data`)."""
     itype = offer.instance_type
     batch = {TAG_NODES: compact(indices)}
-    shape = bootstrap.NodeShape.of(offer, notices.IMDSV2, spec.limits)
     request: dict[str, Any] = {
         "ImageId": offer.extra["image"],
         "InstanceType": itype,
@@ -77,7 +84,7 @@ def run_request(
         "MaxCount": len(indices),
         "ClientToken": token,
         "KeyName": scope.key_name,
-        "UserData": user_data(shape, keys)["UserData"],
+        "UserData": boot if boot is not None else boot_data(spec, offer, keys),
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
         "BlockDeviceMappings": [
             {

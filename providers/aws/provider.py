@@ -10,25 +10,32 @@ move to the next zone, then region, each attempt reported; quota and auth errors
 Every resource is tagged at creation (never in a second call), so a crash at any point leaves
 nothing that `terminate` cannot find by tag.
 
+Fixed costs are kept off the path: the plan's read-only answers (the zones that offer a type,
+the image) are cached on disk for a day per region and caller (`_cache`), and read for every
+region at once when they are not; the per-region resources are made at once (a thread each,
+all finished before an error is raised, so `clean` finds whatever one of them made); `holders`
+and `describe` ask every region at once.
+
 A node's index comes from its batch tag (see `_instances`), or from a ``cloudtrain:node`` tag
 when one is present.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 from cloudtrain import access
 from cloudtrain.boot import bootstrap
 from cloudtrain.errors import ConfigError, ProviderError
-from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import (
     TAG_CLUSTER,
     TAG_NODE,
@@ -43,12 +50,24 @@ from cloudtrain.model import (
 from cloudtrain.plan import catalog, planner
 from cloudtrain.providers.aws import OPTIONS
 from cloudtrain.providers.aws import _resources as res
-from cloudtrain.providers.aws._client import Clients, aws_errors, paginate
-from cloudtrain.providers.aws._instances import TAG_NODES, compact, expand, run_request, user_data
+from cloudtrain.providers.aws._cache import PlanCache, str_list
+from cloudtrain.providers.aws._client import Clients, aws_errors, concurrently, paginate
+from cloudtrain.providers.aws._instances import (
+    TAG_NODES,
+    boot_data,
+    compact,
+    expand,
+    run_request,
+    user_data,
+)
 from cloudtrain.provision.engine import CLOUD_CAPABILITIES, Engine
 from cloudtrain.provision.provider import Option, ProviderContext, default_owner, wait_for_nodes
 from cloudtrain.spec import ClusterSpec
 
+if TYPE_CHECKING:
+    from cloudtrain.executors.ssh import SshExecutor
+
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 DLAMI_PARAMETER = (
@@ -71,6 +90,25 @@ def client_token(incarnation: str, owner: str, zone: str, indices: Sequence[int]
     again after `down` gets new ones."""
     digest = hashlib.sha256(f"{incarnation}\0{owner}\0{zone}\0{compact(indices)}".encode())
     return f"cloudtrain-{digest.hexdigest()[:40]}"
+
+
+def in_region(region: str, call: Callable[[], T]) -> Callable[[], T]:
+    """`call`, its errors mapped as `aws_errors(region)` maps them (in whatever thread)."""
+
+    def mapped() -> T:
+        with aws_errors(region):
+            return call()
+
+    return mapped
+
+
+class Prepared(NamedTuple):
+    """What `prepare` made or found in a region, for `create`."""
+
+    security_group: str
+    placement_group: str | None
+    #: the nodes' UserData, rendered while the resources were being made
+    boot: bytes
 
 
 class AwsProvider(Engine):
@@ -111,19 +149,10 @@ class AwsProvider(Engine):
         offers = planner.offers(spec)
         cidr, _ = access.ssh_cidr(spec.ssh_cidr)  # no address: refused before any call
         spec = dataclasses.replace(spec, ssh_cidr=cidr)
-        refined: list[Offer] = []
-        for offer in offers:
-            ec2 = self.clients.ec2(offer.region)
-            with aws_errors(offer.region):
-                zones = self._zones(ec2, offer.instance_type)
-                if spec.resources.zone:
-                    zones = [z for z in zones if z == spec.resources.zone]
-                if not zones:
-                    log.info("%s: no zone offers %s", offer.region, offer.instance_type)
-                    continue
-                image, root = self._image(offer.region, spec.resources.image)
-            extra = {"image": image, "root_device": root}
-            refined.append(dataclasses.replace(offer, zones=tuple(zones), extra=extra))
+        regions = {o.region: [x for x in offers if x.region == o.region] for o in offers}
+        reads = [in_region(r, partial(self._refine, spec, of)) for r, of in regions.items()]
+        found = dict(zip(regions, concurrently(reads), strict=True))
+        refined = [o for o in (found[o.region].get(id(o)) for o in offers) if o is not None]
         if not refined:
             where = ", ".join(o.region for o in offers)
             raise ConfigError(
@@ -155,15 +184,50 @@ class AwsProvider(Engine):
         )
         return {"image": image, "root_device": "<the image's root device>"}
 
-    def _zones(self, ec2: Any, instance_type: str) -> list[str]:
-        found = ec2.describe_instance_type_offerings(
-            LocationType="availability-zone",
-            Filters=[{"Name": "instance-type", "Values": [instance_type]}],
-        )["InstanceTypeOfferings"]
-        return sorted({o["Location"] for o in found})
+    def _cache(self, region: str) -> PlanCache:
+        """The plan's cached answers in `region`, for this caller (`_cache`)."""
+        return PlanCache(self.home / "cache" / "aws", self.clients.caller(region), region)
 
-    def _image(self, region: str, image: str | None) -> tuple[str, str]:
+    def _refine(self, spec: ClusterSpec, offers: list[Offer]) -> dict[int, Offer]:
+        """The offers of one region (by `id`) that a zone of it offers, with those zones and
+        the region's image; the answers cached a day (`_cache`)."""
+        region = offers[0].region
+        cache = self._cache(region)
+        refined: dict[int, Offer] = {}
+        for offer in offers:
+            zones = self._zones(cache, offer.instance_type)
+            if spec.resources.zone:
+                zones = [z for z in zones if z == spec.resources.zone]
+            if not zones:
+                log.info("%s: no zone offers %s", region, offer.instance_type)
+                continue
+            image, root = self._image(cache, spec.resources.image)
+            extra = {"image": image, "root_device": root}
+            refined[id(offer)] = dataclasses.replace(offer, zones=tuple(zones), extra=extra)
+        return refined
+
+    def _zones(self, cache: PlanCache, instance_type: str) -> list[str]:
+        key = f"zones {instance_type}"
+        zones = str_list(cache.get(key))
+        if zones is None:
+            found = self.clients.ec2(cache.region).describe_instance_type_offerings(
+                LocationType="availability-zone",
+                Filters=[{"Name": "instance-type", "Values": [instance_type]}],
+            )["InstanceTypeOfferings"]
+            zones = sorted({o["Location"] for o in found})
+            cache.put(key, zones)
+        return zones
+
+    def _image(self, cache: PlanCache, image: str | None) -> tuple[str, str]:
         """(image id, root device): `image` when given, else the Deep Learning Base AMI."""
+        key = f"image {image or 'dlami'}"
+        found = str_list(cache.get(key))
+        if found is None or len(found) != 2:
+            found = list(self._read_image(cache.region, image))
+            cache.put(key, found)
+        return found[0], found[1]
+
+    def _read_image(self, region: str, image: str | None) -> tuple[str, str]:
         ec2 = self.clients.ec2(region)
         if image is None:
             from botocore.exceptions import ClientError
@@ -192,27 +256,35 @@ class AwsProvider(Engine):
         return res.Scope(cluster, self.owner, cluster_id)
 
     def holders(self, cluster: str) -> set[tuple[str, str]]:
-        found: set[tuple[str, str]] = set()
-        for region in self.regions():
-            with aws_errors(region):
-                found |= res.holders(self.clients.ec2(region), cluster)
-        return found
+        found = concurrently(
+            [in_region(r, partial(self._holders, r, cluster)) for r in self.regions()]
+        )
+        return set().union(*found)
+
+    def _holders(self, region: str, cluster: str) -> set[tuple[str, str]]:
+        return res.holders(self.clients.ec2(region), cluster)
 
     def prepare(
         self, spec: ClusterSpec, offer: Offer, keys: bootstrap.NodeKeys, on_event: OnEvent
     ) -> Any:
         """The security group (its SSH rule follows the caller), the key pair, and for
-        multi-node EFA types the placement group, in the offer's region."""
+        multi-node EFA types the placement group, in the offer's region: made at once, each
+        idempotent; when one fails, the others are finished before the error is raised (the
+        engine's `clean` then removes them). The nodes' UserData is rendered meanwhile."""
         scope, ec2 = self._scope(spec.name, spec.cluster_id), self.clients.ec2(offer.region)
-        with aws_errors(offer.region):
-            sg, changes = res.ensure_security_group(ec2, scope, str(spec.ssh_cidr))
-            res.ensure_key_pair(ec2, scope, keys.user_public)
-            group = None
-            if spec.num_nodes > 1 and offer.instance_type in res.EFA_INTERFACES:
-                group = res.ensure_placement_group(ec2, scope)
+        group = spec.num_nodes > 1 and offer.instance_type in res.EFA_INTERFACES
+        made: list[Callable[[], Any]] = [
+            partial(res.ensure_security_group, ec2, scope, str(spec.ssh_cidr)),
+            partial(res.ensure_key_pair, ec2, scope, keys.user_public),
+        ]
+        if group:
+            made.append(partial(res.ensure_placement_group, ec2, scope))
+        calls: list[Callable[[], Any]] = [partial(boot_data, spec, offer, keys)]
+        calls += [in_region(offer.region, m) for m in made]
+        boot, (group_id, changes), _, *placement = concurrently(calls)
         for change in changes:
             on_event(Event("resource", change))
-        return sg, group
+        return Prepared(group_id, placement[0] if placement else None, boot)
 
     def create(
         self,
@@ -227,18 +299,24 @@ class AwsProvider(Engine):
         ``ClientToken`` is derived from the cluster id, the owner, the zone and the indices,
         so a retried or repeated call (two `up`s at once, even from two machines) cannot
         create a second set."""
-        sg, group = prepared
+        sg, group, boot = prepared
         zone = str(zone)
         ec2 = self.clients.ec2(offer.region)
-        with aws_errors(zone):
-            subnet = "" if offer.instance_type not in res.EFA_INTERFACES else (
-                res.default_subnet(ec2, zone))  # fmt: skip
-            request = run_request(
-                spec, offer, zone, indices, scope=self._scope(spec.name, spec.cluster_id),
-                sg=sg, subnet=subnet, placement_group=group, keys=keys,
-                token=client_token(spec.cluster_id or sg, self.owner, zone, indices),
-            )  # fmt: skip
-            ec2.run_instances(**request)
+        try:
+            with aws_errors(zone):
+                subnet = "" if offer.instance_type not in res.EFA_INTERFACES else (
+                    res.default_subnet(ec2, zone))  # fmt: skip
+                request = run_request(
+                    spec, offer, zone, indices, scope=self._scope(spec.name, spec.cluster_id),
+                    sg=sg, subnet=subnet, placement_group=group, keys=keys, boot=boot,
+                    token=client_token(spec.cluster_id or sg, self.owner, zone, indices),
+                )  # fmt: skip
+                ec2.run_instances(**request)
+        except ProviderError as exc:
+            if exc.code.startswith("InvalidAMIID"):  # a cached image may be gone: read anew
+                with contextlib.suppress(Exception):  # the error to report is `exc`
+                    self._cache(offer.region).forget()
+            raise
 
     def clean(self, spec: ClusterSpec, offer: Offer) -> None:
         ec2, scope = self.clients.ec2(offer.region), self._scope(spec.name, spec.cluster_id)
@@ -302,8 +380,8 @@ class AwsProvider(Engine):
 
     def describe(self, cluster: str, cluster_id: str | None = None) -> list[NodeInfo]:
         scope = self._scope(cluster, cluster_id)
-        nodes = [n for region in self.regions() for n in self._describe_region(scope, region)]
-        return sorted(nodes, key=lambda n: n.index)
+        found = concurrently([partial(self._describe_region, scope, r) for r in self.regions()])
+        return sorted((n for nodes in found for n in nodes), key=lambda n: n.index)
 
     def _node(self, cluster: str, region: str, inst: dict[str, Any]) -> NodeInfo:
         tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
@@ -386,6 +464,8 @@ class AwsProvider(Engine):
         """SSH as ``cloudtrain`` to the node's public address, or through the head to its
         private one (multi-card nodes have no public address), with the cluster's key and its
         pinned host key."""
+        from cloudtrain.executors.ssh import SshExecutor
+
         options = access.ssh_options(self.home, node.cluster)
         address = node.public_ip
         if not address and node.jump and node.private_ip:
