@@ -461,6 +461,12 @@ def task_from_dict(
     resources = resources_from_dict(raw_res, known.accelerators)
     if provider is None:  # GPUs are where the clouds are; without them, this machine
         provider = ANYWHERE if resources.accelerator else "local"
+    elif provider == ANYWHERE and not resources.accelerator:
+        raise SpecError(
+            "provider",
+            "provider 'any' chooses among the clouds' GPU machines: give resources.accelerator "
+            "(--gpus, e.g. A100:8), or name a provider",
+        )
     workdir = None
     raw_wd = _opt_str(data, "workdir", "workdir")
     if raw_wd is not None:

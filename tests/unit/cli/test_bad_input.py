@@ -71,6 +71,10 @@ CASES = [
         "provider 'local' takes no --gpus (got 'A100:8')",
     ),
     (
+        ["up", "--name", "x", "--provider", "any"],
+        "provider 'any' chooses among the clouds' GPU machines: give resources.accelerator",
+    ),
+    (
         ["up", "--name", "x", "--gpus", "A100:8", "--max-price", "20"],
         "--max-price 20: the cheapest offer of A100:8 is aws us-east-1 (p4d.24xlarge) at "
         "$32.77/node-hour; raise it",
