@@ -14,8 +14,8 @@ A spec whose provider is `ANYWHERE` (``up --gpus A100:8`` naming no provider) is
 Crossing clouds is safe only when the cloud left holds nothing of the cluster: `api.up` keeps a
 record of whatever a failed attempt left, and a kept record stops the failover (that cluster is
 completed or removed where it is, never doubled on a second cloud). Two `up`s of one name race
-safely: each `api.up` holds the cluster's lock, and the second finds the first's record (same
-cloud: completed; another cloud: refused as a different spec).
+safely: each `api.up` holds the cluster's lock, and the second finds the first's record and
+completes that cluster where it is, whichever cloud it was about to try.
 """
 
 from __future__ import annotations
@@ -101,6 +101,13 @@ def up(
             following = choices[i + 1]
             on_event(Event("failover", f"{exc}; trying {following.provider} "
                            f"({', '.join(following.regions)})"))  # fmt: skip
+        except ConfigError:
+            record = state.cluster(spec.name)
+            if record is None or record.provider == choice.provider:
+                raise
+            # another `up` of this name placed it first, on another cloud: complete it there
+            return api.up(state, home, on(spec, record.provider), on_event,
+                          bootstrap_timeout_s=bootstrap_timeout_s)  # fmt: skip
     raise CapacityError(ANYWHERE, "NoOffer", "nowhere to try")  # `rank` never ranks nothing
 
 

@@ -91,3 +91,18 @@ def test_no_room_anywhere_names_every_cloud_and_leaves_nothing(
     assert "; aws: NoCapacity: no zone had 2 × p3.2xlarge" in last
     assert "eu-west-1" not in last  # over the price: never tried
     assert cli.status()["clusters"] == []
+
+
+def test_two_ups_of_one_name_at_once_make_one_cluster_on_one_cloud(
+    cli: Shell, aws: AwsStandIn, gcp: GcpStandIn
+) -> None:
+    gcp.add_fault("instances.bulkInsert", "ZONE_RESOURCE_POOL_EXHAUSTED", in_operation=True)
+    both = [cli.popen(*UP), cli.popen(*UP)]
+    outputs = [p.communicate(timeout=240)[0] for p in both]
+    assert [p.returncode for p in both] == [0, 0], outputs
+    (record,) = cli.status()["clusters"]
+    assert record["provider"] == "aws"
+    assert len(leftovers(aws.client("ec2", "us-east-1"), "exp1")["instances"]) == 2
+    assert len([c for c in aws.app.calls() if c.action == "RunInstances"]) == 1
+    assert gcp.is_empty()
+    assert cli("down", "exp1").returncode == 0
