@@ -1,7 +1,9 @@
 """Checkpoints that outlive their nodes, kept on the user's machine.
 
 A job's checkpoints are what its scripts write to ``CLOUDTRAIN_CHECKPOINT_DIR`` (by default
-``<node root>/checkpoints``; `runtime.save_checkpoint`). The head node's folder (rank 0's, the
+``<node root>/checkpoints/<job>``, the job's own: a new job on the same cluster starts afresh, not
+from the weights of the one before it, and its snapshots hold none of that one's files;
+`runtime.save_checkpoint`). The head node's folder (rank 0's, the
 one writer of a DDP job) is copied to ``$CLOUDTRAIN_HOME/checkpoints/<job>/`` while the job is
 followed, when it ends and before `down`::
 
@@ -57,9 +59,11 @@ def bucket_of(url: str | None) -> Bucket | None:
     return bucket
 
 
-def node_folder(root: str, override: str | None) -> str:
-    """A node's checkpoint folder: the job's ``CLOUDTRAIN_CHECKPOINT_DIR``, else its root's."""
-    return override or f"{root}/checkpoints"
+def node_folder(root: str, job_id: str, override: str | None) -> str:
+    """A node's checkpoint folder for `job_id`: the job's ``CLOUDTRAIN_CHECKPOINT_DIR``, else
+    the job's own under the node's root (every attempt of the job, restarts and recoveries
+    included, finds it; another job does not)."""
+    return override or f"{root}/checkpoints/{job_id}"
 
 
 def _link_new(source: str, target: str) -> None:

@@ -245,7 +245,7 @@ class Coordinator:
             fan_out(lambda n: self._sync(n, job.workdir), nodes)
             if resume is not None:
                 fan_out(lambda n: self._executor(n).put(
-                    resume, checkpoints.node_folder(n.root, override)), nodes)  # fmt: skip
+                    resume, checkpoints.node_folder(n.root, rec.id, override)), nodes)  # fmt: skip
             setup = job.setup
             if setup:
                 fan_out(lambda n: self._setup(n, setup, job.envs, on_line), nodes)
@@ -347,9 +347,8 @@ class Coordinator:
         )
         if job.strategy:
             env["CLOUDTRAIN_STRATEGY"] = job.strategy
-        env.setdefault("CLOUDTRAIN_CHECKPOINT_DIR", f"{node.root}/checkpoints")
-        if "CLOUDTRAIN_CHECKPOINT_DIR" in job.envs:
-            env["CLOUDTRAIN_CHECKPOINT_DIR"] = job.envs["CLOUDTRAIN_CHECKPOINT_DIR"]
+        own = job.envs.get("CLOUDTRAIN_CHECKPOINT_DIR")
+        env["CLOUDTRAIN_CHECKPOINT_DIR"] = checkpoints.node_folder(node.root, rec.id, own)
         return env
 
     def _fabric(self, node: NodeInfo) -> dict[str, str]:
@@ -772,14 +771,16 @@ class Coordinator:
 
         override = rec.detail.get("checkpoint_dir")
         if nodes and (rec.detail.get("spec") or {}).get("strategy") == "fsdp":
-            sources = [(n.index, self._executor(n), checkpoints.node_folder(n.root, override))
-                       for n in nodes]  # fmt: skip
+            sources = [
+                (n.index, self._executor(n), checkpoints.node_folder(n.root, job_id, override))
+                for n in nodes
+            ]
             newest = kept.pull_sharded(sources, warn)
         elif nodes:
             head = nodes[0]
             try:
                 newest = kept.pull(
-                    self._executor(head), checkpoints.node_folder(head.root, override)
+                    self._executor(head), checkpoints.node_folder(head.root, job_id, override)
                 )
             except (CommandError, ProviderError, OSError) as exc:
                 warn(head.index, exc)

@@ -124,7 +124,8 @@ def test_a_horovod_style_script_trains_on_two_nodes_unchanged(sh: Shell) -> None
 
 def test_a_jobs_checkpoint_outlives_its_cluster_and_starts_a_job_on_another(sh: Shell) -> None:
     """The head node's checkpoints come back to this machine when the job ends (and before
-    `down`); a job on a new cluster starts from them with --resume-from."""
+    `down`); a new job on the same cluster starts afresh, and one on a new cluster from them
+    with --resume-from."""
     assert sh("up", "--name", "first", "--nodes", "2").returncode == 0
     train = sh("train", "-c", "first", str(EXAMPLE), "--", "--epochs", "2")
     assert train.returncode == 0, train.stdout + train.stderr
@@ -137,6 +138,10 @@ def test_a_jobs_checkpoint_outlives_its_cluster_and_starts_a_job_on_another(sh: 
     assert missing.returncode == 2, missing.stderr
     assert missing.stderr.startswith("error: job first-999 has no checkpoint kept here")
     assert [j["id"] for j in sh.status()["jobs"]] == [job_id.group(1)], "nothing started"
+    afresh = sh("train", "-c", "first", str(EXAMPLE), "--", "--epochs", "1")
+    assert afresh.returncode == 0, afresh.stdout + afresh.stderr
+    assert "resumed" not in afresh.stdout, "a new job does not take the last one's weights"
+    assert "epoch 1/1" in afresh.stdout
     assert sh("down", "first").returncode == 0
 
     assert sh("up", "--name", "second", "--nodes", "2").returncode == 0

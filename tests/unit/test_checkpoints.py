@@ -46,8 +46,8 @@ def test_a_job_with_nothing_kept_is_named(tmp_path: Path) -> None:
 
 
 def test_a_node_folder_is_the_jobs_override_or_its_roots() -> None:
-    assert checkpoints.node_folder("/n/root", None) == "/n/root/checkpoints"
-    assert checkpoints.node_folder("/n/root", "/data/ckpt") == "/data/ckpt"
+    assert checkpoints.node_folder("/n/root", "c-2", None) == "/n/root/checkpoints/c-2"
+    assert checkpoints.node_folder("/n/root", "c-2", "/data/ckpt") == "/data/ckpt"
 
 
 def test_keep_is_how_many_snapshots_stay(tmp_path: Path) -> None:

@@ -144,7 +144,7 @@ def test_submit_starts_one_torchrun_agent_per_node_with_the_env_contract(setup: 
         assert env["CLOUDTRAIN_NODE_IPS"] == f"{nodes[0].private_ip},{nodes[1].private_ip}"
         assert env["CLOUDTRAIN_HEAD_IP"] == nodes[0].private_ip
         assert env["CLOUDTRAIN_GPUS_PER_NODE"] == "8"
-        assert env["CLOUDTRAIN_CHECKPOINT_DIR"] == f"{node.root}/checkpoints"
+        assert env["CLOUDTRAIN_CHECKPOINT_DIR"] == f"{node.root}/checkpoints/c1-1"
         assert "OMP_NUM_THREADS" not in env  # GPU nodes keep torchrun's own choice
         assert (env["FI_PROVIDER"], env["NCCL_PROTO"]) == ("efa", "simple")  # the bootstrap's
 
