@@ -13,6 +13,8 @@ import ipaddress
 import os
 import re
 import shlex
+import shutil
+import subprocess
 import tempfile
 import urllib.parse
 import urllib.request
@@ -109,21 +111,21 @@ def _key_pair(folder: Path, name: str, comment: str) -> tuple[Path, str]:
     """The key pair ``folder/name`` (+ ``.pub``), made on first use. Safe when several
     processes make it at once: the private key is published with one atomic ``link(2)``
     (the first one wins, the others use it), and the public line is always derived from the
-    private key that won, so every process hands out the same key."""
+    private key that won, so every process hands out the same key.
+
+    OpenSSH's ``ssh-keygen`` makes and reads the keys when it is on the PATH (the ssh client
+    cloudtrain drives comes with it): a few milliseconds in a process of its own, where the
+    ``cryptography`` package costs `up` a tenth of a second of imports; without it, that
+    package does the same."""
     private = folder / name
     public = folder / f"{name}.pub"
     if private.exists() and public.exists():
         return private, public.read_text().strip()
-    serialization = _crypto()
+    keygen = shutil.which("ssh-keygen")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     folder.chmod(0o700)
-    if not private.exists():
-        _publish_private(folder, private, serialization)
-    key = serialization.load_ssh_private_key(private.read_bytes(), password=None)
-    line = key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    )
-    public_line = f"{line.decode()} {comment}"
+    mine = _publish_private(folder, private, keygen) if not private.exists() else None
+    public_line = f"{mine or _public_of(private, keygen)} {comment}"
     atomic_write(public, public_line + "\n", 0o644)
     return private, public_line
 
@@ -133,27 +135,60 @@ def _crypto() -> Any:
         from cryptography.hazmat.primitives import serialization
     except ImportError:
         raise ConfigError(
-            "making SSH keys needs the cryptography package: pip install 'cloudtrain[aws]'"
+            "making SSH keys needs ssh-keygen (OpenSSH) or the cryptography package: pip "
+            "install 'cloudtrain[aws]'"
         ) from None
     return serialization
 
 
-def _publish_private(folder: Path, private: Path, serialization: Any) -> None:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+def _keygen(keygen: str, *args: str) -> str:
+    """``ssh-keygen ARGS``' output; its error is a `ConfigError` (a key it cannot make)."""
+    done = subprocess.run([keygen, *args], capture_output=True, text=True, check=False,
+                          stdin=subprocess.DEVNULL, timeout=60)  # fmt: skip
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise ConfigError(f"ssh-keygen could not make or read a key: {why}")
+    return done.stdout
 
-    pem = Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption(),
+
+def _public_of(private: Path, keygen: str | None) -> str:
+    """The OpenSSH public line (type and key, no comment) of the key at `private`."""
+    if keygen:
+        return " ".join(_keygen(keygen, "-y", "-f", str(private)).split()[:2])
+    serialization = _crypto()
+    key = serialization.load_ssh_private_key(private.read_bytes(), password=None)
+    line = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
     )
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{private.name}.")  # 0600
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(pem)
-        with contextlib.suppress(FileExistsError):  # another process's key won: use it
-            os.link(tmp, private)
-    finally:
-        os.unlink(tmp)
+    return str(line.decode())
+
+
+def _publish_private(folder: Path, private: Path, keygen: str | None) -> str | None:
+    """Make a key and publish it as `private` unless another process's is there first; the
+    public line of the one made when it won (None when it lost: read the winner's)."""
+    with tempfile.TemporaryDirectory(dir=folder, prefix=f".{private.name}.") as tmp:
+        made = Path(tmp) / private.name  # 0600, in a 0700 folder of this process's own
+        if keygen:
+            _keygen(keygen, "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(made))
+            public: str | None = " ".join(Path(f"{made}.pub").read_text().split()[:2])
+        else:
+            serialization = _crypto()
+            from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+            pem = Ed25519PrivateKey.generate().private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.OpenSSH,
+                serialization.NoEncryption(),
+            )
+            fd = os.open(made, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(pem)
+            public = None  # read back from the winner
+        try:
+            os.link(made, private)
+        except FileExistsError:  # another process's key won: use it
+            return None
+        return public
 
 
 def atomic_write(path: Path, text: str, mode: int) -> None:

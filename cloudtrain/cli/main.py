@@ -149,7 +149,13 @@ def report_crash(exc: BaseException, argv: Sequence[str], home: Path | None = No
 
 class Group(click.Group):
     """Maps cloudtrain's errors to a one-line message and an exit code; anything unexpected
-    to one line, a crash report and `EXIT_CRASH`."""
+    to one line, a crash report and `EXIT_CRASH`. Its commands are `COMMAND_MODULES`'."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMAND_MODULES)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return command_of(cmd_name)
 
     def make_context(
         self,
@@ -230,38 +236,30 @@ def check_environment() -> None:
     locks.timeout_s()
 
 
-def _register() -> None:
-    from cloudtrain.cli import (
-        bootstrap_cmd,
-        catalog_cmd,
-        check_cmd,
-        clusters,
-        cost_cmd,
-        dashboard_cmd,
-        events_cmd,
-        jobs,
-        metrics_cmd,
-        preflight_cmd,
-        watch,
-    )
-
-    for command in (
-        *clusters.COMMANDS,
-        *check_cmd.COMMANDS,
-        *catalog_cmd.COMMANDS,
-        *cost_cmd.COMMANDS,
-        *events_cmd.COMMANDS,
-        *jobs.COMMANDS,
-        *metrics_cmd.COMMANDS,
-        *preflight_cmd.COMMANDS,
-        *dashboard_cmd.COMMANDS,
-        *watch.COMMANDS,
-        *bootstrap_cmd.COMMANDS,
-    ):
-        cli.add_command(command)
+#: Every command, by name, and the module that defines it (in its ``COMMANDS``): a command's
+#: module is imported only when that command runs (or `--help` lists them all), so `up` does
+#: not pay for the dashboard's or the catalog updater's imports.
+#: tests/unit/test_cli_surface.py checks this table against the modules' ``COMMANDS``.
+COMMAND_MODULES = {
+    "up": "clusters", "down": "clusters", "status": "clusters", "gpus": "clusters",
+    "autostop": "clusters",
+    "launch": "jobs", "train": "jobs", "logs": "jobs", "cancel": "jobs",
+    "jobs": "watch",
+    "check": "check_cmd", "catalog": "catalog_cmd", "cost": "cost_cmd",
+    "events": "events_cmd", "metrics": "metrics_cmd", "plot": "metrics_cmd",
+    "preflight": "preflight_cmd", "dashboard": "dashboard_cmd", "bootstrap": "bootstrap_cmd",
+}  # fmt: skip
 
 
-_register()
+def command_of(name: str) -> click.Command | None:
+    """The command `name`, its module imported now; None for a name that is none."""
+    import importlib
+
+    module = COMMAND_MODULES.get(name)
+    if module is None:
+        return None
+    commands = importlib.import_module(f"cloudtrain.cli.{module}").COMMANDS
+    return next((c for c in commands if c.name == name), None)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

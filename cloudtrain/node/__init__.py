@@ -47,7 +47,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cloudtrain.node import agent, notices, selfstop
 from cloudtrain.node.procs import POLL_S, alive, find_processes, kill_matching, tell_job
 
 __all__ = ["find_processes", "kill_matching", "main", "tell_job", "whole_lines"]
@@ -71,6 +70,8 @@ def free_ports(count: int) -> list[int]:
 
 def job_status(job_dir: Path) -> dict[str, object]:
     """The state of the job's process on this node, from its files."""
+    from cloudtrain.node import notices
+
     code_text = _read(job_dir / "exit_code")
     pid_text = _read(job_dir / "pid")
     pid = int(pid_text) if pid_text and pid_text.isdigit() else None
@@ -180,6 +181,8 @@ def _tail_offset(log: Path, lines: int) -> int:
 
 
 def _policy_args(parser: argparse.ArgumentParser) -> None:
+    from cloudtrain.node import agent
+
     parser.add_argument("--idle-s", type=float, help="stop after this many seconds idle")
     parser.add_argument("--deadline", type=float, help="stop at this time (epoch seconds)")
     parser.add_argument("--why", choices=agent.ENDS, help="what the deadline is")
@@ -189,10 +192,14 @@ def _policy_args(parser: argparse.ArgumentParser) -> None:
 
 def _policy(args: argparse.Namespace) -> dict[str, object]:
     """The policy fields the command line gives."""
+    from cloudtrain.node import agent
+
     return {k: getattr(args, k) for k in agent.POLICY_FIELDS if getattr(args, k) is not None}
 
 
 def _agent(args: argparse.Namespace) -> int:
+    from cloudtrain.node import agent
+
     root = args.root.absolute()
     if args.ensure:
         print(json.dumps(agent.ensure(root, args.source, args.endpoint)))
@@ -205,6 +212,10 @@ def _agent(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # here, not at the top: `cloudtrain.locks` imports `procs` on every command of the CLI,
+    # which needs none of the agent's modules
+    from cloudtrain.node import agent, notices, selfstop
+
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["bootstrap"]:  # stage 2, with its own arguments and --help
         from cloudtrain.node import bootstrap

@@ -14,8 +14,11 @@ import signal
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cloudtrain.node import notices
+if TYPE_CHECKING:
+    from cloudtrain.node import notices
+
 
 POLL_S = 0.05
 
@@ -116,6 +119,8 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 def tell_job(root: Path, notice: notices.Notice) -> list[int]:
     """Record `notice` in `root` and send the notice signal to every process of the node's
     jobs (found by ``CLOUDTRAIN_NODE_ROOT``) that catches it; the pids signalled."""
+    from cloudtrain.node import notices
+
     notices.record(root, notice)
     signum = signal.Signals[notices.NOTICE_SIGNAL_NAME]
     told = []

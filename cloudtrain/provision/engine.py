@@ -191,15 +191,16 @@ class Engine(abc.ABC):
         elif wide_cidr(spec.ssh_cidr):
             on_event(Event("warning", f"SSH is open to {spec.ssh_cidr}, wider than a "
                                       f"/{WIDEST_QUIET_PREFIX}, as asked"))  # fmt: skip
-        self._refuse_held(spec)
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(1, thread_name_prefix="cloudtrain-keys") as pool:
-            # local work (a crypto import, key files) while the cloud answers; both finish
-            # before anything is made
-            made_keys = pool.submit(bootstrap.NodeKeys.for_cluster, self.home, spec.name)
-            found = self.describe(spec.name, spec.cluster_id)
-        keys = made_keys.result()
+        with ThreadPoolExecutor(2, thread_name_prefix="cloudtrain-reads") as pool:
+            # two reads at once: who holds the name, and what of the cluster exists (a name
+            # held by another is the error to report, whatever the other read met)
+            held = pool.submit(self.holders, spec.name)
+            described = pool.submit(self.describe, spec.name, spec.cluster_id)
+        self._refuse_held(spec, held.result())
+        found = described.result()
+        keys = bootstrap.NodeKeys.for_cluster(self.home, spec.name)  # nothing made before
         nodes = self.repair(spec, found, on_event)
         if len(nodes) > spec.num_nodes:
             raise ConfigError(
@@ -223,10 +224,9 @@ class Engine(abc.ABC):
             f"{kept}",
         )  # fmt: skip
 
-    def _refuse_held(self, spec: ClusterSpec) -> None:
-        """`ConfigError` when the name is held by another owner, or by this owner under
+    def _refuse_held(self, spec: ClusterSpec, held: set[tuple[str, str]]) -> None:
+        """`ConfigError` when the name is `held` by another owner, or by this owner under
         another cluster id (a record of an older version, with no id, takes what it finds)."""
-        held = self.holders(spec.name)
         others = {owner for owner, _ in held if owner != self.owner_key}
         if others:
             raise ConfigError(

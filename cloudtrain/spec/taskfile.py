@@ -19,14 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import ConfigError
 from cloudtrain.spec import TASK_FIELDS, Known, SpecError, TaskSpec, task_from_dict
 
 __all__ = ["from_flags", "known", "load", "parse"]
+
+if TYPE_CHECKING:
+    import yaml
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -82,6 +83,8 @@ def from_flags(overrides: Mapping[str, Any], *, base_dir: Path | None = None) ->
 
 def _read(text: str, source: str) -> tuple[dict[Any, Any], dict[str, int]]:
     """The top-level mapping of `text`, and the line of every key by dotted path."""
+    import yaml  # here: a task given by flags alone (most `up`s) needs no YAML
+
     try:
         loader = yaml.SafeLoader(text)
         try:
@@ -120,6 +123,8 @@ def _index(
     """Record each key's line under its dotted path; raise on a key given twice. Each node is
     walked once: an alias of a mapping already walked (or of one it is inside) is not walked
     again, so nested aliases (a "billion laughs" file) cost their size, not their expansion."""
+    import yaml
+
     walked.add(id(node))
     seen: dict[tuple[str, str], int] = {}
     for key, value in node.value:
@@ -138,6 +143,8 @@ def _index(
 
 def _keep_node_range(node: yaml.MappingNode, data: dict[Any, Any]) -> None:
     """``num_nodes: 1:4`` as written: YAML 1.1 reads a plain ``1:4`` as a base-60 number (64)."""
+    import yaml
+
     for key, value in node.value:
         plain = isinstance(value, yaml.ScalarNode) and value.style is None
         if isinstance(key, yaml.ScalarNode) and key.value == "num_nodes" and plain:

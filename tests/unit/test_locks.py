@@ -108,10 +108,17 @@ MAKE_KEY = textwrap.dedent(
 )
 
 
-def test_keys_made_by_several_processes_at_once_are_one_key(tmp_path: Path) -> None:
+@pytest.mark.parametrize("maker", ["ssh-keygen", "cryptography"])
+def test_keys_made_by_several_processes_at_once_are_one_key(tmp_path: Path, maker: str) -> None:
+    env = dict(os.environ)
+    if maker == "cryptography":  # no ssh-keygen on the PATH
+        env["PATH"] = str(tmp_path / "bin")
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", MAKE_KEY, str(tmp_path)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", MAKE_KEY, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         for _ in range(6)
     ]
@@ -129,3 +136,14 @@ def test_keys_made_by_several_processes_at_once_are_one_key(tmp_path: Path) -> N
         "ssh_host_ed25519_key",
         "ssh_host_ed25519_key.pub",
     ], "no temporary file is left"
+    # what one maker made, the other reads as the same key
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_ssh_private_key((folder / "id_ed25519").read_bytes(), password=None)
+    line = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    assert user == f"{line.decode()} cloudtrain-c1"
+    keygen = subprocess.run(["ssh-keygen", "-y", "-f", str(folder / "ssh_host_ed25519_key")],
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    assert host == f"{keygen.stdout.strip()} cloudtrain-c1-host"

@@ -23,6 +23,30 @@ def test_help_imports_no_torch_and_no_cloud_sdk() -> None:
     assert "HEAVY []" in out.stdout
 
 
+def test_the_command_table_is_every_modules_commands_and_a_command_imports_only_its_own() -> None:
+    import importlib
+
+    from cloudtrain.cli.main import COMMAND_MODULES, command_of
+
+    defined = {
+        c.name: module
+        for module in set(COMMAND_MODULES.values())
+        for c in importlib.import_module(f"cloudtrain.cli.{module}").COMMANDS
+    }
+    assert defined == COMMAND_MODULES
+    assert all(command_of(name) is not None for name in COMMAND_MODULES)
+    assert command_of("nope") is None
+    code = (
+        "import sys\n"
+        "from cloudtrain.cli.main import main\n"
+        "try:\n    main(['status', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', sorted(m.rsplit('.', 1)[1] for m in sys.modules"
+        " if m.startswith('cloudtrain.cli.') and m.endswith('_cmd')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "LOADED []" in out.stdout, out.stdout
+
+
 def test_gpus_is_a_table_cheapest_first(run_cli: Cli) -> None:
     result = run_cli("gpus", "--provider", "aws", "--accelerator", "A100")
     assert result.exit_code == 0, result.output
