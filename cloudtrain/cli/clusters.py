@@ -23,7 +23,7 @@ from cloudtrain.cli.options import (
 
 if TYPE_CHECKING:
     from cloudtrain.cost import Figure
-    from cloudtrain.model import NodeInfo
+    from cloudtrain.model import NodeInfo, OnEvent
     from cloudtrain.plan.optimizer import Ranking
     from cloudtrain.spec import ClusterSpec, TaskSpec
     from cloudtrain.state import ClusterRecord
@@ -148,10 +148,11 @@ def bring_up(
     down_on_failure: bool = False,
     max_price: str | None = None,
     preflight: bool = True,
+    on_event: OnEvent | None = None,
 ) -> None:
     """`up`'s body, shared with `launch`: the cluster made (on the cheapest cloud at hand when
     it names none), its bootstrap waited for, and its network checked (`preflight`) when it
-    has several GPU nodes."""
+    has several GPU nodes. `on_event` sees its events (default: `App.event` shows them)."""
     from cloudtrain import anywhere, api
     from cloudtrain.cli import render
     from cloudtrain.provision import registry
@@ -163,7 +164,7 @@ def bring_up(
         ranking = anywhere.rank(spec, price_cap)
         _show_ranking(app, spec, ranking, dry_run)
         if not dry_run:
-            _up_cheapest(app, spec, ranking, setup, down_on_failure)
+            _up_cheapest(app, spec, ranking, setup, down_on_failure, on_event or app.event)
             _preflight(app, spec.name, setup and preflight)
         return
     if dry_run:
@@ -192,7 +193,11 @@ def bring_up(
         setup,
         down_on_failure,
         lambda: api.up(
-            app.state, app.home, spec, app.event, bootstrap_timeout_s=1800 if setup else None
+            app.state,
+            app.home,
+            spec,
+            on_event or app.event,
+            bootstrap_timeout_s=1800 if setup else None,
         ),
     )
     _preflight(app, spec.name, setup and preflight)
@@ -226,7 +231,12 @@ def _show_ranking(app: App, spec: ClusterSpec, ranking: Ranking, dry_run: bool) 
 
 
 def _up_cheapest(
-    app: App, spec: ClusterSpec, ranking: Ranking, setup: bool, down_on_failure: bool
+    app: App,
+    spec: ClusterSpec,
+    ranking: Ranking,
+    setup: bool,
+    down_on_failure: bool,
+    on_event: OnEvent,
 ) -> None:
     from cloudtrain import anywhere
 
@@ -245,7 +255,7 @@ def _up_cheapest(
             app.home,
             spec,
             ranking,
-            app.event,
+            on_event,
             bootstrap_timeout_s=1800 if setup else None,
         ),
     )

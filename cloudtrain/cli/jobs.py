@@ -20,9 +20,11 @@ from cloudtrain.cli.options import cluster_name
 from cloudtrain.cli.options import job_id as job_id_arg
 
 if TYPE_CHECKING:
+    from cloudtrain.executors.base import Executor
     from cloudtrain.jobs.attempts import JobSpec
     from cloudtrain.jobs.coordinator import Coordinator
     from cloudtrain.jobs.managed import Policy
+    from cloudtrain.jobs.staging import Stager
     from cloudtrain.spec import TaskSpec
     from cloudtrain.state import JobRecord
 
@@ -460,9 +462,37 @@ def launch(app: App, /, task_file: Path, detach: bool, down: bool, **flags: Any)
     task = load_task(task_file, **flags)
     policy = policy_from(options, down, task)
     job = job_from_task(task, **options)  # checked before anything is created
-    bring_up(app, task, dry_run=False, max_price=flags.get("max_price"),
-             preflight=not flags.get("no_preflight"))  # fmt: skip
+    stager = _stager(app, task.cluster.name, job)
+    try:
+        bring_up(app, task, dry_run=False, max_price=flags.get("max_price"),
+                 preflight=not flags.get("no_preflight"), on_event=stager.tap)  # fmt: skip
+    finally:
+        stager.join()
     _train_and_maybe_down(app, task.cluster.name, job, detach, down, policy)
+
+
+def _stager(app: App, cluster: str, job: JobSpec) -> Stager:
+    """Sends `job`'s workdir and setup to each node of `cluster` while its bootstrap's last
+    phases run (`cloudtrain.jobs.staging`)."""
+    from cloudtrain import api
+    from cloudtrain.jobs.staging import Stager
+    from cloudtrain.model import NodeInfo
+    from cloudtrain.provision.provider import Provider
+
+    providers: list[Provider] = []  # built once, by the first node staged
+
+    def node(index: int) -> NodeInfo | None:
+        record = app.state.cluster(cluster)
+        if record is not None and not providers:
+            providers.append(api.provider_for(record.spec, app.home))
+        if not providers:
+            return None
+        return next((n for n in app.state.nodes(cluster) if n.index == index), None)
+
+    def executor(node: NodeInfo) -> Executor:
+        return providers[0].executor(node)
+
+    return Stager(job, node, executor, app.event, app.node_line)
 
 
 @click.command()

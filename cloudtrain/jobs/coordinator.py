@@ -92,6 +92,30 @@ def in_python_env(node: NodeInfo, script: str) -> list[str]:
     return ["/bin/sh", "-c", _IN_PYTHON_ENV, "sh", bindir, script]
 
 
+def sync_workdir(ex: Executor, node: NodeInfo, workdir: Path | None) -> None:
+    """Bring the node's ``<root>/workdir`` up to date with `workdir` (only what changed
+    moves), or make it empty when the job has none."""
+    if workdir is not None:
+        ex.put(workdir, _workdir(node))
+    else:
+        ex.run(["mkdir", "-p", _workdir(node)]).check()
+
+
+def run_setup(
+    ex: Executor, node: NodeInfo, setup: str, envs: Mapping[str, str], on_line: OnLine | None
+) -> None:
+    """Run the setup script on `node`, skipped when the same script (and environment)
+    already succeeded there: a hash of both is kept in ``<node root>/setup.sha256``."""
+    digest = hashlib.sha256(json.dumps([setup, sorted(envs.items())]).encode()).hexdigest()
+    marker = f"{node.root}/setup.sha256"
+    if ex.run(["cat", marker]).stdout.strip() == digest:
+        return
+    emit = (lambda line: on_line(node.index, line)) if on_line else None
+    ex.run(in_python_env(node, setup), cwd=_workdir(node), env=dict(envs),
+           on_output=emit).check()  # fmt: skip
+    ex.run(["/bin/sh", "-c", 'printf "%s\\n" "$1" > "$2"', "sh", digest, marker]).check()
+
+
 class Coordinator:
     """Jobs on the clusters in `state`, reached through `provider`'s executors."""
 
@@ -299,25 +323,12 @@ class Coordinator:
         return running
 
     def _sync(self, node: NodeInfo, workdir: Path | None) -> None:
-        if workdir is not None:
-            self._executor(node).put(workdir, _workdir(node))
-        else:
-            self._executor(node).run(["mkdir", "-p", _workdir(node)]).check()
+        sync_workdir(self._executor(node), node, workdir)
 
     def _setup(
         self, node: NodeInfo, setup: str, envs: Mapping[str, str], on_line: OnLine | None
     ) -> None:
-        """Run the setup script on `node`, skipped when the same script (and environment)
-        already succeeded there: a hash of both is kept in ``<node root>/setup.sha256``."""
-        digest = hashlib.sha256(json.dumps([setup, sorted(envs.items())]).encode()).hexdigest()
-        marker = f"{node.root}/setup.sha256"
-        ex = self._executor(node)
-        if ex.run(["cat", marker]).stdout.strip() == digest:
-            return
-        emit = (lambda line: on_line(node.index, line)) if on_line else None
-        ex.run(in_python_env(node, setup), cwd=_workdir(node), env=dict(envs),
-               on_output=emit).check()  # fmt: skip
-        ex.run(["/bin/sh", "-c", 'printf "%s\\n" "$1" > "$2"', "sh", digest, marker]).check()
+        run_setup(self._executor(node), node, setup, envs, on_line)
 
     def _env(
         self, rec: JobRecord, node: NodeInfo, nodes: Sequence[NodeInfo], job: JobSpec

@@ -194,7 +194,9 @@ def test_without_python_each_node_gets_a_venv_with_torch_and_this_cloudtrain(
     sh: Shell, lab: Lab, name: str, tmp_path: Path
 ) -> None:
     """The install path: a venv per node, torch from a (local) index, the coordinator's wheel
-    copied over SSH when the bootstrap asks for it, then the verify phase; `down` removes it."""
+    copied over SSH when the bootstrap asks for it, then the verify phase; `launch` sends the
+    workdir and runs the setup on each node once it is past torch, while the bootstrap
+    finishes, and the job's start does not run it again; `down` removes it."""
     wheels = sorted(Path("/opt/wheels").glob("torch-2.*+cpu-*.whl"))
     if not wheels:  # where this machine's pip (and so .ci/run) gets torch==2.13.0 offline
         unavailable("no torch CPU wheel in /opt/wheels to serve the nodes as their torch index")
@@ -202,10 +204,22 @@ def test_without_python_each_node_gets_a_venv_with_torch_and_this_cloudtrain(
     (index / "torch").mkdir(parents=True)
     (index / "torch" / wheels[-1].name).symlink_to(wheels[-1])
     args = [a for a in lab.up_args(name) if a not in ("--python", sys.executable)]
-    up = sh(*args, "--torch-index", index.as_uri(), timeout=900)
-    assert up.returncode == 0, up.stdout + up.stderr
-    assert "copying the cloudtrain wheel" in up.stderr
-    assert "verify: ready" in up.stderr
+    # a SkyPilot user's first task: `setup: pip install ...`, then a job that imports it
+    work = tmp_path / "proj"
+    wheel = tiny_wheel(work)
+    (work / "uses_it.py").write_text("import tinyct\nprint('tinyct says', tinyct.VALUE)\n")
+    task = work / "task.yaml"
+    task.write_text(f"workdir: .\nsetup: pip install --no-index {wheel.name}\nrun: uses_it.py\n")
+    launch = sh("launch", str(task), *args[1:], "--torch-index", index.as_uri(), timeout=900)
+    assert launch.returncode == 0, launch.stdout + launch.stderr
+    assert "copying the cloudtrain wheel" in launch.stderr
+    assert "verify: ready" in launch.stderr
+    for i in (0, 1):
+        assert f"node {i}: workdir and setup in place while the bootstrap finishes" in (
+            launch.stderr
+        ), launch.stderr
+    assert launch.stdout.count("Successfully installed tinyct-1.0") == 2, "once per node"
+    assert launch.stdout.count("tinyct says 42") == 2, launch.stdout
     for i in (0, 1):
         venv = Path.home() / ".cloudtrain" / name / f"node-{i}" / "venv"
         probe = "import cloudtrain, torch; print(cloudtrain.__file__)"
@@ -215,16 +229,6 @@ def test_without_python_each_node_gets_a_venv_with_torch_and_this_cloudtrain(
         assert done.stdout.startswith(str(venv)), "cloudtrain is the venv's own copy"
     train = sh("train", "-c", name, str(SCRIPTS / "countdown.py"))
     assert train.returncode == 0, train.stdout + train.stderr
-    # a SkyPilot user's first task: `setup: pip install ...`, then a job that imports it
-    work = tmp_path / "proj"
-    wheel = tiny_wheel(work)
-    (work / "uses_it.py").write_text("import tinyct\nprint('tinyct says', tinyct.VALUE)\n")
-    task = work / "task.yaml"
-    task.write_text(f"workdir: .\nsetup: pip install --no-index {wheel.name}\nrun: uses_it.py\n")
-    launch = sh("launch", str(task), *args[1:], "--torch-index", index.as_uri(), timeout=900)
-    assert launch.returncode == 0, launch.stdout + launch.stderr
-    assert "Successfully installed tinyct-1.0" in launch.stdout
-    assert launch.stdout.count("tinyct says 42") == 2, launch.stdout
     assert sh("down", name).returncode == 0
 
 

@@ -1,0 +1,106 @@
+"""A `launch`'s workdir and setup, sent to each node while its bootstrap finishes.
+
+`launch` is `up`, then `train`; `train` begins by syncing the workdir to every node and running
+the task's ``setup`` there. Neither needs what the bootstrap's last phases make (``nccl``:
+the network's NCCL settings; ``verify``: the check that torch sees the GPUs), only the node's
+Python with torch in it. So a `Stager` taps `up`'s events, and as soon as a node says it is
+past its ``torch`` phase it syncs and sets up that node in a thread of its own, while the other
+nodes and the last phases go on. The job's submit does the same two steps again, and they
+cost nothing then: the sync moves only what changed, and the setup is skipped when its marker
+says the same script already succeeded there (`run_setup`).
+
+Staging is a head start, never a second way to fail: a node whose staging fails is logged
+and left to the submit, which runs the setup again and reports its failure as it always has.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from cloudtrain.errors import CloudtrainError
+from cloudtrain.executors.base import Executor
+from cloudtrain.jobs.attempts import JobSpec
+from cloudtrain.jobs.coordinator import OnLine, run_setup, sync_workdir
+from cloudtrain.model import Event, NodeInfo
+
+__all__ = ["AFTER", "Stager"]
+
+log = logging.getLogger(__name__)
+
+#: The bootstrap phases that come after torch is in the node's Python: a node that reports
+#: one of them (or that it is ready) can take the workdir and run the setup.
+AFTER = ("nccl", "verify")
+
+
+def past_torch(event: Event) -> bool:
+    """Whether `event` is a node's bootstrap status past its torch phase."""
+    if event.kind != "bootstrap" or event.node is None:
+        return False
+    phase, _, state = event.message.partition(": ")
+    return phase in AFTER or state == "ready"
+
+
+class Stager:
+    """Stages `job` on the nodes of `cluster` as `tap` sees them pass their torch phase.
+
+    `nodes(index)` gives a node's record (None: not known yet) and `executor(node)` a
+    way to run commands there; `join` waits for every staging begun."""
+
+    def __init__(
+        self,
+        job: JobSpec,
+        nodes: Callable[[int], NodeInfo | None],
+        executor: Callable[[NodeInfo], Executor],
+        on_event: Callable[[Event], None],
+        on_line: OnLine | None = None,
+    ) -> None:
+        self.job = job
+        self._nodes = nodes
+        self._executor = executor
+        self._on_event = on_event
+        self._on_line = on_line
+        self._threads: dict[int, threading.Thread] = {}
+        #: node → "staged" or why not (for tests and the log)
+        self.outcome: dict[int, str] = {}
+
+    def tap(self, event: Event) -> None:
+        """`up`'s event sink: passes `event` on, and starts staging a node past its torch."""
+        self._on_event(event)
+        if not past_torch(event) or event.node in self._threads:
+            return
+        assert event.node is not None
+        node = self._nodes(event.node)
+        if node is None:
+            return
+        thread = threading.Thread(target=self._stage, args=(node,), daemon=True,
+                                  name=f"cloudtrain-stage-{node.index}")  # fmt: skip
+        self._threads[node.index] = thread
+        thread.start()
+
+    def _stage(self, node: NodeInfo) -> None:
+        workdir: Path | None = self.job.workdir
+        ex: Executor | None = None
+        try:
+            ex = self._executor(node)
+            sync_workdir(ex, node, workdir)
+            if self.job.setup:
+                run_setup(ex, node, self.job.setup, self.job.envs, self._on_line)
+        except (CloudtrainError, OSError) as exc:  # the submit does it again, and says why
+            log.info("staging node %d failed (the job's start tries again): %s", node.index, exc)
+            self.outcome[node.index] = f"failed: {exc}"
+            return
+        finally:
+            if ex is not None:
+                ex.close()
+        self.outcome[node.index] = "staged"
+        what = "workdir and setup" if self.job.setup else "workdir"
+        self._on_event(Event("stage", f"{what} in place while the bootstrap finishes",
+                             node=node.index))  # fmt: skip
+
+    def join(self) -> None:
+        """Wait for every staging begun (a node's setup can take minutes)."""
+        for thread in list(self._threads.values()):
+            thread.join()
