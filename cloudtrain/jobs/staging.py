@@ -1,16 +1,20 @@
-"""A `launch`'s workdir and setup, sent to each node while its bootstrap finishes.
+"""A `launch`'s workdir and setup, sent to each node while its bootstrap runs.
 
 `launch` is `up`, then `train`; `train` begins by syncing the workdir to every node and running
-the task's ``setup`` there. Neither needs what the bootstrap's last phases make (``nccl``:
-the network's NCCL settings; ``verify``: the check that torch sees the GPUs), only the node's
-Python with torch in it. So a `Stager` taps `up`'s events, and as soon as a node says it is
-past its ``torch`` phase it syncs and sets up that node in a thread of its own, while the other
-nodes and the last phases go on. The job's submit does the same two steps again, and they
-cost nothing then: the sync moves only what changed, and the setup is skipped when its marker
-says the same script already succeeded there (`run_setup`).
+the task's ``setup`` there. The sync needs nothing of the bootstrap but a node that answers;
+the setup needs the node's Python with torch in it, not what the last phases make (``nccl``:
+the network's NCCL settings; ``verify``: the check that torch sees the GPUs). So a `Stager`
+taps `up`'s events: the first status a node reports starts a thread of its own that syncs the
+workdir while the bootstrap installs (torch takes minutes), then runs the setup as soon as the
+node says it is past its ``torch`` phase, while the other nodes and the last phases go on. The
+job's submit does the same two steps again, and they cost nothing then: the sync moves only
+what changed, and the setup is skipped when its marker says the same script already succeeded
+there (`run_setup`).
 
 Staging is a head start, never a second way to fail: a node whose staging fails is logged
-and left to the submit, which runs the setup again and reports its failure as it always has.
+and left to the submit, which runs the setup again and reports its failure as it always has;
+a setup waits for torch (a setup's ``pip install`` beside the torch phase's could fight over
+the same venv), and one whose node never got there (`up` failed) is not run.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ def past_torch(event: Event) -> bool:
 
 
 class Stager:
-    """Stages `job` on the nodes of `cluster` as `tap` sees them pass their torch phase.
+    """Stages `job` on the nodes of a cluster as `tap` sees their bootstrap go.
 
     `nodes(index)` gives a node's record (None: not known yet) and `executor(node)` a
     way to run commands there; `join` waits for every staging begun."""
@@ -63,30 +67,42 @@ class Stager:
         self._on_event = on_event
         self._on_line = on_line
         self._threads: dict[int, threading.Thread] = {}
-        #: node → "staged" or why not (for tests and the log)
+        self._past: dict[int, threading.Event] = {}  # node → past its torch phase
+        self._closing = threading.Event()  # `up` is over: no node goes further
+        #: node → "staged", "synced" (its setup left to the submit) or "failed: why"
         self.outcome: dict[int, str] = {}
 
     def tap(self, event: Event) -> None:
-        """`up`'s event sink: passes `event` on, and starts staging a node past its torch."""
+        """`up`'s event sink: passes `event` on; a node's first bootstrap status starts its
+        staging, and one past its torch phase lets the staging run the setup."""
         self._on_event(event)
-        if not past_torch(event) or event.node in self._threads:
+        index = event.node
+        if event.kind != "bootstrap" or index is None:
             return
-        assert event.node is not None
-        node = self._nodes(event.node)
+        past = self._past.setdefault(index, threading.Event())
+        if past_torch(event):
+            past.set()
+        if index in self._threads:
+            return
+        node = self._nodes(index)
         if node is None:
             return
-        thread = threading.Thread(target=self._stage, args=(node,), daemon=True,
-                                  name=f"cloudtrain-stage-{node.index}")  # fmt: skip
-        self._threads[node.index] = thread
+        thread = threading.Thread(target=self._stage, args=(node, past), daemon=True,
+                                  name=f"cloudtrain-stage-{index}")  # fmt: skip
+        self._threads[index] = thread
         thread.start()
 
-    def _stage(self, node: NodeInfo) -> None:
+    def _stage(self, node: NodeInfo, past: threading.Event) -> None:
         workdir: Path | None = self.job.workdir
         ex: Executor | None = None
         try:
             ex = self._executor(node)
             sync_workdir(ex, node, workdir)
             if self.job.setup:
+                while not past.wait(0.2):
+                    if self._closing.is_set():  # the node never got past torch
+                        self.outcome[node.index] = "synced"
+                        return
                 run_setup(ex, node, self.job.setup, self.job.envs, self._on_line)
         except (CloudtrainError, OSError) as exc:  # the submit does it again, and says why
             log.info("staging node %d failed (the job's start tries again): %s", node.index, exc)
@@ -101,6 +117,8 @@ class Stager:
                              node=node.index))  # fmt: skip
 
     def join(self) -> None:
-        """Wait for every staging begun (a node's setup can take minutes)."""
+        """Wait for every staging begun (a node's setup can take minutes); a node that did
+        not get past its torch phase by now does not run the setup."""
+        self._closing.set()
         for thread in list(self._threads.values()):
             thread.join()

@@ -68,8 +68,10 @@ def test_two_node_ddp_trains_streams_both_nodes_and_leaves_nothing(sh: Shell) ->
     assert "[node 0] " in logs.stdout
     assert "[node 1] " in logs.stdout
 
-    # a second run on the same cluster resumes from the checkpoint of the first
-    again = sh("train", "-c", "demo", str(EXAMPLE), "--", "--epochs", "6")
+    # a second run on the same cluster resumes from the checkpoint of the first when asked
+    # (a new job has a checkpoint folder of its own: without --resume-from it starts afresh)
+    again = sh("train", "-c", "demo", "--resume-from", job_id.group(1), str(EXAMPLE), "--",
+               "--epochs", "6")  # fmt: skip
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resumed from epoch 5" in again.stdout
     assert "epoch 6/6" in again.stdout

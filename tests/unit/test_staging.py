@@ -122,3 +122,24 @@ def test_a_node_not_recorded_yet_is_not_staged(tmp_path: Path) -> None:
     stager.tap(Event("bootstrap", "verify: ready", node=0))
     stager.join()
     assert stager.outcome == {}
+
+
+def test_the_workdir_goes_at_the_first_status_and_the_setup_waits_for_torch(
+    tmp_path: Path,
+) -> None:
+    executors: list[FakeExecutor] = []
+
+    def executor(n: NodeInfo) -> FakeExecutor:
+        executors.append(FakeExecutor(Disk()))
+        return executors[-1]
+
+    job = JobSpec(entrypoint=("t.py",), workdir=tmp_path, setup="pip install x")
+    stager = Stager(job, node, executor, lambda e: None)
+    stager.tap(Event("bootstrap", "python: running", node=0))
+    stager.tap(Event("bootstrap", "torch: running", node=0))
+    stager.join()  # `up` ended (failed) before the node got past torch
+    assert stager.outcome == {0: "synced"}
+    (ex,) = executors
+    assert [c.kind for c in ex.calls if c.kind == "put"] == ["put"]
+    assert setups(ex) == [], "no setup beside the torch phase, nor after a failed up"
+    assert ex.closed
