@@ -472,8 +472,8 @@ def launch(app: App, /, task_file: Path, detach: bool, down: bool, **flags: Any)
 
 
 def _stager(app: App, cluster: str, job: JobSpec) -> Stager:
-    """Sends `job`'s workdir and setup to each node of `cluster` while its bootstrap's last
-    phases run (`cloudtrain.jobs.staging`)."""
+    """Sends `job`'s workdir and setup to each node of `cluster` while its bootstrap runs
+    (`cloudtrain.jobs.staging`)."""
     from cloudtrain import api
     from cloudtrain.jobs.staging import Stager
     from cloudtrain.model import NodeInfo
