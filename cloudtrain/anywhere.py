@@ -21,7 +21,7 @@ completes that cluster where it is, whichever cloud it was about to try.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,16 +82,18 @@ def up(
     on_event: OnEvent = ignore_event,
     *,
     bootstrap_timeout_s: float | None = 1800,
+    before_unlock: Callable[[], None] | None = None,
 ) -> list[NodeInfo]:
     """`api.up` on each of `ranking`'s choices in turn until one has room (see the module's
-    docstring). Returns the nodes; raises the last refusal when every choice failed."""
+    docstring; `before_unlock` as there). Returns the nodes; raises the last refusal when
+    every choice failed."""
     choices = ranking.choices()
     failed: list[str] = []
     for i, choice in enumerate(choices):
         placed = on(spec, choice.provider)
         try:
             return api.up(state, home, placed, on_event, bootstrap_timeout_s=bootstrap_timeout_s,
-                          regions=choice.regions)  # fmt: skip
+                          regions=choice.regions, before_unlock=before_unlock)  # fmt: skip
         except FAIL_OVER as exc:
             failed.append(str(exc))
             if state.cluster(spec.name) is not None or len(choices) == 1:

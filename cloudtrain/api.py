@@ -128,6 +128,7 @@ def up(
     complete_only: bool = False,
     zones_last: Collection[str] = (),
     regions: Sequence[str] = (),
+    before_unlock: Callable[[], None] | None = None,
 ) -> list[NodeInfo]:
     """Create the cluster, or complete it if it exists with the same spec, and wait for every
     node's bootstrap (unless `bootstrap_timeout_s` is None: stop after provisioning). Blocks.
@@ -138,14 +139,23 @@ def up(
     made anew: a recovery must not bring back a cluster its owner just removed. `zones_last`:
     zones tried only after every other zone of an offer (one that just preempted a node).
     `regions`: only the offers of these regions, in this order (the optimizer's choice);
-    `CapacityError` when the provider has none of them."""
+    `CapacityError` when the provider has none of them. `before_unlock` runs under the
+    cluster's lock when `up` is over, however it ended (a `launch` finishes the setup it
+    began during the bootstrap there: no other command's setup runs beside it)."""
     from cloudtrain import locks
 
     wait = _waiting(on_event)
     with locks.cluster_lock(home, spec.name, "up", on_wait=wait):
-        if complete_only and state.cluster(spec.name) is None:
-            raise NotFoundError(f"cluster {spec.name!r} is gone (torn down); nothing to complete")
-        return _up(state, home, spec, on_event, bootstrap_timeout_s, prov, zones_last, regions)
+        try:
+            if complete_only and state.cluster(spec.name) is None:
+                raise NotFoundError(
+                    f"cluster {spec.name!r} is gone (torn down); nothing to complete"
+                )
+            return _up(state, home, spec, on_event, bootstrap_timeout_s, prov, zones_last,
+                       regions)  # fmt: skip
+        finally:
+            if before_unlock is not None:
+                before_unlock()
 
 
 def _waiting(on_event: OnEvent) -> Callable[[str], None]:

@@ -149,10 +149,12 @@ def bring_up(
     max_price: str | None = None,
     preflight: bool = True,
     on_event: OnEvent | None = None,
+    before_unlock: Callable[[], None] | None = None,
 ) -> None:
     """`up`'s body, shared with `launch`: the cluster made (on the cheapest cloud at hand when
     it names none), its bootstrap waited for, and its network checked (`preflight`) when it
-    has several GPU nodes. `on_event` sees its events (default: `App.event` shows them)."""
+    has several GPU nodes. `on_event` sees its events (default: `App.event` shows them);
+    `before_unlock` as `api.up` runs it."""
     from cloudtrain import anywhere, api
     from cloudtrain.cli import render
     from cloudtrain.provision import registry
@@ -164,7 +166,8 @@ def bring_up(
         ranking = anywhere.rank(spec, price_cap)
         _show_ranking(app, spec, ranking, dry_run)
         if not dry_run:
-            _up_cheapest(app, spec, ranking, setup, down_on_failure, on_event or app.event)
+            _up_cheapest(app, spec, ranking, setup, down_on_failure, on_event or app.event,
+                         before_unlock)  # fmt: skip
             _preflight(app, spec.name, setup and preflight)
         return
     if dry_run:
@@ -198,6 +201,7 @@ def bring_up(
             spec,
             on_event or app.event,
             bootstrap_timeout_s=1800 if setup else None,
+            before_unlock=before_unlock,
         ),
     )
     _preflight(app, spec.name, setup and preflight)
@@ -237,6 +241,7 @@ def _up_cheapest(
     setup: bool,
     down_on_failure: bool,
     on_event: OnEvent,
+    before_unlock: Callable[[], None] | None,
 ) -> None:
     from cloudtrain import anywhere
 
@@ -257,6 +262,7 @@ def _up_cheapest(
             ranking,
             on_event,
             bootstrap_timeout_s=1800 if setup else None,
+            before_unlock=before_unlock,
         ),
     )
 

@@ -465,9 +465,10 @@ def launch(app: App, /, task_file: Path, detach: bool, down: bool, **flags: Any)
     stager = _stager(app, task.cluster.name, job)
     try:
         bring_up(app, task, dry_run=False, max_price=flags.get("max_price"),
-                 preflight=not flags.get("no_preflight"), on_event=stager.tap)  # fmt: skip
+                 preflight=not flags.get("no_preflight"), on_event=stager.tap,
+                 before_unlock=stager.join)  # fmt: skip
     finally:
-        stager.join()
+        stager.join()  # when `up` never took the lock
     _train_and_maybe_down(app, task.cluster.name, job, detach, down, policy)
 
 

@@ -118,7 +118,10 @@ class Stager:
 
     def join(self) -> None:
         """Wait for every staging begun (a node's setup can take minutes); a node that did
-        not get past its torch phase by now does not run the setup."""
+        not get past its torch phase by now does not run the setup. `up` calls it under the
+        cluster's lock, so no other command's setup runs beside a staged one (and again for
+        each cloud it tries, and `launch` once more when `up` never took the lock)."""
         self._closing.set()
         for thread in list(self._threads.values()):
             thread.join()
+        self._closing.clear()

@@ -143,3 +143,27 @@ def test_the_workdir_goes_at_the_first_status_and_the_setup_waits_for_torch(
     assert [c.kind for c in ex.calls if c.kind == "put"] == ["put"]
     assert setups(ex) == [], "no setup beside the torch phase, nor after a failed up"
     assert ex.closed
+
+
+def test_up_runs_before_unlock_under_the_clusters_lock_however_it_ends(tmp_path: Path) -> None:
+    """`launch` joins its staging there: no other command's setup runs beside a staged one."""
+    from cloudtrain import api, locks
+    from cloudtrain.errors import ConfigError
+    from cloudtrain.spec import ClusterSpec
+    from cloudtrain.state import State
+
+    state = State.open(tmp_path)
+    holders: list[int | None] = []
+
+    def before_unlock() -> None:
+        holders.append(locks.holder(tmp_path, "c1"))
+
+    api.up(state, tmp_path, ClusterSpec("c1", "fake", 1), bootstrap_timeout_s=None,
+           before_unlock=before_unlock)  # fmt: skip
+    with pytest.raises(ConfigError):  # another spec for the same name: refused
+        api.up(state, tmp_path, ClusterSpec("c1", "fake", 3), bootstrap_timeout_s=None,
+               before_unlock=before_unlock)  # fmt: skip
+    assert len(holders) == 2
+    assert None not in holders, "held (by this process) when it ran"
+    assert locks.holder(tmp_path, "c1") is None, "and the lock is free after"
+    assert api.down(state, tmp_path, "c1")
