@@ -29,14 +29,15 @@ from cloudtrain.executors.base import Executor
 from cloudtrain.jobs.attempts import JobSpec
 from cloudtrain.jobs.coordinator import OnLine, run_setup, sync_workdir
 from cloudtrain.model import Event, NodeInfo
+from cloudtrain.node.bootstrap import ALL_PHASES
 
 __all__ = ["AFTER", "Stager"]
 
 log = logging.getLogger(__name__)
 
 #: The bootstrap phases that come after torch is in the node's Python: a node that reports
-#: one of them (or that it is ready) can take the workdir and run the setup.
-AFTER = ("nccl", "verify")
+#: one of them (or that it is ready) can run the setup.
+AFTER = ALL_PHASES[ALL_PHASES.index("torch") + 1 :]
 
 
 def past_torch(event: Event) -> bool:
