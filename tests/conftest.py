@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -10,6 +11,15 @@ import pytest
 from click.testing import CliRunner, Result
 
 from cloudtrain.cli.main import cli
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """No child of pytest's own outlives the run: multiprocessing joins its children at exit,
+    and one that hangs (a test that timed out while it waited for it) would hold the whole run
+    open past CI's limit instead of failing one test."""
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(5)
 
 
 @pytest.fixture(autouse=True)

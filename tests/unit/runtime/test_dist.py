@@ -5,24 +5,20 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from cloudtrain import runtime
 from cloudtrain.runtime.checkpoint import STAMP
-
-TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+from tests.unit.runtime.ranks import TORCHRUN_ENV, join, run_ranks
 
 
 @pytest.fixture
@@ -99,25 +95,10 @@ def test_helpers_read_torchruns_env_before_init(monkeypatch: pytest.MonkeyPatch)
         runtime.rank()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def worker(rank: int, world: int, port: int, folder: str) -> None:
     """One rank of a real gloo group, set up the way torchrun sets up its workers."""
-    warnings.simplefilter("error")
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    runtime.init(timeout_s=60)
-    runtime.init()
+    join(rank, world, port)
+    runtime.init()  # idempotent
     assert (runtime.rank(), runtime.world_size(), runtime.is_main()) == (rank, world, rank == 0)
     assert dist.get_backend() == "gloo"
 
@@ -168,9 +149,7 @@ def worker(rank: int, world: int, port: int, folder: str) -> None:
 
 def test_two_processes_in_a_real_gloo_group(tmp_path: Path) -> None:
     """The one multi-process unit test: init from torchrun's env, average, barrier, wrap."""
-    mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
-        worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True
-    )
+    run_ranks(worker, 2, str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "rank0", "rank1"]
 
 

@@ -4,18 +4,15 @@ training loop gives the same weights as DDP on the same data."""
 
 from __future__ import annotations
 
-import os
-import warnings
 from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 import cloudtrain.runtime.hvd as hvd
 from cloudtrain import runtime
-from tests.unit.runtime.test_dist import TORCHRUN_ENV, free_port
+from tests.unit.runtime.ranks import TORCHRUN_ENV, join, run_ranks
 
 
 @pytest.fixture
@@ -58,10 +55,7 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, rank: int, passes: int 
 
 
 def worker(rank: int, world: int, port: int) -> None:
-    warnings.simplefilter("error")
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
+    join(rank, world, port, init=False)
     hvd.init()
     assert (hvd.rank(), hvd.size(), hvd.local_size(), hvd.cross_size()) == (rank, 2, 2, 1)
 
@@ -110,6 +104,4 @@ def worker(rank: int, world: int, port: int) -> None:
 
 
 def test_a_horovod_style_loop_matches_ddp_in_a_real_gloo_group() -> None:
-    mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
-        worker, args=(2, free_port()), nprocs=2, join=True
-    )
+    run_ranks(worker, 2)

@@ -4,20 +4,14 @@ gloo groups, loaded on other world sizes, atomic, and written per node without a
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import os
 import shutil
-import socket
-import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.tensor import DTensor
@@ -26,8 +20,7 @@ from cloudtrain import runtime
 from cloudtrain.errors import CheckpointError
 from cloudtrain.runtime import progress
 from cloudtrain.runtime import sharded as sharded_mod
-
-TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+from tests.unit.runtime.ranks import TORCHRUN_ENV, join, run_ranks
 
 
 @pytest.fixture(autouse=True)
@@ -72,47 +65,6 @@ def test_wrap_uses_the_jobs_strategy_unless_told(monkeypatch: pytest.MonkeyPatch
 
 
 # -- helpers the ranks share ------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def run_ranks(fn: Callable[..., None], world: int, *args: Any, timeout_s: float = 120) -> None:
-    """``fn(rank, world, port, *args)`` in `world` processes; raises what a rank raised.
-
-    The processes are forked from multiprocessing's fork server, a clean process that imported
-    torch and this module once: a rank starts in well under a second instead of importing torch
-    anew (seconds each), and nothing of pytest's process (its threads, its locks) comes along.
-    """
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "cloudtrain.runtime", __name__])  # once, at its start
-    ranks = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
-        fn, args=(world, free_port(), *args), nprocs=world, join=False, start_method="forkserver"
-    )
-    deadline = time.monotonic() + timeout_s
-    while not ranks.join(timeout=max(deadline - time.monotonic(), 0.1)):
-        if time.monotonic() > deadline:
-            for process in ranks.processes:
-                process.kill()
-            pytest.fail(f"{fn.__name__} on {world} ranks did not finish in {timeout_s:g} s")
-
-
-def join(rank: int, world: int, port: int, *, local_rank: int | None = None) -> None:
-    """Become one rank of a real gloo group, set up the way torchrun sets up its workers."""
-    warnings.simplefilter("error")
-    torch.set_num_threads(1)  # ranks share a few cores
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank if local_rank is None else local_rank),
-        WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    runtime.init(timeout_s=60)
 
 
 def tiny(seed: int) -> nn.Module:
@@ -377,7 +329,7 @@ def test_a_model_that_does_not_fit_the_checkpoint_is_a_one_line_error(tmp_path: 
 
 def two_nodes(rank: int, world: int, port: int, base: str) -> None:
     """Rank 0 on node A, rank 1 on node B: one process each, LOCAL_RANK 0 on both."""
-    join(rank, world, port, local_rank=0)
+    join(rank, world, port, one_per_node=True)
     root = Path(base)
     own = root / ("A" if rank == 0 else "B")
     model = runtime.wrap(tiny(0), "fsdp")
