@@ -82,28 +82,31 @@ def init(backend: str | None = None, timeout_s: float = 300) -> None:
     )
 
 
-#: The last barrier of each group `shutdown` ended, kept for the life of the process (see there).
-_last_barriers: list[object] = []
+#: The work of the last gloo barrier `shutdown` waited on (see there).
+_last_barrier: object = None
 
 
 def shutdown() -> None:
     """Leave and destroy the process group, once every rank got here (a rank that tears its
     group down while another is still talking to it can abort the other). Idempotent.
 
-    The barrier's work is kept (`_last_barriers`). Otherwise gloo's worker thread drops the last
-    reference to it, and with it to the works of the last backward pass, which hold the Python
-    context torch's autograd stashed in their thread-local state: freeing that needs the GIL. A
-    DDP model still holds the group, so the group's destructor runs later, when the script frees
-    the model, and it joins that worker thread *with* the GIL held: a process that never exits
-    (seen in about one run in four on 2 busy cores, torch 2.13). Kept here, the work is freed by
-    the interpreter's own exit, on the main thread.
+    Under gloo, the barrier's work is kept until the next `shutdown` (`_last_barrier`).
+    Otherwise gloo's worker thread drops the last reference to it, and with it to the works of
+    the last backward pass, which hold the Python context torch's autograd stashed in their
+    thread-local state: freeing that needs the GIL. A DDP model still holds the group, so the
+    group's destructor runs later, when the script frees the model, and it joins that worker
+    thread *with* the GIL held: a process that never exits (seen in about one run in four on 2
+    busy cores, torch 2.13). Kept here, the work is freed on the main thread. What it keeps
+    alive is the last backward's gradient buckets (CPU memory, 25 MiB each by DDP's default).
     """
+    global _last_barrier
     if dist.is_initialized():
         if dist.get_world_size() > 1:
             work = dist.barrier(async_op=True)
             assert work is not None  # async_op=True: always a work
             work.wait()
-            _last_barriers.append(work)
+            if dist.get_backend() == "gloo":
+                _last_barrier = work
         dist.destroy_process_group()
 
 
