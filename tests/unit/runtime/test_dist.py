@@ -17,6 +17,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from cloudtrain import runtime
+from cloudtrain.runtime import dist as runtime_dist
 from cloudtrain.runtime.checkpoint import STAMP
 from tests.unit.runtime.ranks import TORCHRUN_ENV, join, run_ranks
 
@@ -145,6 +146,11 @@ def worker(rank: int, world: int, port: int, folder: str) -> None:
     assert isinstance(weight.grad, DTensor)  # each rank holds its shard of the mean gradient
     assert torch.allclose(weight.grad.full_tensor(), torch.full((2, 4), 3.0))
     runtime.shutdown()
+    # The gloo barrier's work outlives the group (while `ddp` still holds it): its last
+    # reference is dropped on this thread, never by gloo's with the GIL wanted (dist.shutdown).
+    assert runtime_dist._last_barrier is not None
+    assert not dist.is_initialized()
+    del ddp, sharded  # the group's destructor runs now, and returns
 
 
 def test_two_processes_in_a_real_gloo_group(tmp_path: Path) -> None:
