@@ -14,6 +14,12 @@ report — with a function entrypoint, `run_target`, which torch elastic starts 
 default signal handlers, line-buffered output, a traceback on stderr for an uncaught exception
 (exit 1), ``SystemExit``'s code, and the script's own ``atexit`` handlers (not the agent's).
 
+While it meets the other agents at the rendezvous, the agent imports on a thread what every
+worker would import next (`PRELOAD`: ``torch._dynamo``, which DDP's constructor imports, about
+1.5 s of CPU); each fork waits for that thread, so a worker never inherits a module half
+imported. The script's own imports are not preloaded: a module imported in the agent runs
+before the env contract is set, and may start threads that a fork would not carry.
+
 Forking is safe only before CUDA is initialised in the agent (`import torch` does not
 initialise it; nothing here touches it): if it was, the job falls back to ``spawn`` with a
 warning. ``--start-method spawn``, a command (``--no-python``) and torchrun's own
@@ -24,10 +30,12 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import importlib
 import os
 import runpy
 import signal
 import sys
+import threading
 import traceback
 import types
 from collections.abc import Sequence
@@ -36,6 +44,10 @@ from typing import Any
 
 #: The start methods a job may ask for (`JobSpec.start_method`): fork is the default.
 START_METHODS = ("fork", "spawn")
+
+#: What a forked worker would import anyway, imported by its agent during the rendezvous:
+#: DDP's constructor imports ``torch._dynamo`` (about 1.5 s of CPU; it touches no device).
+PRELOAD = ("torch._dynamo",)
 
 
 def run_target(module: bool, target: str, *args: str) -> None:
@@ -76,6 +88,24 @@ def _run_script(target: str) -> None:
     exec(code, main.__dict__)
 
 
+def _preload(modules: Sequence[str]) -> None:
+    """Import `modules` on a thread of their own while the agent meets the others at the
+    rendezvous; every fork of this process waits for it first, so no worker inherits a module
+    half imported. A module that fails to import is left for the worker, whose own import then
+    fails in its log."""
+
+    def load() -> None:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except BaseException:  # even SystemExit: the worker meets it again, and reports it
+                continue
+
+    thread = threading.Thread(target=load, name="cloudtrain-preload", daemon=True)
+    thread.start()
+    os.register_at_fork(before=thread.join)
+
+
 def _fork_args(cmd_args: Sequence[str]) -> tuple[bool, str, list[str]]:
     """torchrun's ``[-u, (-m), target, args…]`` as (module, target, args)."""
     rest = list(cmd_args)
@@ -109,6 +139,7 @@ def launch(argv: Sequence[str]) -> Any:
     from torch.distributed.launcher.api import elastic_launch
 
     module, target, rest = _fork_args(cmd_args)
+    _preload(PRELOAD)
     return elastic_launch(config=config, entrypoint=run_target)(module, target, *rest)
 
 

@@ -10,8 +10,13 @@
     runtime.save_sharded(runtime.checkpoint_dir() / "run", model, optimizer)  # FSDP: DCP shards
     runtime.on_preemption(lambda: save_and_stop())   # the cloud's notice, a minute ahead
 
-Importing this package imports torch; ``import cloudtrain`` alone does not.
+Importing this package imports torch; ``import cloudtrain`` alone does not. The sharded
+checkpoints (`save_sharded`, `load_sharded`) load on first use: their module imports torch's
+distributed checkpoint package, about 1 s of CPU that every worker of a DDP job would pay at
+start for nothing.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain.runtime.checkpoint import (
     CheckpointError,
@@ -35,7 +40,21 @@ from cloudtrain.runtime.parallel import STRATEGIES, strategy, wrap
 from cloudtrain.runtime.preemption import on_preemption, preempting
 from cloudtrain.runtime.progress import step
 from cloudtrain.runtime.sampler import BalancedSampler
-from cloudtrain.runtime.sharded import load_sharded, save_sharded
+
+if TYPE_CHECKING:
+    from cloudtrain.runtime.sharded import load_sharded, save_sharded
+
+_LAZY = {"load_sharded", "save_sharded"}
+
+
+def __getattr__(name: str) -> Any:
+    """`load_sharded` and `save_sharded`, imported when first asked for (PEP 562)."""
+    if name in _LAZY:
+        from cloudtrain.runtime import sharded
+
+        return getattr(sharded, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "STRATEGIES",

@@ -120,3 +120,19 @@ def test_exit_codes_and_tracebacks_are_the_scripts(workdir: Path) -> None:
     assert "exitcode  : 3" in forked
     _, spawned = run(workdir, "spawn", "train.py", end="exit")
     assert "exitcode  : 3" in spawned
+
+
+def test_a_forked_worker_inherits_the_agents_preload(workdir: Path) -> None:
+    """DDP's constructor imports ``torch._dynamo``: a forked worker finds it imported, whole,
+    by its agent (`elastic.PRELOAD`); a spawned one starts without it."""
+    (workdir / "preloaded.py").write_text(
+        "import sys\nm = sys.modules.get('torch._dynamo')\n"
+        "ok = m is not None and hasattr(m, 'optimize')\n"
+        "sys.stdout.write(f'PRELOADED {ok}\\n')\n"  # one write: the ranks share a pipe
+    )
+    code, forked = run(workdir, "fork", "preloaded.py")
+    assert code == 0, forked
+    assert forked.count("PRELOADED True") == 2
+    code, spawned = run(workdir, "spawn", "preloaded.py")
+    assert code == 0, spawned
+    assert spawned.count("PRELOADED False") == 2

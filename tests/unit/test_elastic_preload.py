@@ -1,0 +1,61 @@
+"""`elastic._preload`: a fork waits for the preload, so a child never sees a module half
+imported; a module that fails to import is left for the worker; and what the agent preloads
+touches no GPU (forking after CUDA's initialisation would break the workers)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+
+def python(code: str, cwd: Path) -> str:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_fork_waits_for_the_whole_preload_and_a_broken_module_is_skipped(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "broken.py").write_text("raise RuntimeError('broken at import')\n")
+    (tmp_path / "slow.py").write_text("import time\ntime.sleep(0.5)\nDONE = True\n")
+    out = python(
+        """
+        import os, sys
+        sys.path.insert(0, os.getcwd())
+        from cloudtrain.jobs import elastic
+        elastic._preload(["broken", "slow"])
+        pid = os.fork()  # at once: the preload is still asleep in slow's import
+        if pid == 0:
+            print("child sees", sys.modules["slow"].DONE, "broken" in sys.modules, flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        """,
+        tmp_path,
+    )
+    assert out.strip() == "child sees True False"
+
+
+def test_the_preload_touches_no_gpu(tmp_path: Path) -> None:
+    """Every torch.cuda call that could start the driver is watched while PRELOAD imports."""
+    out = python(
+        """
+        import torch
+        from torch import cuda
+        calls = []
+        for name in ("is_available", "device_count", "init", "_lazy_init", "current_device",
+                     "get_device_properties", "get_device_capability", "synchronize",
+                     "mem_get_info", "set_device", "is_bf16_supported"):
+            real = getattr(cuda, name)
+            setattr(cuda, name, lambda *a, _n=name, _r=real, **k: calls.append(_n) or _r(*a, **k))
+        from cloudtrain.jobs import elastic
+        for module in elastic.PRELOAD:
+            __import__(module)
+        print("calls", calls, cuda.is_initialized())
+        """,
+        tmp_path,
+    )
+    assert out.strip() == "calls [] False"
