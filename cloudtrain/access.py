@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import tempfile
 import urllib.parse
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -245,6 +244,8 @@ def caller_cidr(url: str | None = None, timeout_s: float = 3.0) -> str | None:
     """This machine's public address as a /32 (or /128), or None when it cannot be found.
     `url` (default ``$CLOUDTRAIN_PUBLIC_IP_URL`` or checkip.amazonaws.com) answers with the
     address as plain text."""
+    import urllib.request  # here: every `up` imports this module, few ask the address
+
     url = url or os.environ.get("CLOUDTRAIN_PUBLIC_IP_URL") or PUBLIC_IP_URL
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
