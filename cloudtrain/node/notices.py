@@ -24,8 +24,6 @@ import json
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -67,17 +65,19 @@ class Source(Protocol):
     def poll(self) -> Notice | None: ...
 
 
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 def _request(
     url: str, *, headers: dict[str, str], method: str = "GET", timeout: float = 2.0
 ) -> tuple[int, str, dict[str, str]]:
     """(status, body, headers) of one request; a 4xx/5xx answer is a status, not an error.
-    Never through a proxy (``http_proxy`` on a node must not see metadata requests)."""
+    Never through a proxy (``http_proxy`` on a node must not see metadata requests).
+    ``urllib.request`` is imported here: `up` imports this module for its names only."""
+    import urllib.error
+    import urllib.request
+
     req = urllib.request.Request(url, headers=headers, method=method)
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with _DIRECT.open(req, timeout=timeout) as answer:
+        with direct.open(req, timeout=timeout) as answer:
             return answer.status, answer.read().decode(errors="replace"), dict(answer.headers)
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode(errors="replace"), dict(exc.headers or {})

@@ -16,9 +16,6 @@ import json
 import os
 import shlex
 import subprocess
-import urllib.error
-import urllib.parse
-import urllib.request
 
 #: The ways: power the guest off; delete the VM through Azure Resource Manager as itself.
 POWEROFF, ARM_DELETE = "poweroff", "arm"
@@ -48,6 +45,8 @@ def stop(kind: str, metadata: str | None = None, arm: str | None = None) -> str 
 
 
 def _get(url: str, headers: dict[str, str]) -> dict[str, object]:
+    import urllib.request  # here: `up` imports this module for its names, and asks no URL
+
     with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
         found = json.loads(r.read())
     if not isinstance(found, dict):
@@ -56,6 +55,10 @@ def _get(url: str, headers: dict[str, str]) -> dict[str, object]:
 
 
 def _azure_delete(metadata: str, arm: str) -> str | None:
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
     base, flag = metadata.rstrip("/"), {"Metadata": "true"}
     try:
         me = _get(f"{base}/metadata/instance/compute?api-version=2021-02-01&format=json", flag)

@@ -13,8 +13,9 @@ by name so that a user gets a clear answer instead of "unknown provider".
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from functools import cache
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from cloudtrain.errors import ConfigError
 
@@ -54,14 +55,38 @@ def _plugins() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=GROUP) if ep.name not in BUILTIN}
 
 
-def known() -> tuple[str, ...]:
-    """Every provider name a spec may use: built-in, planned and plugins."""
-    return tuple(sorted({*BUILTIN, *PLANNED, *_plugins()}))
+class _Names(Sequence[str]):
+    """Provider names, sorted: the built-in ones, the planned ones if `planned`, and plugins.
+    Asking whether it holds a built-in (or planned) name reads no entry points (importing
+    `importlib.metadata` and scanning every installed distribution cost ≈60 ms of each
+    command's start); listing the names, or asking for another one, does."""
+
+    def __init__(self, planned: bool) -> None:
+        self._planned = PLANNED if planned else ()
+
+    def __contains__(self, name: object) -> bool:
+        return name in BUILTIN or name in self._planned or name in _plugins()
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(sorted({*BUILTIN, *self._planned, *_plugins()}))
 
 
-def available() -> tuple[str, ...]:
-    """The providers that can create clusters in this installation."""
-    return tuple(sorted({*BUILTIN, *_plugins()}))
+def known() -> Sequence[str]:
+    """Every provider name a spec may use: built-in, planned and plugins (read only when a
+    name is not built in, or when they are listed)."""
+    return _Names(planned=True)
+
+
+def available() -> Sequence[str]:
+    """The providers that can create clusters in this installation (plugins read as in
+    `known`)."""
+    return _Names(planned=False)
 
 
 def provider_class(name: str) -> type[Provider]:

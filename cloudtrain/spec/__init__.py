@@ -347,15 +347,19 @@ def validate_num_nodes(value: object, field: str = "num_nodes") -> int:
 ANYWHERE = "any"
 
 
-def validate_provider(value: object, known: Sequence[str], field: str = "provider") -> str:
-    """`value` if it is one of the `known` provider names."""
-    if not isinstance(value, str) or value not in known:
-        shown = value if isinstance(value, str) else repr(value)
-        hint = suggest(value, known) if isinstance(value, str) else ""
-        raise SpecError(
-            field, f"{field} {shown!r} is not a known provider{hint}; known: {', '.join(known)}"
-        )
-    return value
+def validate_provider(
+    value: object, known: Sequence[str], field: str = "provider", also: Sequence[str] = ()
+) -> str:
+    """`value` if it is one of the `known` provider names or `also` (asked by membership
+    first: the registry lists its plugins only when it must)."""
+    if isinstance(value, str) and (value in also or value in known):
+        return value
+    names = [*known, *also]
+    shown = value if isinstance(value, str) else repr(value)
+    hint = suggest(value, names) if isinstance(value, str) else ""
+    raise SpecError(
+        field, f"{field} {shown!r} is not a known provider{hint}; known: {', '.join(names)}"
+    )
 
 
 def _opt_str(data: Mapping[str, Any], key: str, field: str) -> str | None:
@@ -448,7 +452,9 @@ def task_from_dict(
         )
     name = validate_name(data.get("name"))
     asked = data.get("provider")
-    provider = None if asked is None else validate_provider(asked, (*known.providers, ANYWHERE))
+    provider = None
+    if asked is not None:
+        provider = validate_provider(asked, known.providers, also=(ANYWHERE,))
     raw_nodes = data.get("num_nodes", 1)
     min_nodes = None
     if isinstance(raw_nodes, str) and ":" in raw_nodes:

@@ -48,3 +48,19 @@ def test_the_package_declares_its_providers_as_entry_points() -> None:
     names = {ep.name: ep.value for ep in entry_points(group=registry.GROUP)}
     assert names["local"] == registry.BUILTIN["local"]
     assert names["fake"] == registry.BUILTIN["fake"]
+
+
+def test_a_built_in_name_is_known_without_reading_entry_points(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every `up` validates its provider: a built-in one must not cost the entry-point scan."""
+
+    def scan() -> dict[str, str]:
+        raise AssertionError("entry points read for a built-in name")
+
+    monkeypatch.setattr(registry, "_plugins", scan)
+    assert "aws" in registry.known()
+    assert validate_provider("local", registry.known()) == "local"
+    monkeypatch.setattr(registry, "_plugins", lambda: {"mycloud": "x:Y"})
+    assert "mycloud" in registry.known()
+    assert list(registry.known()) == sorted({*registry.BUILTIN, *registry.PLANNED, "mycloud"})
