@@ -130,7 +130,8 @@ def main() -> None:
     # As a wheel's install leaves it: cloudtrain's modules compiled once (the bare side's
     # boto3 was, by pip). A checkout run with PYTHONDONTWRITEBYTECODE (or read-only) would
     # charge every `up` with compiling ≈45 of them from source, ≈0.07 s.
-    compileall.compile_dir(REPO / "cloudtrain", quiet=1)
+    for package in ("cloudtrain", "providers"):  # providers/ is cloudtrain.providers
+        compileall.compile_dir(REPO / package, quiet=1)
     regions = sorted({r.region for r in catalog.load().rows if r.provider == "aws"})
     app = TimedApp()
     with StandIn(app) as aws, tempfile.TemporaryDirectory(prefix="cloudtrain-bench-") as tmp:
