@@ -101,9 +101,13 @@ def _preload(modules: Sequence[str]) -> None:
             except BaseException:  # even SystemExit: the worker meets it again, and reports it
                 continue
 
+    def wait() -> None:  # a fork made by the preload itself (an import's subprocess) goes on
+        if threading.current_thread() is not thread:
+            thread.join()
+
     thread = threading.Thread(target=load, name="cloudtrain-preload", daemon=True)
     thread.start()
-    os.register_at_fork(before=thread.join)
+    os.register_at_fork(before=wait)
 
 
 def _fork_args(cmd_args: Sequence[str]) -> tuple[bool, str, list[str]]:

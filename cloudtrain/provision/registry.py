@@ -65,6 +65,8 @@ class _Names(Sequence[str]):
         self._planned = PLANNED if planned else ()
 
     def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):  # a YAML list or number: no name, and unhashable
+            return False
         return name in BUILTIN or name in self._planned or name in _plugins()
 
     def __getitem__(self, index: Any) -> Any:

@@ -11,9 +11,12 @@ from pathlib import Path
 
 
 def python(code: str, cwd: Path) -> str:
+    """`code`'s output; it must exit 0 and write nothing on stderr (a fork hook's error is
+    only printed, as "Exception ignored in…")."""
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
     return done.stdout
 
 
@@ -59,3 +62,24 @@ def test_the_preload_touches_no_gpu(tmp_path: Path) -> None:
         tmp_path,
     )
     assert out.strip() == "calls [] False"
+
+
+def test_a_fork_made_by_the_preload_itself_does_not_wait_for_itself(tmp_path: Path) -> None:
+    (tmp_path / "forks.py").write_text(
+        "import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\nDONE = 1\n"
+    )
+    out = python(
+        """
+        import os, sys
+        sys.path.insert(0, os.getcwd())
+        from cloudtrain.jobs import elastic
+        elastic._preload(["forks"])
+        pid = os.fork()
+        if pid == 0:
+            print("child sees", sys.modules["forks"].DONE, flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        """,
+        tmp_path,
+    )
+    assert out.strip() == "child sees 1"

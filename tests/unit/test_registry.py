@@ -64,3 +64,8 @@ def test_a_built_in_name_is_known_without_reading_entry_points(
     monkeypatch.setattr(registry, "_plugins", lambda: {"mycloud": "x:Y"})
     assert "mycloud" in registry.known()
     assert list(registry.known()) == sorted({*registry.BUILTIN, *registry.PLANNED, "mycloud"})
+
+
+def test_a_value_that_is_no_name_is_not_known() -> None:
+    assert [1] not in registry.known()
+    assert None not in registry.available()
