@@ -8,7 +8,9 @@ Each round runs `examples/digits_ddp.py` on two local nodes
       CLI process each round: state, workdir sync, the node agent, detached agents, streamed
       logs), whose agents are torchrun itself;
   (c) `cloudtrain train` with its default, fork: torchrun's agent forks workers that inherit
-      its imported torch (`cloudtrain.jobs.elastic`);
+      its imported torch (`cloudtrain.jobs.elastic`), and is itself forked by the node's warm
+      server (`cloudtrain.jobs.warm`), which the first fork job on each node starts at its end:
+      round 1's fork is cold, the next rounds are warm;
   (d) the floor: the script in one plain process (one rank, no rendezvous, no agent);
 in an order that rotates each round, each with a fresh checkpoint folder, after compiling
 cloudtrain's modules as pip does at install. It prints medians of

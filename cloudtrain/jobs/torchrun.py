@@ -83,7 +83,7 @@ class Launch:
             # the survivors of a lost node form the next round after this many seconds
             conf += f",last_call_timeout={ELASTIC_LAST_CALL_S}"
         forked = self.start_method == "fork" and self.args[:1] != ["--no-python"]
-        launcher = ["cloudtrain.jobs.elastic", "--start-method", "fork"] if forked else [
+        launcher = ["cloudtrain.jobs.warm", "--start-method", "fork"] if forked else [
             "torch.distributed.run"]  # fmt: skip
         return [
             self.python, "-m", *launcher,

@@ -111,7 +111,7 @@ def test_submit_starts_one_torchrun_agent_per_node_with_the_env_contract(setup: 
         assert call.argv == (
             "python3",
             "-m",
-            "cloudtrain.jobs.elastic",  # torchrun, its workers forked from the agent
+            "cloudtrain.jobs.warm",  # torchrun, its agent warm, its workers forked from it
             "--start-method",
             "fork",
             "--nnodes",

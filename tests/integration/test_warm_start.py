@@ -1,0 +1,197 @@
+"""A job's agent forked by the node's warm server (`cloudtrain.jobs.warm`) is the agent a cold
+start makes: the same script gives the same facts and exit codes through a real server and two
+real ranks; the node finds the job's processes by their environment (and not the client); a
+request the server must not serve (other import-time variables, an environment too large for
+its room) starts cold; and a local cluster's second job is warm, its server gone at `down`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.jobs import warm
+from cloudtrain.node import procs
+from tests.integration.test_fork_start import SCRIPT, facts
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+FIND = """
+import json, os, sys
+from cloudtrain.node import procs
+if __name__ == "__main__":
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    dist.barrier()  # both ranks live while each looks
+    found = procs.find_processes({"CLOUDTRAIN_JOB_ID": os.environ["CLOUDTRAIN_JOB_ID"]})
+    lines = [open(f"/proc/{p}/cmdline", "rb").read().replace(b"\\0", b" ").decode()
+             for p in found]
+    mine = open("/proc/self/environ", "rb").read()
+    sys.stdout.write("FOUND " + json.dumps({"cmdlines": lines, "pid": os.getpid(),
+                     "pids": found, "own": b"CLOUDTRAIN_JOB_ID=job-w" in mine}) + chr(10))
+    sys.stdout.flush()
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Path:
+    root = tmp_path / "node"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text(SCRIPT)
+    (work / "sibling.py").write_text("VALUE = 'next to the script'\n")
+    (work / "find.py").write_text(FIND)
+    return work
+
+
+def job_env(root: Path, **extra: str) -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+            "CLOUDTRAIN_NODE_ROOT": str(root), "CLOUDTRAIN_JOB_ID": "job-w", **extra}  # fmt: skip
+
+
+@pytest.fixture
+def server(node: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The node's warm server, started as a cold job's end starts it, serving."""
+    env = {**job_env(node), warm.PAD_VAR: "." * warm.PAD_BYTES}
+    del env["CLOUDTRAIN_JOB_ID"]
+    warm.folder(node).mkdir(mode=0o700)
+    argv = [sys.executable, "-m", "cloudtrain.jobs.warm", "--serve", str(node)]
+    with subprocess.Popen(argv, env=env, cwd=node, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT) as proc:  # fmt: skip
+        assert proc.stdout is not None
+        assert b"serving on" in proc.stdout.readline()
+        yield proc
+        proc.terminate()
+
+
+def run(workdir: Path, module: str, env: dict[str, str], *target: str) -> tuple[int, str]:
+    flags = ["--standalone", "--nproc-per-node", "2", "--start-method", "fork"]
+    done = subprocess.run([sys.executable, "-m", module, *flags, *target], cwd=workdir,
+                          env=env, capture_output=True, text=True, timeout=180)  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
+def served(server: subprocess.Popen[bytes]) -> str:
+    """What the server said since (it prints a line a request)."""
+    assert server.stdout is not None
+    os.set_blocking(server.stdout.fileno(), False)
+    time.sleep(0.2)
+    return (server.stdout.read() or b"").decode()
+
+
+def test_a_warm_agent_runs_the_job_as_a_cold_one(
+    node: Path, workdir: Path, server: subprocess.Popen[bytes]
+) -> None:
+    env = {**job_env(node), "CLOUDTRAIN_WARM": "0"}
+    code, cold = run(workdir, "cloudtrain.jobs.warm", env, "train.py", "--lr", "0.1")
+    assert code == 0, cold
+    code, hot = run(workdir, "cloudtrain.jobs.warm", job_env(node), "train.py", "--lr", "0.1")
+    assert code == 0, hot
+    said = served(server)
+    assert said.count("forked agent") == 1, said  # the cold one never asked
+    assert facts(hot) == facts(cold)
+    assert hot.count("atexit ran in rank") == 2
+    first = facts(hot)[0]
+    assert first["file"] == str(workdir / "train.py")
+    assert first["path0"] == str(workdir)
+    assert first["sigterm_default"] is True
+
+
+def test_exit_codes_are_the_cold_agents(
+    node: Path, workdir: Path, server: subprocess.Popen[bytes]
+) -> None:
+    code, hot = run(workdir, "cloudtrain.jobs.warm", {**job_env(node), "END": "raise"},
+                    "train.py")  # fmt: skip
+    assert code == 1
+    assert "ValueError: boom from the script" in hot
+    code, hot = run(workdir, "cloudtrain.jobs.warm", {**job_env(node), "END": "exit"},
+                    "train.py")  # fmt: skip
+    assert code == 1
+    assert "exitcode  : 3" in hot
+    assert served(server).count("forked agent") == 2
+
+
+def test_the_node_finds_the_jobs_processes_and_not_the_client(
+    node: Path, workdir: Path, server: subprocess.Popen[bytes]
+) -> None:
+    code, hot = run(workdir, "cloudtrain.jobs.warm", job_env(node), "find.py")
+    assert code == 0, hot
+    assert "forked agent" in served(server)
+
+    seen = [json.loads(line.split("FOUND ", 1)[1]) for line in hot.splitlines()
+            if "FOUND " in line]  # fmt: skip
+    assert len(seen) == 2
+    assert all(s["own"] for s in seen)
+    pids = {s["pid"] for s in seen}
+    for s in seen:  # each rank finds the other (itself and its agent are its own line)
+        assert pids - {s["pid"]} <= set(s["pids"])
+        assert not [c for c in s["cmdlines"] if "--standalone" in c], s  # never the client
+
+
+def test_a_request_the_server_must_not_serve_starts_cold(
+    node: Path, workdir: Path, server: subprocess.Popen[bytes]
+) -> None:
+    big = {**job_env(node), "BIG": "x" * (warm.PAD_BYTES + 1)}
+    code, out = run(workdir, "cloudtrain.jobs.warm", big, "train.py")
+    assert code == 0, out
+    assert "larger than this server's room" in served(server)
+    assert server.poll() is None  # still serving others
+    other = {**job_env(node), "TORCH_SHOW_CPP_STACKTRACES": "1"}
+    code, out = run(workdir, "cloudtrain.jobs.warm", other, "train.py")
+    assert code == 0, out
+    assert len(facts(out)) == 2
+    assert "import-time variables are not this server's" in served(server)
+    assert server.wait(timeout=30) == 0  # stale: it leaves, and the cold job started another
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (warm.folder(node) / "sock").exists():
+        time.sleep(0.2)
+    assert (warm.folder(node) / "sock").exists()
+    procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node)}, grace_s=5)
+
+
+def test_a_local_clusters_next_job_is_warm_and_down_leaves_no_server(tmp_path: Path) -> None:
+    env = {**os.environ, "CLOUDTRAIN_HOME": str(tmp_path / "home")}
+    cli = [sys.executable, "-m", "cloudtrain.cli"]
+    script = REPO / "examples" / "digits_ddp.py"
+    subprocess.run([*cli, "up", "--name", "w", "--nodes", "2"], env=env, check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    try:
+        for i in range(2):
+            if i:  # the first job's end started each node's server
+                deadline = time.monotonic() + 90
+                socks = list((tmp_path / "home").glob("local/w/node-*/warm/sock"))
+                while time.monotonic() < deadline and len(socks) < 2:
+                    time.sleep(0.2)
+                    socks = list((tmp_path / "home").glob("local/w/node-*/warm/sock"))
+                assert len(socks) == 2
+            done = subprocess.run(
+                [*cli, "train", "-c", "w", str(script), "--", "--epochs", "1",
+                 "--checkpoint-dir", str(tmp_path / f"ckpt{i}")],
+                env=env, capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr
+        logs = list((tmp_path / "home").glob("local/w/node-*/warm/server.log"))
+        assert len(logs) == 2
+        assert all("forked agent" in log.read_text() for log in logs)
+        roots = [str(p.parents[1]) for p in logs]
+    finally:
+        subprocess.run([*cli, "down", "w"], env=env, check=True, capture_output=True,
+                       timeout=300)  # fmt: skip
+    for root in roots:
+        assert procs.find_processes({"CLOUDTRAIN_NODE_ROOT": root}) == []
