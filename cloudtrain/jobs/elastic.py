@@ -38,6 +38,7 @@ import sys
 import threading
 import traceback
 import types
+import uuid
 from collections.abc import Sequence
 from importlib.machinery import SourceFileLoader
 from typing import Any
@@ -59,6 +60,7 @@ def run_target(module: bool, target: str, *args: str) -> None:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)  # as `python -u` (the log follows it live)
     atexit._clear()  # the agent's exit handlers are not this worker's
+    reseed()
     sys.argv = [target, *args]
     try:
         if module:
@@ -72,6 +74,16 @@ def run_target(module: bool, target: str, *args: str) -> None:
         raise
     finally:
         atexit._run_exitfuncs()  # the fork's child ends with os._exit, which runs none
+
+
+def reseed() -> None:
+    """Give this fork numpy's global random state of its own, from the OS, as a new
+    interpreter has: the agent's preload imports ``numpy.random``, and every fork would draw
+    the same numbers (Python's `random` is reseeded by `os.fork` itself; torch's default
+    generator starts from the same seed in every process anyway)."""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
 
 
 def _run_script(target: str) -> None:
@@ -137,14 +149,26 @@ def launch(argv: Sequence[str]) -> Any:
         args.start_method = "spawn"
     if args.start_method != "fork" or args.no_python or args.run_path:
         return torchrun.run(args)
-    if args.master_port is None:  # as torchrun's `run` sets it (the static backend's only)
-        args.master_port = 29500
+    _rendezvous_defaults(torchrun, args)
     config, _, cmd_args = torchrun.config_from_args(args)
     from torch.distributed.launcher.api import elastic_launch
 
     module, target, rest = _fork_args(cmd_args)
     _preload(PRELOAD)
     return elastic_launch(config=config, entrypoint=run_target)(module, target, *rest)
+
+
+def _rendezvous_defaults(torchrun: Any, args: Any) -> None:
+    """What torchrun's `run` decides before it builds its config, which a fork job builds
+    itself: ``--standalone`` (and a one-node job with no rendezvous named) is a c10d
+    rendezvous on a free local port, with an id of its own; the static backend's default
+    port is 29500."""
+    single = args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None
+    if args.standalone or (single and torchrun.parse_min_max_nnodes(args.nnodes)[1] == 1):
+        args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
+        args.rdzv_id = str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -108,16 +108,17 @@ def _environ_region() -> tuple[int, int]:
     return int(fields[47]), int(fields[48])  # fields 50 and 51 of proc(5); 3 is fields[0]
 
 
-def _rename_in_place(names: Sequence[str]) -> None:
-    """Change the first letter of each of `names` to ``_`` in this process's initial
-    environment memory: scans by ``/proc/PID/environ`` no longer match this process, and no
-    string moves (the C library's pointers into that memory stay valid)."""
+def _set_first_letter(names: Sequence[str], old: str, new: str) -> None:
+    """Change the first letter of each of `names` from `old` to `new` in this process's
+    initial environment memory: ``_LOUDTRAIN_JOB_ID`` no longer matches a scan of
+    ``/proc/PID/environ``, and no string moves (the C library's pointers into that memory
+    stay valid)."""
     start, end = _environ_region()
     block = b"\0" + ctypes.string_at(start, end - start)
     for name in names:
-        at = block.find(b"\0" + f"{name}=".encode())  # its offset in the region itself
+        at = block.find(b"\0" + (old + name[1:] + "=").encode())  # its offset in the region
         if at >= 0:
-            ctypes.memset(start + at, ord("_"), 1)
+            ctypes.memset(start + at, ord(new), 1)
 
 
 # -- the client ------------------------------------------------------------------------------
@@ -142,12 +143,53 @@ def main(argv: Sequence[str] | None = None) -> None:
             start(Path(root), env)
 
 
+#: What the client passes on to the agent.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
 def ask(root: Path, argv: Sequence[str]) -> int | None:
     """Have the node's server fork the agent for `argv`, and wait for it: its exit status
     (negative: killed by that signal), or None when no server took the request."""
     path = folder(root) / "sock"
     if len(os.fsencode(path)) > _UNIX_PATH_MAX or not path.exists():
         return None
+    # From the request on, the agent is the job's process, not this one: a stop finds it, and
+    # this process passes on a signal it gets (held until the agent's pid is known).
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    _set_first_letter(MARKERS, "C", "_")
+    try:
+        conn, reader, pid = _request(path, argv)
+    except _NotServed:
+        _set_first_letter(MARKERS, "_", "C")
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+        return None
+
+    def forward(signum: int, frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+    with conn, reader:
+        try:
+            line = reader.readline()
+        except OSError:
+            line = b""
+    try:
+        return int(json.loads(line)["status"])
+    except (ValueError, KeyError, TypeError):
+        print(f"cloudtrain: the warm agent's server went away while it ran (pid {pid}); "
+              "its exit status is unknown", file=sys.stderr, flush=True)  # fmt: skip
+        return 1
+
+
+class _NotServed(Exception):
+    pass
+
+
+def _request(path: Path, argv: Sequence[str]) -> tuple[socket.socket, Any, int]:
+    """Send the request: (the connection, its reader, the agent's pid)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(str(path))
@@ -157,35 +199,18 @@ def ask(root: Path, argv: Sequence[str]) -> int | None:
                    "umask": mask, "key": fingerprint(os.environ)}  # fmt: skip
         data = json.dumps(request).encode() + b"\n"
         socket.send_fds(conn, [data[:65536]], [0, 1, 2])
-        if len(data) > 65536:
-            conn.sendall(data[65536:])
+        conn.sendall(data[65536:])
         reader = conn.makefile("rb")
         reply = json.loads(reader.readline() or b"{}")
     except (OSError, ValueError):
         conn.close()
-        return None
-    pid = reply.get("pid")
+        raise _NotServed from None
+    pid = reply.get("pid") if isinstance(reply, dict) else None
     if not isinstance(pid, int):
+        reader.close()
         conn.close()
-        return None
-    _rename_in_place(MARKERS)  # the agent is the job's process now, not this one
-
-    def forward(signum: int, frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
-
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(signum, forward)
-    try:
-        line = reader.readline()
-    except OSError:
-        line = b""
-    try:
-        return int(json.loads(line)["status"])
-    except (ValueError, KeyError, TypeError):
-        print(f"cloudtrain: the warm agent's server went away while it ran (pid {pid}); "
-              "its exit status is unknown", file=sys.stderr, flush=True)  # fmt: skip
-        return 1
+        raise _NotServed
+    return conn, reader, pid
 
 
 def _exit_as(status: int) -> None:
@@ -293,7 +318,10 @@ class _Server:
                     os.read(self.waker_r, 512)
             if not serving or self.listener.fileno() not in ready:
                 continue
-            conn, _ = self.listener.accept()
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:  # out of descriptors for a moment: the client starts cold
+                continue
             last = time.monotonic()
             try:
                 pid = _handle(conn, self.key, self.added, self.close_in_fork)
@@ -401,12 +429,15 @@ def _handle(conn: socket.socket, key: str, added: Mapping[str, str],
             try:
                 close_server()
                 _become(request, fds, env, argv)
+            except BaseException:  # on the job's stderr once its streams are the job's
+                traceback.print_exc()
             finally:
                 os._exit(1)
     finally:
         for fd in fds:
             os.close(fd)
-    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    with contextlib.suppress(OSError):  # a client gone: the agent runs on, and is reaped
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     return pid
 
 
@@ -432,11 +463,18 @@ def _become(request: Mapping[str, Any], fds: Sequence[int], env: Mapping[str, st
 
     sys.argv = [elastic.__file__, *argv]
     sys.path[0] = os.getcwd()
-    os._exit(_run(lambda: elastic.main(list(argv))))
+    elastic.reseed()
+    code = _status(lambda: elastic.main(list(argv)))
+    threading._shutdown()  # type: ignore[attr-defined]  # as the interpreter ends: threads,
+    atexit._run_exitfuncs()  # then exit handlers (a fork's os._exit runs none)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
-def _run(body: Callable[[], object]) -> int:
-    """`body`'s exit status as the interpreter would give it, after its exit handlers."""
+def _status(body: Callable[[], object]) -> int:
+    """`body`'s exit status as the interpreter would give it."""
     code = 0
     try:
         body()
@@ -454,11 +492,6 @@ def _run(body: Callable[[], object]) -> int:
     except BaseException:
         traceback.print_exc()
         code = 1
-    threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
     return code & 0xFF
 
 

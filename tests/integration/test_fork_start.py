@@ -136,3 +136,32 @@ def test_a_forked_worker_inherits_the_agents_preload(workdir: Path) -> None:
     code, spawned = run(workdir, "spawn", "preloaded.py")
     assert code == 0, spawned
     assert spawned.count("PRELOADED False") == 2
+
+
+def test_each_forked_worker_draws_its_own_random_numbers(workdir: Path) -> None:
+    """The agent's preload imports ``numpy.random``: a fork would share its global state, where
+    a new interpreter (spawn) draws from the OS. Each forked rank draws its own numbers."""
+    (workdir / "draw.py").write_text(
+        "import random, sys\nimport numpy as np\n"
+        "sys.stdout.write(f'DRAW {np.random.rand()} {random.random()}\\n')\n"
+    )
+    code, forked = run(workdir, "fork", "draw.py")
+    assert code == 0, forked
+    draws = [line.split("DRAW ", 1)[1] for line in forked.splitlines() if "DRAW " in line]
+    assert len(draws) == 2
+    numpy_draws = {d.split()[0] for d in draws}
+    python_draws = {d.split()[1] for d in draws}
+    assert len(numpy_draws) == 2, draws
+    assert len(python_draws) == 2, draws
+
+
+def test_two_standalone_fork_jobs_at_once_each_rendezvous_on_their_own(workdir: Path) -> None:
+    """``--standalone`` is a c10d rendezvous on a free port, as torchrun's `run` makes it;
+    a fork job builds its config itself and must not fall back to the static port 29500."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda _: run(workdir, "fork", "train.py"), range(2)))
+    for code, out in done:
+        assert code == 0, out
+        assert len(facts(out)) == 2

@@ -195,3 +195,58 @@ def test_a_local_clusters_next_job_is_warm_and_down_leaves_no_server(tmp_path: P
                        timeout=300)  # fmt: skip
     for root in roots:
         assert procs.find_processes({"CLOUDTRAIN_NODE_ROOT": root}) == []
+
+
+SLOW = """
+import os, sys, time
+if __name__ == "__main__":
+    sys.stdout.write(f"TICK {os.environ['RANK']}\\n")
+    sys.stdout.flush()
+    time.sleep(120)
+"""
+
+
+def stopped(workdir: Path, env: dict[str, str]) -> tuple[int, str]:
+    """The exit status of a job stopped as the node stops one: every process found by its
+    ``CLOUDTRAIN_JOB_ID`` TERMed (then KILLed), once both ranks run."""
+    argv = [sys.executable, "-m", "cloudtrain.jobs.warm", "--standalone", "--nproc-per-node",
+            "2", "--start-method", "fork", "slow.py"]  # fmt: skip
+    with subprocess.Popen(argv, cwd=workdir, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as proc:  # fmt: skip
+        assert proc.stdout is not None
+        ticks = 0
+        for line in proc.stdout:
+            ticks += "TICK " in line
+            if ticks == 2:
+                break
+        counts = procs.kill_matching({"CLOUDTRAIN_JOB_ID": env["CLOUDTRAIN_JOB_ID"]}, grace_s=20)
+        rest = proc.stdout.read()
+        code = proc.wait(timeout=60)
+    assert counts["killed"] == 0, rest  # each process ended on the one TERM
+    assert procs.find_processes({"CLOUDTRAIN_JOB_ID": env["CLOUDTRAIN_JOB_ID"]}) == []
+    return code, rest
+
+
+def test_a_stopped_warm_job_ends_as_a_cold_one(
+    node: Path, workdir: Path, server: subprocess.Popen[bytes]
+) -> None:
+    (workdir / "slow.py").write_text(SLOW)
+    cold_code, _ = stopped(workdir, {**job_env(node), "CLOUDTRAIN_WARM": "0"})
+    warm_code, out = stopped(workdir, job_env(node))
+    assert "forked agent" in served(server)
+    assert warm_code == cold_code, out
+    assert warm_code != 0
+
+
+def test_two_jobs_at_once_are_both_served(
+    node: Path, workdir: Path, server: subprocess.Popen[bytes]
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    envs = [job_env(node, CLOUDTRAIN_JOB_ID=f"job-{i}") for i in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda e: run(workdir, "cloudtrain.jobs.warm", e, "train.py"), envs))
+    for code, out in done:
+        assert code == 0, out
+        assert len(facts(out)) == 2
+    assert served(server).count("forked agent") == 2
