@@ -428,7 +428,7 @@ def _handle(conn: socket.socket, key: str, added: Mapping[str, str],
         if pid == 0:
             try:
                 close_server()
-                _become(request, fds, env, argv)
+                _become(conn, request, fds, env, argv)
             except BaseException:  # on the job's stderr once its streams are the job's
                 traceback.print_exc()
             finally:
@@ -441,10 +441,11 @@ def _handle(conn: socket.socket, key: str, added: Mapping[str, str],
     return pid
 
 
-def _become(request: Mapping[str, Any], fds: Sequence[int], env: Mapping[str, str],
-            argv: Sequence[str]) -> None:  # fmt: skip
+def _become(conn: socket.socket, request: Mapping[str, Any], fds: Sequence[int],
+            env: Mapping[str, str], argv: Sequence[str]) -> None:  # fmt: skip
     """In the fork: turn into the cold agent `python -m cloudtrain.jobs.elastic ARGV` would
-    be, run it, and exit with its status. Never returns."""
+    be, run it, and exit with its status, which it also tells its client itself (the server
+    tells it again, and alone when a signal ended the agent). Never returns."""
     os.setsid()
     signal.set_wakeup_fd(-1)
     for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
@@ -470,6 +471,8 @@ def _become(request: Mapping[str, Any], fds: Sequence[int], env: Mapping[str, st
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    with contextlib.suppress(OSError):  # the client takes the first status it reads
+        conn.sendall(json.dumps({"status": code}).encode() + b"\n")
     os._exit(code)
 
 

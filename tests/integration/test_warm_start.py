@@ -250,3 +250,34 @@ def test_two_jobs_at_once_are_both_served(
         assert code == 0, out
         assert len(facts(out)) == 2
     assert served(server).count("forked agent") == 2
+
+
+def test_a_job_whose_server_dies_under_it_still_ends_with_its_own_status(
+    node: Path, workdir: Path, server: subprocess.Popen[bytes]
+) -> None:
+    (workdir / "orphan.py").write_text(
+        "import os, signal, sys\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    stat = open(f'/proc/{os.getppid()}/stat').read().rsplit(')', 1)[1].split()\n"
+        "    sys.stdout.write(f'AGENT OF {stat[1]}\\n')\n"  # the agent's parent
+        "    sys.stdout.flush()\n"
+        "    os.kill(int(os.environ['SERVER']), signal.SIGKILL)\n"
+        "sys.exit(int(os.environ['CODE']))\n"
+    )
+    for code in (0, 3):
+        env = job_env(node, SERVER=str(server.pid), CODE=str(code))
+        if code:  # the first run killed it: a new one, started by hand as the fixture does
+            (warm.folder(node) / "sock").unlink()
+            server = subprocess.Popen(
+                [sys.executable, "-m", "cloudtrain.jobs.warm", "--serve", str(node)],
+                env={**job_env(node), warm.PAD_VAR: "." * warm.PAD_BYTES}, cwd=node,
+                stdout=subprocess.DEVNULL,
+            )  # fmt: skip
+            while not (warm.folder(node) / "sock").exists():
+                time.sleep(0.1)
+            env["SERVER"] = str(server.pid)
+        got, out = run(workdir, "cloudtrain.jobs.warm", env, "orphan.py")
+        assert server.wait(timeout=30) == -9
+        assert f"AGENT OF {server.pid}" in out  # warm: the server forked the agent
+        assert got == (1 if code else 0), out  # torchrun's agent: 1 when a worker failed
+        assert "went away" not in out
