@@ -128,9 +128,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--serve"]:
         sys.exit(serve(Path(args[1])))
-    root = os.environ.get("CLOUDTRAIN_NODE_ROOT")
-    wanted = root is not None and os.environ.get(SWITCH, "1") != "0"
-    status = ask(Path(root), args) if wanted and root is not None else None
+    named = os.environ.get("CLOUDTRAIN_NODE_ROOT")
+    root = Path(named) if named and os.environ.get(SWITCH, "1") != "0" else None
+    status = ask(root, args) if root is not None else None
     if status is not None:
         _exit_as(status)
     from cloudtrain.jobs import elastic
@@ -139,8 +139,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         elastic.main(args)  # cold: this process is the agent
     finally:
-        if wanted and root is not None:
-            start(Path(root), env)
+        if root is not None:
+            start(root, env)
 
 
 #: What the client passes on to the agent.
