@@ -20,6 +20,9 @@ worker would import next (`PRELOAD`: ``torch._dynamo``, which DDP's constructor 
 imported. The script's own imports are not preloaded: a module imported in the agent runs
 before the env contract is set, and may start threads that a fork would not carry.
 
+The coordinator starts it through `cloudtrain.jobs.warm`, whose node server forks this agent
+with torch already imported (or which runs it in its own process when there is none).
+
 Forking is safe only before CUDA is initialised in the agent (`import torch` does not
 initialise it; nothing here touches it): if it was, the job falls back to ``spawn`` with a
 warning. ``--start-method spawn``, a command (``--no-python``) and torchrun's own

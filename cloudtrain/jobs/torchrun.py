@@ -1,7 +1,8 @@
 """What cloudtrain knows about torchrun: the command for one node, and reading its failures.
 
 The command is the documented torchrun interface (``python -m torch.distributed.run``, or the
-same flags to `cloudtrain.jobs.elastic`, torchrun with workers forked from its agent) with the
+same flags to `cloudtrain.jobs.warm`: `cloudtrain.jobs.elastic`, torchrun with workers forked
+from its agent, the agent itself forked by the node's warm server when it has one) with the
 c10d rendezvous hosted by the head node's agent, through cloudtrain's backend
 (`cloudtrain.jobs.rendezvous`), whose stores listen on the head's private address only.
 `--rdzv-conf is_host=` and `--local-addr` are given explicitly: agents that share a hostname
@@ -72,7 +73,8 @@ class Launch:
     #: an elastic job goes on while this many nodes are left (torchrun's ``--nnodes MIN:MAX``)
     min_nodes: int | None = None
     #: how the workers start: ``fork`` from the agent, which imported torch already
-    #: (`cloudtrain.jobs.elastic`), or ``spawn``, new interpreters (torchrun itself)
+    #: (`cloudtrain.jobs.elastic`, through `cloudtrain.jobs.warm`), or ``spawn``, new
+    #: interpreters (torchrun itself)
     start_method: str = "fork"
 
     def argv(self) -> list[str]:
