@@ -136,10 +136,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cloudtrain.jobs import elastic
 
     env = dict(os.environ)  # the job's, before torch elastic adds its own
+    stopped = False  # a job stopped by a signal (a cancel, a teardown) starts no server
     try:
         elastic.main(args)  # cold: this process is the agent
+    except BaseException as exc:
+        stopped = isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "SignalException"
+        raise
     finally:
-        if root is not None:
+        if root is not None and not stopped:
             start(root, env)
 
 

@@ -281,3 +281,18 @@ def test_a_job_whose_server_dies_under_it_still_ends_with_its_own_status(
         assert f"AGENT OF {server.pid}" in out  # warm: the server forked the agent
         assert got == (1 if code else 0), out  # torchrun's agent: 1 when a worker failed
         assert "went away" not in out
+
+
+def test_a_cold_job_stopped_by_a_signal_starts_no_server(node: Path, workdir: Path) -> None:
+    """A stop (a cancel, `down`) must not leave a server behind that it did not find."""
+    (workdir / "slow.py").write_text(SLOW)
+    code, out = stopped(workdir, job_env(node))
+    assert code != 0, out
+    assert not (warm.folder(node) / "sock").exists()
+    assert procs.find_processes({"CLOUDTRAIN_NODE_ROOT": str(node)}) == []
+    # a job that ends on its own does start one, for the next job
+    code, out = run(workdir, "cloudtrain.jobs.warm", job_env(node), "train.py")
+    assert code == 0, out
+    servers = procs.find_processes({"CLOUDTRAIN_NODE_ROOT": str(node)})
+    assert len(servers) == 1
+    procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node)}, grace_s=5)
