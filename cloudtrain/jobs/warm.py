@@ -11,11 +11,11 @@ the client asks the node's server (``<root>/warm/sock``; ``<root>`` is the job's
 ``CLOUDTRAIN_NODE_ROOT``) for an agent: the server forks one with its standard streams, its
 folder, umask, environment and arguments, and the client waits for it and exits as it did
 (a signal it gets it passes on). With no server that answers, the client is the agent itself,
-as ``python -m cloudtrain.jobs.elastic`` (cold), and when that job ends it starts a server
-detached, for the node's next job. So the first fork job on a node is cold and the next are
-warm, for as long as the server lives: until the node's teardown (it carries
-``CLOUDTRAIN_NODE_ROOT``, and is stopped with the node's processes), its folder is gone, or
-`IDLE_S` without a request.
+as ``python -m cloudtrain.jobs.elastic`` (cold), and when that job ends (not when a signal
+stopped it: a cancel, a teardown) it starts a server detached, for the node's next job. So
+the first fork job on a node is cold and the next are warm, for as long as the server lives:
+until the node's teardown (it carries ``CLOUDTRAIN_NODE_ROOT``, and is stopped with the node's
+processes), its folder is gone, or `IDLE_S` without a request.
 
 A forked agent must be the process a cold start would have made:
 
@@ -32,6 +32,9 @@ A forked agent must be the process a cold start would have made:
   cold and starts a new server when it ends.
 - The client hides itself from those scans (it renames its own ``CLOUDTRAIN_JOB_ID`` and
   ``CLOUDTRAIN_NODE_ROOT`` in place): a stop signals the agent once, as it would a cold one.
+- The exit status is the agent's: it sends it on the connection it inherited, and the
+  server sends it again when it reaps the agent (alone when a signal killed it), so a job
+  whose server died under it still ends with its own status.
 - Only this user's processes may ask: the socket's folder is 0700 and the server checks the
   peer's uid (``SO_PEERCRED``).
 
