@@ -190,11 +190,11 @@ def _publish_private(folder: Path, private: Path, keygen: str | None) -> str | N
         return public
 
 
-def atomic_write(path: Path, text: str, mode: int) -> None:
+def atomic_write(path: Path, text: str | bytes, mode: int) -> None:
     """Write `path` whole or not at all (a temp file renamed over it)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         os.chmod(tmp, mode)
         os.replace(tmp, path)

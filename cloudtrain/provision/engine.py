@@ -8,8 +8,9 @@ live here once::
       │ warn when SSH is open wider than a /8
       │ holders(cluster)                      a name held by another owner, or by this owner
       │                                       under another cluster id: refuse, nothing made
-      │ describe(cluster, id)                 this incarnation's nodes, from the cloud's tags
-      │                                       (the cluster's SSH keys are made meanwhile)
+      │ describe(cluster, id)                 this incarnation's nodes, from the cloud's tags;
+      │                                       not asked when nobody holds the name (a node
+      │                                       carries it: a new cluster has none)
       │ repair(nodes)                         e.g. Azure deletes VMs whose allocation failed
       │ more nodes than asked                 refuse (a silent second bill is worse than an error)
       │ offers pinned to the existing nodes' region and zone (a half-made cluster is completed
@@ -93,7 +94,9 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def holders(self, cluster: str) -> set[tuple[str, str]]:
         """Who holds the name `cluster` in the account: (owner as tagged, cluster id or ""
-        when untagged) of every live resource that carries it, whoever made it."""
+        when untagged) of every live resource that carries it, whoever made it. Never empty
+        while a node of the name lives (a resource no node can outlive will do): `apply`
+        asks `describe` only when this is not empty."""
 
     @abc.abstractmethod
     def prepare(
@@ -191,15 +194,11 @@ class Engine(abc.ABC):
         elif wide_cidr(spec.ssh_cidr):
             on_event(Event("warning", f"SSH is open to {spec.ssh_cidr}, wider than a "
                                       f"/{WIDEST_QUIET_PREFIX}, as asked"))  # fmt: skip
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(2, thread_name_prefix="cloudtrain-reads") as pool:
-            # two reads at once: who holds the name, and what of the cluster exists (a name
-            # held by another is the error to report, whatever the other read met)
-            held = pool.submit(self.holders, spec.name)
-            described = pool.submit(self.describe, spec.name, spec.cluster_id)
-        self._refuse_held(spec, held.result())
-        found = described.result()
+        held = self.holders(spec.name)
+        self._refuse_held(spec, held)
+        # a node carries the name, so a name nobody holds has no nodes: a new cluster (the
+        # common `up`) asks nothing more; one that exists pays one more round trip
+        found = self.describe(spec.name, spec.cluster_id) if held else []
         keys = bootstrap.NodeKeys.for_cluster(self.home, spec.name)  # nothing made before
         nodes = self.repair(spec, found, on_event)
         if len(nodes) > spec.num_nodes:

@@ -15,6 +15,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cloudtrain.errors import ConfigError
@@ -65,9 +66,17 @@ def import_boto3() -> Any:
 class Clients:
     """boto3 clients per (service, region) from one session; thread-safe."""
 
-    def __init__(self, profile: str | None = None, session: boto3.Session | None = None) -> None:
+    def __init__(
+        self,
+        profile: str | None = None,
+        session: boto3.Session | None = None,
+        *,
+        models: Path | None = None,
+    ) -> None:
         self._profile = profile
         self._session = session
+        #: where botocore's parsed API models are kept (`_models`); None: not kept
+        self._models = models
         self._clients: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
         #: hooks (event name, handler) registered on every client built; tests inject faults
@@ -79,10 +88,28 @@ class Clients:
             from botocore.exceptions import ProfileNotFound
 
             try:
-                self._session = boto3.Session(profile_name=self._profile)
+                self._session = boto3.Session(
+                    profile_name=self._profile, botocore_session=self._botocore_session()
+                )
             except ProfileNotFound as exc:
                 raise ConfigError(f"--profile {self._profile!r}: {exc}") from None
         return self._session
+
+    def _botocore_session(self) -> Any:
+        """botocore's session, its models read through `_models`' cache when one is set
+        (None: boto3 makes its own)."""
+        if self._models is None:
+            return None
+        import botocore.session
+        from botocore.loaders import create_loader
+
+        from cloudtrain.providers.aws import _models
+
+        session = botocore.session.get_session()
+        loader = create_loader(session.get_config_variable("data_path"))
+        loader.file_loader = _models.file_loader(self._models)
+        session.register_component("data_loader", loader)
+        return session
 
     def get(self, service: str, region: str) -> Any:
         """The client of `service` in `region`, built on first use (a bad AWS config file, an

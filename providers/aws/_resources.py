@@ -77,14 +77,12 @@ class Scope:
         return f"{name}-{self.cluster_id}" if self.cluster_id else name
 
 
-def default_vpc(ec2: Any) -> str:
-    vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
-    if not vpcs:
-        raise ProviderError(
-            "aws", "NoDefaultVpc", "this region has no default VPC; create one "
-            "(aws ec2 create-default-vpc) or choose another --region",
-        )  # fmt: skip
-    return str(vpcs[0]["VpcId"])
+def no_default_vpc() -> ProviderError:
+    """What a region with no default VPC answers a group made without a ``VpcId``."""
+    return ProviderError(
+        "aws", "NoDefaultVpc", "this region has no default VPC; create one "
+        "(aws ec2 create-default-vpc) or choose another --region",
+    )  # fmt: skip
 
 
 def default_subnet(ec2: Any, zone: str) -> str:
@@ -109,12 +107,18 @@ def find_security_group(ec2: Any, scope: Scope) -> str | None:
     return str(group["GroupId"]) if group else None
 
 
-def ensure_security_group(ec2: Any, scope: Scope, cidr: str) -> tuple[str, list[str]]:
+def ensure_security_group(
+    ec2: Any, scope: Scope, cidr: str, *, absent: bool = False
+) -> tuple[str, list[str]]:
     """SSH (22/tcp) from `cidr` only; all traffic between members of the group. Idempotent,
     also after a crash between creating the group and adding its rules. The SSH rule follows
     `cidr` when it changed (the caller's address moved): the new one is added before the old
-    is revoked. Returns the group id and what changed, in words."""
-    found = _security_group(ec2, scope)
+    is revoked. Returns the group id and what changed, in words.
+
+    `absent`: no group of the name was seen here a moment ago (`holders`), so the group is
+    created without a look first (two calls on the way to a new cluster's launch, not four);
+    a group made meanwhile is then found by the create's ``InvalidGroup.Duplicate``."""
+    found = None if absent else _security_group(ec2, scope)
     if found and found.get("IpPermissions"):
         return str(found["GroupId"]), _follow(ec2, found, cidr)
     from botocore.exceptions import ClientError
@@ -129,9 +133,11 @@ def ensure_security_group(ec2: Any, scope: Scope, cidr: str) -> tuple[str, list[
 
 
 def _create_group(ec2: Any, scope: Scope, cidr: str) -> str:
-    """Create the group; when another `up` of the same cluster made it a moment ago (its name
-    is unique in the VPC), use that one: both then send the same ``ClientToken``. When another
-    incarnation of the name made it, stop: the name is taken."""
+    """Create the group, in the region's default VPC (no ``VpcId``: EC2 takes the default,
+    and says ``VPCIdNotSpecified`` when there is none); when another `up` of the same cluster
+    made it a moment ago (its name is unique in the VPC), use that one: both then send the
+    same ``ClientToken``. When another incarnation of the name made it, stop: the name is
+    taken."""
     from botocore.exceptions import ClientError
 
     cluster = scope.cluster
@@ -140,11 +146,12 @@ def _create_group(ec2: Any, scope: Scope, cidr: str) -> str:
             ec2.create_security_group(
                 GroupName=resource_name(cluster),
                 Description=f"cloudtrain cluster {cluster}: SSH from {cidr}, all within the group",
-                VpcId=default_vpc(ec2),
                 TagSpecifications=[scope.tag_spec("security-group")],
             )["GroupId"]
         )
     except ClientError as exc:
+        if code_of(exc) == "VPCIdNotSpecified":
+            raise no_default_vpc() from None
         if code_of(exc) != "InvalidGroup.Duplicate":
             raise
         found = _security_group(ec2, scope)
@@ -194,10 +201,11 @@ def rules(group_id: str, cidr: str) -> list[dict[str, Any]]:
     return [ssh, within]
 
 
-def ensure_key_pair(ec2: Any, scope: Scope, public_key: str) -> str:
-    """Import the cluster's public key (made locally; AWS never sees the private half)."""
+def ensure_key_pair(ec2: Any, scope: Scope, public_key: str, *, absent: bool = False) -> str:
+    """Import the cluster's public key (made locally; AWS never sees the private half).
+    `absent` as for `ensure_security_group`: import without a look first."""
     name = scope.key_name
-    if _key_pairs(ec2, scope):
+    if not absent and _key_pairs(ec2, scope):
         return name
     from botocore.exceptions import ClientError
 
@@ -218,15 +226,26 @@ def find_placement_group(ec2: Any, scope: Scope) -> str | None:
     return str(groups[0]["GroupName"]) if groups else None
 
 
-def ensure_placement_group(ec2: Any, scope: Scope) -> str:
-    """A `cluster` placement group: the nodes share a low-latency network segment."""
-    found = find_placement_group(ec2, scope)
+def ensure_placement_group(ec2: Any, scope: Scope, *, absent: bool = False) -> str:
+    """A `cluster` placement group: the nodes share a low-latency network segment. `absent`
+    as for `ensure_security_group`: made without a look first."""
+    found = None if absent else find_placement_group(ec2, scope)
     if found:
         return found
+    from botocore.exceptions import ClientError
+
     name = resource_name(scope.cluster)
-    ec2.create_placement_group(
-        GroupName=name, Strategy="cluster", TagSpecifications=[scope.tag_spec("placement-group")]
-    )
+    try:
+        ec2.create_placement_group(
+            GroupName=name,
+            Strategy="cluster",
+            TagSpecifications=[scope.tag_spec("placement-group")],
+        )
+    except ClientError as exc:  # another `up` of the cluster made it just now
+        if code_of(exc) != "InvalidPlacementGroup.Duplicate" or not find_placement_group(
+            ec2, scope
+        ):
+            raise
     return name
 
 

@@ -10,11 +10,14 @@ move to the next zone, then region, each attempt reported; quota and auth errors
 Every resource is tagged at creation (never in a second call), so a crash at any point leaves
 nothing that `terminate` cannot find by tag.
 
-Fixed costs are kept off the path: the plan's read-only answers (the zones that offer a type,
-the image) are cached on disk for a day per region and caller (`_cache`), and read for every
-region at once when they are not; the per-region resources are made at once (a thread each,
-all finished before an error is raised, so `clean` finds whatever one of them made); `holders`
-and `describe` ask every region at once.
+Fixed costs are kept off the path: botocore's parsed API models are kept on disk (`_models`:
+a client costs half as much); the plan's read-only answers (the zones that offer a type, the
+image) are cached on disk for a day per region and caller (`_cache`), and read for every
+region at once when they are not; `holders` asks every region at once, and where it saw no
+group of the name the per-region resources are created without a look first; they are made at
+once (a thread each, all finished before an error is raised, so `clean` finds whatever one of
+them made), the nodes' UserData rendered meanwhile. A new cluster's `up` makes 8 calls: 3
+`holders`, the group and its rules, the key pair, ``RunInstances`` and one describe.
 
 A node's index comes from its batch tag (see `_instances`), or from a ``cloudtrain:node`` tag
 when one is present.
@@ -125,13 +128,19 @@ class AwsProvider(Engine):
     def __init__(self, context: ProviderContext) -> None:
         opts = context.options
         self.home = context.home
-        self.clients: Clients = opts.get("clients") or Clients(profile=opts.get("profile"))
+        self.clients: Clients = opts.get("clients") or Clients(
+            profile=opts.get("profile"), models=self.home / "cache" / "botocore"
+        )
         self.owner = str(opts.get("owner") or default_owner())
         self._regions: tuple[str, ...] | None = (
             tuple(opts["regions"]) if opts.get("regions") else None
         )
         self.wait_timeout_s = float(opts.get("wait_timeout_s", 900))
         self.poll_s = float(opts.get("poll_s", 2.0))
+        #: (cluster, region) where `holders` saw no group of the name: `prepare` makes its
+        #: resources there without looking first (a hint, never a safety: a create that meets
+        #: one made meanwhile finds it by the duplicate error)
+        self._unheld: set[tuple[str, str]] = set()
 
     # -- plan ---------------------------------------------------------------------------
 
@@ -169,11 +178,11 @@ class AwsProvider(Engine):
             scope=self._scope(spec.name, spec.cluster_id),
             sg=f"<security group cloudtrain-{spec.name}>", subnet="<default subnet>",
             token="<client token>", placement_group="<placement group>",
-            keys=bootstrap.NodeKeys.placeholders(),
+            keys=bootstrap.NodeKeys.placeholders(), boot=b"",
         )  # fmt: skip
-        size = len(request["UserData"])
+        # not rendered here (`prepare` renders it while the cluster's resources are made)
         request["UserData"] = (
-            f"<{size} bytes of cloud-init; `cloudtrain bootstrap render --provider aws --gpus "
+            f"<the nodes' cloud-init; `cloudtrain bootstrap render --provider aws --gpus "
             f"{spec.resources.gpus}` shows it>"
         )
         return [{"RunInstances": request}]
@@ -262,7 +271,12 @@ class AwsProvider(Engine):
         return set().union(*found)
 
     def _holders(self, region: str, cluster: str) -> set[tuple[str, str]]:
-        return res.holders(self.clients.ec2(region), cluster)
+        found = res.holders(self.clients.ec2(region), cluster)
+        if found:
+            self._unheld.discard((cluster, region))
+        else:
+            self._unheld.add((cluster, region))
+        return found
 
     def prepare(
         self, spec: ClusterSpec, offer: Offer, keys: bootstrap.NodeKeys, on_event: OnEvent
@@ -273,12 +287,13 @@ class AwsProvider(Engine):
         engine's `clean` then removes them). The nodes' UserData is rendered meanwhile."""
         scope, ec2 = self._scope(spec.name, spec.cluster_id), self.clients.ec2(offer.region)
         group = spec.num_nodes > 1 and offer.instance_type in res.EFA_INTERFACES
+        absent = (spec.name, offer.region) in self._unheld
         made: list[Callable[[], Any]] = [
-            partial(res.ensure_security_group, ec2, scope, str(spec.ssh_cidr)),
-            partial(res.ensure_key_pair, ec2, scope, keys.user_public),
+            partial(res.ensure_security_group, ec2, scope, str(spec.ssh_cidr), absent=absent),
+            partial(res.ensure_key_pair, ec2, scope, keys.user_public, absent=absent),
         ]
         if group:
-            made.append(partial(res.ensure_placement_group, ec2, scope))
+            made.append(partial(res.ensure_placement_group, ec2, scope, absent=absent))
         calls: list[Callable[[], Any]] = [partial(boot_data, spec, offer, keys)]
         calls += [in_region(offer.region, m) for m in made]
         boot, (group_id, changes), _, *placement = concurrently(calls)

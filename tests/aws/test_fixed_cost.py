@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from cloudtrain.errors import ProviderError
+from cloudtrain import access
+from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.providers.aws._client import Clients
 from cloudtrain.providers.aws.provider import AwsProvider
 from cloudtrain.provision.provider import ProviderContext
@@ -247,3 +248,106 @@ def test_the_provider_imports_no_sdk_and_no_ssh_until_used() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+# -- a new cluster's resources, made without a look first ---------------------------------------
+
+
+def test_a_new_cluster_s_resources_are_made_without_a_look_first(make: Make, aws: StandIn) -> None:
+    """`holders` saw no group of the name: the group, key pair and placement group are created
+    at once (no describe of each, no default VPC read); a second `up` of the complete cluster
+    looks first and creates nothing."""
+    provider = make()
+    plan = provider.plan(a100())
+    since = len(aws.app.calls(service=None))
+    provider.apply(plan)
+    made = [c.action for c in aws.app.calls(service=None)[since:] if c.region == "us-east-1"]
+    assert not {"DescribeVpcs", "DescribeKeyPairs", "DescribePlacementGroups"} & set(made)
+    assert made.count("DescribeSecurityGroups") == 1, "only `holders`' own"
+    assert {"CreateSecurityGroup", "ImportKeyPair", "CreatePlacementGroup"} <= set(made)
+    since = len(aws.app.calls(service=None))
+    make().apply(plan)
+    again = [c.action for c in aws.app.calls(service=None)[since:]]
+    assert not [a for a in again if a.startswith(("Create", "Import", "Run", "Authorize"))]
+    provider.terminate("exp1")
+    everywhere_empty(aws)
+
+
+def made_meanwhile(aws: StandIn, cluster_id: str, home: Path) -> Callable[..., None]:
+    """A ``before-send`` handler for the first CreateSecurityGroup: another `up` of the cluster
+    incarnation `cluster_id` makes its group first (after this one's `holders` saw none), and
+    when it is this one's incarnation, its key pair and placement group too (this one's may be
+    made already: that `up` then finds them)."""
+    done: list[bool] = []
+
+    def handler(**_: Any) -> None:
+        if done:
+            return
+        done.append(True)
+        from cloudtrain.providers.aws import _resources as res
+
+        ec2 = aws.client("ec2", "us-east-1")
+        scope = res.Scope("exp1", "tester", cluster_id)
+        res.ensure_security_group(ec2, scope, CIDR)
+        if cluster_id == a100().cluster_id:
+            res.ensure_key_pair(ec2, scope, access.cluster_key(home, "exp1")[1])
+            res.ensure_placement_group(ec2, scope)
+
+    return handler
+
+
+def test_resources_made_meanwhile_by_the_same_cluster_are_used(
+    make: Make, aws: StandIn, tmp_path: Path
+) -> None:
+    clients = Clients()
+    clients.hooks.append(
+        (
+            "before-send.ec2.CreateSecurityGroup",
+            made_meanwhile(aws, str(a100().cluster_id), tmp_path / "other"),
+        )
+    )
+    provider = make(clients)
+    nodes = provider.apply(provider.plan(a100()))
+    assert len(nodes) == 2
+    ec2 = aws.client("ec2", "us-east-1")
+    named = [{"Name": "group-name", "Values": ["cloudtrain-exp1"]}]
+    assert len(ec2.describe_security_groups(Filters=named)["SecurityGroups"]) == 1
+    assert len(ec2.describe_key_pairs()["KeyPairs"]) == 1
+    assert len(aws.app.calls("RunInstances")) == 1
+    provider.terminate("exp1")
+    everywhere_empty(aws)
+
+
+def test_another_incarnation_s_resources_made_meanwhile_stop_the_up(
+    make: Make, aws: StandIn, tmp_path: Path
+) -> None:
+    """The name was taken between `holders` and the create: the error says so, no instance is
+    asked for, and nothing of this incarnation is left (the other's is its own)."""
+    clients = Clients()
+    clients.hooks.append(
+        (
+            "before-send.ec2.CreateSecurityGroup",
+            made_meanwhile(aws, "feedfeedfeed", tmp_path / "other"),
+        )
+    )
+    provider = make(clients)
+    with pytest.raises(ConfigError, match="taken on aws just now"):
+        provider.apply(provider.plan(a100()))
+    assert not aws.app.calls("RunInstances")
+    make(owner="tester").terminate("exp1", "feedfeedfeed")
+    everywhere_empty(aws)
+
+
+def test_a_region_without_a_default_vpc_says_so_and_leaves_nothing(
+    make: Make, aws: StandIn
+) -> None:
+    """EC2 answers a group made with no ``VpcId`` in a region with no default VPC this way
+    (moto always has one: the answer is injected)."""
+    aws.app.add_fault(
+        "CreateSecurityGroup", "VPCIdNotSpecified", "No default VPC for this user", status=400
+    )
+    provider = make()
+    with pytest.raises(ProviderError, match="no default VPC; create one"):
+        provider.apply(provider.plan(a100()))
+    assert not aws.app.calls("RunInstances")
+    everywhere_empty(aws)

@@ -237,6 +237,22 @@ def test_capabilities_and_executor(harness: Harness) -> None:
     executor.close()
 
 
+def test_while_a_node_lives_its_name_is_held(harness: Harness) -> None:
+    """`apply` asks `describe` only when `holders` is not empty: a node left alone by a
+    crash (the others removed) must still hold the name, so that `apply` completes it."""
+    if not isinstance(harness.provider, Engine):
+        pytest.skip("no `holders`: the nodes are this machine or the user's hosts")
+    prov = harness.provider
+    spec = dataclasses.replace(harness.spec("c1", 2), cluster_id="aaaaaaaaaaaa")
+    assert prov.holders("c1") == set()
+    nodes = prov.apply(prov.plan(spec))
+    harness.remove_node("c1", 0)
+    assert prov.holders("c1") == {(prov.owner_key, "aaaaaaaaaaaa")}
+    again = prov.apply(prov.plan(spec))
+    assert [n.index for n in again] == [0, 1]
+    assert again[1].node_id == nodes[1].node_id
+
+
 def test_a_recorded_incarnation_acts_only_on_itself(harness: Harness) -> None:
     """A cloud on the engine tags everything with the cluster id: a record's id finds and
     removes only its own incarnation, and `apply` of another id of the same owner is refused
