@@ -11,10 +11,12 @@ For each N, against a local AWS stand-in (moto's server behind the shims in test
   (b) the bare boto3 equivalent in a new process: one `run_instances(MinCount=MaxCount=N)` and
       the `instance_running` waiter (2 s delay, cloudtrain's poll interval).
 cloudtrain's plan reads (the zones that offer the type, the image) are cached for a day under
-CLOUDTRAIN_HOME, which the run shares: the first `up` of a run reads them ("cold"), the later
-ones do not ("warm"), as a user's second `up` of the day; `--cold` empties the cache before
-each. (The stand-in is reset between sizes and registers its image anew; moto does not check
-the image id a launch names, so a cached one still launches, as a real cached id would.)
+CLOUDTRAIN_HOME, which the run shares, and so are botocore's parsed models
+(`providers/aws/_models.py`): the first `up` of a run reads the JSON and asks ("cold"), the
+later ones do not ("warm"), as a user's second `up` of the day; `--cold` empties the plan's
+cache before each. (The stand-in is reset between sizes and registers its image anew; moto
+does not check the image id a launch names, so a cached one still launches, as a real cached
+id would.)
 
 With `--repeat K`, each size is measured K times, the two sides taking turns, and a last
 table gives the median of the ratios by size and cache state: on a shared machine one pair
@@ -22,10 +24,10 @@ can be off by 1.5× either way.
 
 moto builds a region's EC2 backend (its default VPC, subnets, groups…) on the first call there
 after a reset, 0.1–0.9 s of the stand-in's time on this machine; real AWS has no such cost.
-cloudtrain looks in every catalog region (whether another owner holds the name, whether the
-cluster exists), the bare call in one, so the bench makes that first call in each of them
-before it starts the clock (the figures before 2026-12-03 charged it to cloudtrain). It also
-compiles cloudtrain's modules first, as pip does at install: a checkout with
+cloudtrain looks in every catalog region (whether anyone holds the name), the bare call in
+one, so the bench makes that first call in each of them before it starts the clock (the
+figures before 2026-12-03 charged it to cloudtrain). It also compiles cloudtrain's modules
+first, as pip does at install: a checkout with
 PYTHONDONTWRITEBYTECODE set (as on the machine that measured before 2026-12-03, late) has no
 bytecode for them, and every `up` compiled ≈45 modules from source.
 
