@@ -77,14 +77,6 @@ class Scope:
         return f"{name}-{self.cluster_id}" if self.cluster_id else name
 
 
-def no_default_vpc() -> ProviderError:
-    """What a region with no default VPC answers a group made without a ``VpcId``."""
-    return ProviderError(
-        "aws", "NoDefaultVpc", "this region has no default VPC; create one "
-        "(aws ec2 create-default-vpc) or choose another --region",
-    )  # fmt: skip
-
-
 def default_subnet(ec2: Any, zone: str) -> str:
     subnets = ec2.describe_subnets(
         Filters=[
@@ -151,7 +143,10 @@ def _create_group(ec2: Any, scope: Scope, cidr: str) -> str:
         )
     except ClientError as exc:
         if code_of(exc) == "VPCIdNotSpecified":
-            raise no_default_vpc() from None
+            raise ProviderError(
+                "aws", "NoDefaultVpc", "this region has no default VPC; create one "
+                "(aws ec2 create-default-vpc) or choose another --region",
+            ) from None  # fmt: skip
         if code_of(exc) != "InvalidGroup.Duplicate":
             raise
         found = _security_group(ec2, scope)
