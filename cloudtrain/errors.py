@@ -7,7 +7,8 @@ CloudtrainError
 ├── ProviderError            a cloud said no (provider, code, retryable)
 │   ├── AuthError            credentials missing or not allowed
 │   ├── QuotaError           an account limit; raising it is the user's move
-│   └── CapacityError        the zone/region has no capacity now; the next may
+│   ├── CapacityError        the zone/region has no capacity now; the next may
+│   └── NodeDataError        what a node sent is refused (more than the bound allows)
 ├── BootstrapError           a node failed a bootstrap phase (node, phase)
 ├── CommandError             a command on a node exited non-zero (returncode, argv, stderr_tail)
 ├── JobError                 a training job failed or was cancelled
@@ -112,6 +113,14 @@ class CapacityError(ProviderError):
 
     def __init__(self, provider: str, code: str, message: str) -> None:
         super().__init__(provider, code, message, retryable=True)
+
+
+class NodeDataError(ProviderError):
+    """What a node sent (a checkpoint, metrics) is refused: more than the bound allows. What
+    came before it stands; nothing of the refused copy is kept."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("node", "Refused", message)
 
 
 class BootstrapError(CloudtrainError):

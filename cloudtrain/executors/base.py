@@ -98,8 +98,10 @@ class Executor(Protocol):
 
     def get(self, remote: str, local: Path) -> bool:
         """Make the local folder `local` a copy of the node's folder `remote`, moving only
-        what changed (nothing is excluded). False, and nothing done, when `remote` is no
-        folder."""
+        what changed. False, and nothing done, when `remote` is no folder. What the node
+        holds is untrusted (`cloudtrain.executors.received`): only regular files and folders
+        arrive, private, never a link or a device; past ``received.limit()`` bytes the copy
+        stops with `NodeDataError`."""
         ...
 
     def close(self) -> None:

@@ -8,7 +8,6 @@ the same small shell wrapper as on remote nodes (`DETACH_SCRIPT`), so a job's fi
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import IO, cast
 
 from cloudtrain.errors import CommandError
+from cloudtrain.executors import received
 from cloudtrain.executors.base import DETACH_SCRIPT, RunResult, sync_listing
 
 
@@ -135,60 +135,34 @@ class LocalExecutor:
     def put(self, local: Path, remote: str, *, excludes: Sequence[str] = ()) -> None:
         target = Path(remote)
         if local.is_file():
-            _copy_if_changed(local, target)
+            _copy(local, target)
             return
-        wanted: set[Path] = set()
+        wanted: set[str] = set()
         for rel, source in sync_listing(local, excludes):
-            wanted.add(rel)
+            wanted.add(rel.as_posix())
             if source is None:
                 (target / rel).mkdir(parents=True, exist_ok=True)
             else:
-                _copy_if_changed(source, target / rel)
-        _remove_stale(target, wanted)
+                _copy(source, target / rel)
+        received.remove_stale(target, wanted)
 
     def get(self, remote: str, local: Path) -> bool:
-        source = Path(remote)
-        if not source.is_dir():
-            return False
-        wanted: set[Path] = set()
-        for dirpath, _, filenames in os.walk(source):
-            rel_dir = Path(dirpath).relative_to(source)
-            (local / rel_dir).mkdir(parents=True, exist_ok=True)
-            wanted.add(rel_dir)
-            for name in filenames:
-                wanted.add(rel_dir / name)
-                _copy_if_changed(Path(dirpath) / name, local / rel_dir / name)
-        _remove_stale(local, wanted)
-        return True
+        """As `Executor.get`, by `received.copy_tree`: what the node's folder holds is
+        untrusted, so only its regular files and folders are copied, never through a link."""
+        return received.copy_tree(Path(remote), local)
 
     def close(self) -> None:
         """Nothing to release."""
 
 
-def _copy_if_changed(src: Path, dst: Path) -> None:
-    """Copy when size or mtime differ (rsync's quick check); keeps the mtime."""
-    st = src.stat()
-    try:
-        dt = dst.stat()
-        if dt.st_size == st.st_size and int(dt.st_mtime) == int(st.st_mtime):
-            return
-    except FileNotFoundError:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-    # a new file in place of the old, as rsync does: a hard link to the old one (a kept
-    # checkpoint snapshot) keeps what it had
-    tmp = dst.with_name(f".{dst.name}.cloudtrain-tmp")
-    shutil.copy2(src, tmp)
-    os.chmod(tmp, stat.S_IMODE(st.st_mode) & 0o700)  # a copy under the home is the user's alone
-    os.replace(tmp, dst)
+_UNBOUNDED = 1 << 62  # the user's own files: no bound but the disk
 
 
-def _remove_stale(target: Path, wanted: set[Path]) -> None:
-    """Delete what the last sync copied and the source no longer has (rsync --delete)."""
-    for dirpath, dirnames, filenames in os.walk(target, topdown=False):
-        rel_dir = Path(dirpath).relative_to(target)
-        for name in filenames:
-            if rel_dir / name not in wanted:
-                (Path(dirpath) / name).unlink()
-        for name in dirnames:
-            if rel_dir / name not in wanted:
-                shutil.rmtree(Path(dirpath) / name, ignore_errors=True)
+def _copy(src: Path, dst: Path) -> None:
+    """`received.copy_if_changed` of the user's own file (a link in the workdir is followed,
+    as the user made it), keeping its owner's mode bits only: the copy is the user's alone."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with src.open("rb") as f:
+        st = os.fstat(f.fileno())
+        mode = stat.S_IMODE(st.st_mode) & 0o700
+        received.copy_if_changed(f, st, dst, budget=_UNBOUNDED, mode=mode)

@@ -20,6 +20,7 @@ import logging
 import os
 import shlex
 import stat
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from cloudtrain import access
 from cloudtrain.errors import CommandError, ConfigError, ProviderError
+from cloudtrain.executors import received
 from cloudtrain.executors.base import (
     DETACH_SCRIPT,
     GITIGNORE_FILTER,
@@ -235,14 +237,25 @@ class SshExecutor:
 
     def get(self, remote: str, local: Path) -> bool:
         """rsync from the node over the same connection (its temp-file-then-rename writes
-        leave hard links to the old files as they were)."""
+        leave hard links to the old files as they were). What the node sends is untrusted
+        (`cloudtrain.executors.received`): regular files and folders only (rsync is asked for
+        no links, devices, owners or modes; what arrives anyway is removed), private, and
+        at most ``received.limit()`` bytes (`NodeDataError`)."""
         if not self.run(["test", "-d", remote]).ok:
             return False
-        local.mkdir(parents=True, exist_ok=True)
+        local.mkdir(mode=0o700, parents=True, exist_ok=True)
+        received.scrub(local)  # a copy made before these rules held may keep a link
         ssh = shlex.join(["ssh", *self._options])
         source = f"{self.target}:{shlex.quote(remote.rstrip('/') + '/')}"
-        argv = ["rsync", "-a", "--delete", "-e", ssh, "--", source, f"{local}/"]
-        self._local.run(argv, timeout=3600).check()
+        argv = ["rsync", "-rt", "--perms", "--chmod=D700,F600", "--delete", "-e", ssh]
+        argv += ["--", source, f"{local}/"]
+        try:
+            code, output = received.run_bounded(argv, local, timeout=3600)
+        except subprocess.TimeoutExpired:
+            raise CommandError(124, argv, "timed out after 3600 s") from None
+        if code != 0:
+            raise CommandError(code, argv, output)
+        received.scrub(local)
         return True
 
     def close(self) -> None:

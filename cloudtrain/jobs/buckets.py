@@ -34,9 +34,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeGuard
 
 from cloudtrain.errors import CheckpointError, ConfigError, ProviderError, one_line
+from cloudtrain.executors import received
 from cloudtrain.spec import parse_bucket_url
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,12 @@ log = logging.getLogger(__name__)
 #: What ends the key of a snapshot's manifest, the object that makes it complete.
 MARKER = ".complete.json"
 _CHUNK = 1 << 20
+#: The most of a manifest read (a snapshot of a million files fits).
+_MANIFEST_MAX = 256 << 20
+
+
+def _count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass(frozen=True)
@@ -142,8 +149,16 @@ class Bucket:
         if not _safe(rel):
             raise CheckpointError(into.parent / name, f"{self}: its manifest names {rel!r}")
         dest = into / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        self._s3().download_file(self.url.bucket, key, str(dest))
+        dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        expected = int(entry["size"])
+        body = self._s3().get_object(Bucket=self.url.bucket, Key=key)["Body"]
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:  # no more than the manifest says, plus one byte
+            while out.tell() <= expected:
+                chunk = body.read(min(_CHUNK, expected + 1 - out.tell()))
+                if not chunk:
+                    break
+                out.write(chunk)
         size, digest = dest.stat().st_size, _digest(dest)
         if (size, digest) != (entry.get("size"), entry.get("sha256")):
             raise CheckpointError(
@@ -250,11 +265,17 @@ class Bucket:
 
     def _manifest(self, job_id: str, name: str) -> dict[str, dict[str, Any]]:
         key = self._key(job_id, name + MARKER)
-        body = self._s3().get_object(Bucket=self.url.bucket, Key=key)["Body"].read()
+        body = self._s3().get_object(Bucket=self.url.bucket, Key=key)["Body"].read(_MANIFEST_MAX)
         try:
             files = json.loads(body)["files"]
             if not isinstance(files, dict):
                 raise TypeError("files is not a mapping")
+            sizes = [e.get("size") if isinstance(e, dict) else None for e in files.values()]
+            total = sum(n for n in sizes if _count(n))
+            if len(sizes) != len([n for n in sizes if _count(n)]):
+                raise TypeError("a file's size is no whole number")
+            if total > received.limit():
+                raise ValueError(f"its files hold {total} bytes, more than the bound allows")
         except (ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(
                 Path(key), f"in {self}: not a snapshot manifest ({exc})"

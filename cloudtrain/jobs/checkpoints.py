@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, overload
 
 from cloudtrain.errors import CloudtrainError, NotFoundError
+from cloudtrain.executors import received
 from cloudtrain.executors.base import Executor
 from cloudtrain.spec import validate_checkpoint_keep
 
@@ -66,20 +67,8 @@ def node_folder(root: str, job_id: str, override: str | None) -> str:
     return override or f"{root}/checkpoints/{job_id}"
 
 
-def _link_new(source: str, target: str) -> None:
-    """Hard-link `source` to `target` unless `target` is there (an earlier part's file wins)."""
-    if not os.path.lexists(target):
-        os.link(source, target)
-
-
 def _listing(folder: Path) -> list[tuple[str, int, int]]:
-    found = []
-    for dirpath, _, filenames in os.walk(folder):
-        for name in filenames:
-            st = (Path(dirpath) / name).stat()
-            rel = (Path(dirpath) / name).relative_to(folder).as_posix()
-            found.append((rel, st.st_size, st.st_mtime_ns))
-    return sorted(found)
+    return sorted((rel, st.st_size, st.st_mtime_ns) for rel, st in received.regular_files(folder))
 
 
 class Kept:
@@ -136,7 +125,7 @@ class Kept:
         known = sorted((p for p in parts.iterdir() if p.is_dir()), key=lambda p: (
             order.index(p.name) if p.name in order else len(order), p.name))  # fmt: skip
         for part in known:
-            shutil.copytree(part, union, copy_function=_link_new, dirs_exist_ok=True)
+            received.link_tree(part, union, keep_existing=True)
         if not union.is_dir() or not any(union.iterdir()):
             return self.newest()
         return self._keep(union)
@@ -149,7 +138,8 @@ class Kept:
         ms = time.time_ns() // 1_000_000  # after the newest, even within its millisecond
         name = str(max(ms, int(newest.name) + 1) if newest is not None else ms)
         tmp = self.folder / f".{name}.tmp"
-        shutil.copytree(copy, tmp, copy_function=os.link)
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a process killed while making it
+        received.link_tree(copy, tmp)
         snapshot = self.folder / name
         os.replace(tmp, snapshot)
         for old in self.snapshots()[: -self.keep]:

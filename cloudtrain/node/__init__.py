@@ -6,8 +6,8 @@ Stdlib only and quick to start, because it runs on every node for every job::
     python -m cloudtrain.node follow JOB_DIR          stream node.log until the job ends
     python -m cloudtrain.node follow JOB_DIR --once   print node.log as it is now
     python -m cloudtrain.node status JOB_DIR          one JSON line: exit code, alive, pid
-    python -m cloudtrain.node metrics JOB_DIR         the whole lines of the job's metrics.jsonl
-                     [--offset N]                     from byte N (`cloudtrain.runtime.metrics`)
+    python -m cloudtrain.node metrics JOB_DIR         the offset after them, then the whole lines
+                     [--offset N]                     of the job's metrics.jsonl from byte N
     python -m cloudtrain.node kill --match K=V ...    stop every process whose environment has
                      [--grace S] [--mark JOB_DIR]     all K=V (TERM, then KILL after S seconds)
     python -m cloudtrain.node agent --root ROOT       the resident agent (`cloudtrain.node.agent`):
@@ -287,7 +287,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         root = args.job_dir.absolute().parent.parent  # <root>/jobs/<id>
         print(json.dumps({**job_status(args.job_dir), "agent": agent.heal(root)}))
     elif args.command == "metrics":
-        sys.stdout.buffer.write(whole_lines(args.job_dir / "metrics.jsonl", args.offset))
+        data = whole_lines(args.job_dir / "metrics.jsonl", args.offset)
+        # the offset after them first: what the lines are as text need not be their bytes
+        sys.stdout.buffer.write(b"%d\n" % (max(args.offset, 0) + len(data)) + data)
     elif args.command == "agent":
         return _agent(args)
     elif args.command == "autostop":

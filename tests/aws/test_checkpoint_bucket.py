@@ -302,6 +302,41 @@ def test_a_file_that_does_not_match_its_manifest_is_never_restored(
     assert not (tmp_path / "escape").exists()
 
 
+def test_an_object_longer_than_its_manifest_says_is_read_no_further(
+    s3: Recorder, tmp_path: Path
+) -> None:
+    """A bucket is as untrusted as a node: a restore writes no more of a file than its
+    manifest says, and one byte to know it was more."""
+    bucket = Bucket(URL)
+    kept = checkpoints.Kept(tmp_path / "home", JOB)
+    head = Head(tmp_path)
+    head.save(b"epoch 1", b"opt")
+    name = head.pull(kept).name
+    kept.push(bucket)
+    client = boto3.client("s3", region_name="us-east-1")
+    key = f"runs/bert/{JOB}/{name}/model.pt"
+    client.put_object(Bucket=BUCKET, Key=key, Body=b"x" * (4 << 20))
+    home = tmp_path / "new-home"
+    with pytest.raises(CheckpointError, match=r"model.pt \(8 bytes\) does not match"):
+        checkpoints.Kept(home, JOB).required(bucket)
+    assert list((home / "checkpoints" / JOB).iterdir()) == [], "nothing half-restored is left"
+
+
+def test_a_manifest_claiming_more_than_the_bound_downloads_nothing(
+    s3: Recorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = boto3.client("s3", region_name="us-east-1")
+    files = {"model.pt": {"size": 2 * 10**9, "sha256": "0" * 64}}
+    client.put_object(Bucket=BUCKET, Key=f"runs/bert/{JOB}/5/model.pt", Body=b"x")
+    manifest = json.dumps({"files": files}).encode()
+    client.put_object(Bucket=BUCKET, Key=f"runs/bert/{JOB}/5{MARKER}", Body=manifest)
+    monkeypatch.setenv("CLOUDTRAIN_MAX_PULL_GB", "1")
+    s3.seen.clear()
+    with pytest.raises(CheckpointError, match="more than the bound allows"):
+        checkpoints.Kept(tmp_path / "home", JOB).required(Bucket(URL))
+    assert not [s for s in s3.seen if s.method == "GET" and s.path.endswith("/5/model.pt")]
+
+
 def test_bucket_errors_are_cloudtrains_one_line_naming_the_bucket(
     s3: Recorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -100,7 +100,7 @@ def test_the_node_gives_whole_lines_from_an_offset(tmp_path: Path) -> None:
     assert whole_lines(path, 0, limit=4) == b'{"step":1}\n', "a line longer than the limit"
     done = subprocess.run([sys.executable, "-m", "cloudtrain.node", "metrics", str(tmp_path),
                            "--offset", "11"], capture_output=True, check=True)  # fmt: skip
-    assert done.stdout == b'{"step":2}\n'
+    assert done.stdout == b'22\n{"step":2}\n', "the offset after what it sends, first"
 
 
 def test_the_copy_takes_up_where_it_stopped_and_two_at_once_copy_each_line_once(
@@ -110,15 +110,16 @@ def test_the_copy_takes_up_where_it_stopped_and_two_at_once_copy_each_line_once(
     node.write_text("".join(json.dumps({"step": i, "at": i, "rank": 0}) + "\n" for i in range(50)))
     copy = kept.copy_path(tmp_path / "home", "j-1", 0, 1)
 
-    def fetch(offset: int) -> str:
-        return whole_lines(node, offset, limit=100).decode()  # a few lines per call
+    def fetch(offset: int) -> str:  # as the node agent answers, a few lines per call
+        data = whole_lines(node, offset, limit=100)
+        return f"{offset + len(data)}\n{data.decode()}"
 
     threads = [threading.Thread(target=kept.pull, args=(copy, fetch)) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert copy.read_bytes() == node.read_bytes()
+    assert lines(copy) == lines(node)
     with node.open("a") as f:
         f.write(json.dumps({"step": 50, "at": 50, "rank": 0}) + "\n")
     assert kept.pull(copy, fetch) == 1
@@ -147,3 +148,41 @@ def test_read_merges_attempts_and_nodes_in_time_and_keeps_only_names_and_numbers
     assert kept.columns(merged) == ["attempt", "step", "at", "rank", "loss"]
     assert kept.latest(merged)["loss"] == 1.0
     assert not math.isnan(kept.latest(merged)["at"])
+
+
+def test_a_node_that_never_stops_answering_fills_the_copy_to_its_bound_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kept, "MAX_COPY", 64 << 10)
+    copy = kept.copy_path(tmp_path, "j-1", 0, 0)
+    calls = []
+
+    def liar(offset: int) -> str:  # always "more", from an offset that always moves on
+        calls.append(offset)
+        return f"{offset + 1}\n" + '{"step": 1, "loss": 0.5}\n' * 1000
+
+    kept.pull(copy, liar)
+    assert copy.stat().st_size <= 64 << 10
+    assert len(calls) < 5
+    assert kept.pull(copy, liar) == 0, "a full copy asks the node nothing more"
+    assert len(calls) < 5
+
+
+def test_a_copy_cut_after_its_lines_and_before_its_mark_adds_each_line_once(
+    tmp_path: Path,
+) -> None:
+    node = tmp_path / "node.jsonl"
+    node.write_text("".join(json.dumps({"step": i}) + "\n" for i in range(10)))
+    copy = kept.copy_path(tmp_path / "home", "j-1", 0, 1)
+
+    def fetch(offset: int) -> str:
+        data = whole_lines(node, offset)
+        return f"{offset + len(data)}\n{data.decode()}"
+
+    assert kept.pull(copy, fetch) == 10
+    with copy.open("ab") as cut:  # a process killed after writing, before its mark
+        cut.write(b'{"step":10}\n')
+    with node.open("a") as f:
+        f.write(json.dumps({"step": 10}) + "\n")
+    assert kept.pull(copy, fetch) == 1
+    assert [ln["step"] for ln in lines(copy)] == list(range(11))

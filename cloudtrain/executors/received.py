@@ -1,0 +1,271 @@
+"""What comes back from a node is untrusted: the one place that says what of it is kept.
+
+A node's files are written by whoever runs there: the training script, any job before it, a
+user of the node's machine. A copy from a node (`Executor.get`: checkpoints, FSDP shards) or
+from a bucket keeps only what a checkpoint is made of, and nothing that could act on this
+machine or reach back into the user's files:
+
+=====================  =====================================================================
+what arrives           what is kept
+=====================  =====================================================================
+a regular file         the file, private (0600), its bytes counted against `limit`
+a folder               the folder, private (0700), walked from the top down
+a symlink              nothing: never kept, never followed (``creds -> ../../../../secret``
+                       would otherwise make the user's own files part of a snapshot, which
+                       ``--resume-from`` and a managed recovery upload to the nodes)
+a device, FIFO, socket nothing (opening one could block or read a device)
+more than `limit`      the copy is stopped and refused (`NodeDataError`): the copy and the
+bytes in all           snapshots made before it stand
+=====================  =====================================================================
+
+Snapshots are made from such a copy by hard links (`link_tree`), which again take regular
+files only. ``$CLOUDTRAIN_MAX_PULL_GB`` sets the bound (default 256 GB).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from cloudtrain.errors import ConfigError, NodeDataError
+
+LIMIT_ENV = "CLOUDTRAIN_MAX_PULL_GB"
+DEFAULT_LIMIT_GB = 256
+#: How often a running copy's size is read while it runs.
+POLL_S = 0.2
+_CHUNK = 1 << 20
+#: Open a node's file to read it: never through a link, never blocking on a FIFO.
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def limit() -> int:
+    """The most bytes one copy from a node may hold: ``$CLOUDTRAIN_MAX_PULL_GB`` (a positive
+    number, `ConfigError` otherwise), default 256 GB."""
+    text = os.environ.get(LIMIT_ENV, "").strip()
+    if not text:
+        return DEFAULT_LIMIT_GB * 10**9
+    try:
+        gb = float(text)
+    except ValueError:
+        gb = -1.0
+    if not 0 < gb < 1e9:
+        raise ConfigError(f"{LIMIT_ENV}={text!r}: use a positive number of GB, e.g. 500")
+    return int(gb * 10**9)
+
+
+def regular_files(tree: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """Each regular file below `tree` (its path inside, with '/') with its `lstat`, walked
+    without following any link; nothing when `tree` is no folder or is a link."""
+    for dirpath, _, filenames, dirfd in os.fwalk(tree, follow_symlinks=False):
+        rel_dir = Path(dirpath).relative_to(tree)
+        for name in filenames:
+            try:
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield (rel_dir / name).as_posix(), st
+
+
+def size(tree: Path) -> int:
+    """The bytes of the regular files below `tree`."""
+    return sum(st.st_size for _, st in regular_files(tree))
+
+
+def scrub(tree: Path) -> list[str]:
+    """Make `tree` hold only private regular files and folders: remove anything else (never
+    following a link), tighten looser modes; the paths removed (inside `tree`). Raises
+    `NodeDataError` when its files hold more than `limit()` bytes."""
+    removed: list[str] = []
+    total, bound = 0, limit()
+    for dirpath, dirnames, filenames, dirfd in os.fwalk(tree, follow_symlinks=False):
+        rel_dir = Path(dirpath).relative_to(tree)
+        os.chmod(dirfd, 0o700)
+        folders = []
+        for name in [*dirnames, *filenames]:
+            try:
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                folders.append(name)
+            elif not stat.S_ISREG(st.st_mode):
+                os.unlink(name, dir_fd=dirfd)
+                removed.append((rel_dir / name).as_posix())
+            else:
+                total += st.st_size
+                if stat.S_IMODE(st.st_mode) & 0o177:
+                    _private(name, dirfd)
+        dirnames[:] = folders
+    if total > bound:
+        raise NodeDataError(too_large(tree, bound))
+    return removed
+
+
+def _private(name: str, dirfd: int) -> None:
+    """chmod 0600 of the file `name` in `dirfd`, never through a link (Linux has no lchmod)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(name, flags, dir_fd=dirfd)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
+def too_large(tree: Path, bound: int) -> str:
+    return (
+        f"the copy into {tree} passed {bound / 1e9:g} GB; refused, and what was kept before "
+        f"it stands (raise {LIMIT_ENV} if the checkpoint is really that large)"
+    )
+
+
+def _is(kind: Callable[[int], bool], name: str, dirfd: int) -> bool:
+    """Whether `name` in `dirfd` is of `kind` (``stat.S_ISDIR``…) itself, not through a link
+    (`os.fwalk` lists a link to a folder among the folders, though it does not enter it)."""
+    try:
+        return kind(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def link_tree(source: Path, target: Path, *, keep_existing: bool = False) -> None:
+    """Make `target` hold `source`'s folders (0700) and hard links to its regular files,
+    never following a link; a file already in `target` stays when `keep_existing`, else it
+    is an error."""
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for dirpath, dirnames, filenames, dirfd in os.fwalk(source, follow_symlinks=False):
+        rel_dir = Path(dirpath).relative_to(source)
+        dirnames[:] = [d for d in dirnames if _is(stat.S_ISDIR, d, dirfd)]
+        for name in dirnames:
+            (target / rel_dir / name).mkdir(mode=0o700, exist_ok=True)
+        for name in filenames:
+            dest = target / rel_dir / name
+            if not _is(stat.S_ISREG, name, dirfd):
+                continue
+            if keep_existing and os.path.lexists(dest):
+                continue
+            os.link(name, dest, src_dir_fd=dirfd, follow_symlinks=False)
+
+
+def copy_tree(source: Path, target: Path) -> bool:
+    """Make `target` a copy of the folder `source` (a node's folder on this machine): only
+    regular files and folders, a file copied only when its size or mtime differ (rsync's
+    quick check) and as a new file (a hard link to the old one keeps it), what `source` no
+    longer has removed. False, and nothing done, when `source` is no folder or is a link.
+    `NodeDataError` past `limit()` bytes."""
+    try:
+        if not stat.S_ISDIR(os.lstat(source).st_mode):
+            return False
+    except FileNotFoundError:
+        return False
+    bound, total = limit(), 0
+    wanted: set[str] = {"."}
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for dirpath, _, filenames, dirfd in os.fwalk(source, follow_symlinks=False):
+        rel_dir = Path(dirpath).relative_to(source)
+        (target / rel_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        wanted.add(rel_dir.as_posix())
+        for name in filenames:
+            try:
+                fd = os.open(name, _READ, dir_fd=dirfd)
+            except OSError:  # a symlink (ELOOP), gone, or unreadable: not copied
+                continue
+            with os.fdopen(fd, "rb") as src:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                total += st.st_size
+                if total > bound:
+                    raise NodeDataError(too_large(target, bound))
+                rel = (rel_dir / name).as_posix()
+                wanted.add(rel)
+                copy_if_changed(src, st, target / rel, budget=bound - total + st.st_size)
+    remove_stale(target, wanted)
+    return True
+
+
+def copy_if_changed(
+    src: BinaryIO, st: os.stat_result, dest: Path, *, budget: int, mode: int = 0o600
+) -> None:
+    """Copy the open file `src` (whose `fstat` is `st`) to `dest` unless their sizes and
+    mtimes agree (rsync's quick check), as a new file (a hard link to the old one keeps it)
+    made `mode`, with `src`'s mtime; `NodeDataError` when more than `budget` bytes come."""
+    try:
+        dt = os.lstat(dest)
+        if stat.S_ISREG(dt.st_mode) and (dt.st_size, int(dt.st_mtime)) == (
+            st.st_size,
+            int(st.st_mtime),
+        ):
+            return
+    except FileNotFoundError:
+        pass
+    tmp = dest.with_name(f".{dest.name}.cloudtrain-tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, mode)
+    with os.fdopen(fd, "wb") as out:
+        copied = 0
+        while chunk := src.read(_CHUNK):
+            copied += len(chunk)
+            if copied > budget:  # it grew while it was copied
+                out.close()
+                tmp.unlink()
+                raise NodeDataError(too_large(dest.parent, limit()))
+            out.write(chunk)
+    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(tmp, dest)
+
+
+def remove_stale(target: Path, wanted: set[str]) -> None:
+    """Delete what an earlier copy made below `target` and the source no longer has (rsync
+    ``--delete``): whatever is not in `wanted` (paths inside, with '/'; "." for the top)."""
+    for dirpath, dirnames, filenames, dirfd in os.fwalk(target, topdown=False):
+        rel_dir = Path(dirpath).relative_to(target)
+        for name in filenames:
+            if (rel_dir / name).as_posix() not in wanted:
+                os.unlink(name, dir_fd=dirfd)
+        for name in dirnames:
+            if (rel_dir / name).as_posix() not in wanted:
+                shutil.rmtree(Path(dirpath) / name, ignore_errors=True)
+
+
+def run_bounded(argv: Sequence[str], tree: Path, *, timeout: float) -> tuple[int, str]:
+    """Run the copy `argv` (rsync) into `tree`, stopping it once `tree` holds more than
+    `limit()` bytes (`NodeDataError`) or after `timeout` s (`subprocess.TimeoutExpired`); its
+    exit status and the last lines it printed (a node may make it print without end: only a
+    tail is kept)."""
+    bound = limit()
+    deadline = time.monotonic() + timeout
+    tail: deque[str] = deque(maxlen=20)
+    proc = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    )
+    reader = threading.Thread(target=lambda: tail.extend(ln[:500] for ln in proc.stdout or ()))
+    reader.start()
+    try:
+        while proc.poll() is None:
+            if size(tree) > bound:
+                raise NodeDataError(too_large(tree, bound))
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(list(argv), timeout)
+            time.sleep(POLL_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        reader.join()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    return proc.returncode, "".join(tail)

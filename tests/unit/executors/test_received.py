@@ -1,0 +1,109 @@
+"""What comes back from a node is untrusted (`cloudtrain.executors.received`): through the local
+executor's `get` (a node's folder on this machine) and `Kept`'s snapshots. Over real sshd in
+``tests/integration/test_node_data.py``; a bucket that lies in ``tests/aws/``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.errors import NodeDataError
+from cloudtrain.executors import received
+from cloudtrain.executors.local import LocalExecutor
+from cloudtrain.jobs.checkpoints import Kept
+
+
+def hostile_node(root: Path, secret: Path) -> Path:
+    """A node's checkpoint folder as a hostile job leaves it: a real file, and links, a FIFO
+    and a link to a folder reaching the user's `secret` folder."""
+    secret.mkdir(parents=True)
+    (secret / "id_rsa").write_text("PRIVATE")
+    os.chmod(secret / "id_rsa", 0o600)
+    node = root / "checkpoints"
+    (node / "sub").mkdir(parents=True)
+    (node / "model.pt").write_text("weights")
+    (node / "sub" / "opt.pt").write_text("state")
+    os.symlink(os.path.relpath(secret, node), node / "creds")  # creds -> ../../secret
+    os.symlink(secret / "id_rsa", node / "sub" / "key.pt")
+    os.symlink("/nonexistent", node / "dangling")
+    os.mkfifo(node / "pipe")
+    return node
+
+
+def everything(tree: Path) -> list[str]:
+    return sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*"))
+
+
+def test_a_nodes_links_fifos_and_the_users_files_never_reach_a_snapshot(tmp_path: Path) -> None:
+    node = hostile_node(tmp_path / "node", tmp_path / "secret")
+    kept = Kept(tmp_path / "home", "j-1")
+    snapshot = kept.pull(LocalExecutor(), str(node))
+    assert snapshot is not None
+    assert everything(snapshot) == ["model.pt", "sub", "sub/opt.pt"]
+    for path in kept.folder.rglob("*"):
+        assert not path.is_symlink(), path
+        assert "PRIVATE" not in (path.read_text() if path.is_file() else ""), path
+    assert oct((snapshot / "model.pt").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_link_left_in_the_copy_by_an_older_version_is_not_followed_into_a_snapshot(
+    tmp_path: Path,
+) -> None:
+    """`.incoming` made by a version that kept links: the snapshot takes regular files only."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "id_rsa").write_text("PRIVATE")
+    kept = Kept(tmp_path / "home", "j-1")
+    incoming = kept.folder / ".incoming"
+    incoming.mkdir(parents=True)
+    (incoming / "model.pt").write_text("weights")
+    os.symlink(secret, incoming / "creds")
+    snapshot = kept._keep(incoming)
+    assert everything(snapshot) == ["model.pt"]
+
+
+def test_a_sharded_union_takes_no_link_of_any_part(tmp_path: Path) -> None:
+    parts = [hostile_node(tmp_path / f"n{i}", tmp_path / f"secret{i}") for i in (0, 1)]
+    (parts[1] / "rank1.distcp").write_text("shard 1")
+    kept = Kept(tmp_path / "home", "j-1")
+    sources = [(i, LocalExecutor(), str(p)) for i, p in enumerate(parts)]
+    snapshot = kept.pull_sharded(sources, lambda i, e: pytest.fail(f"node {i}: {e}"))
+    assert snapshot is not None
+    assert everything(snapshot) == ["model.pt", "rank1.distcp", "sub", "sub/opt.pt"]
+
+
+def test_a_node_folder_that_is_itself_a_link_is_no_folder(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "id_rsa").write_text("PRIVATE")
+    os.symlink(secret, tmp_path / "checkpoints")
+    assert LocalExecutor().get(str(tmp_path / "checkpoints"), tmp_path / "back") is False
+    assert not (tmp_path / "back").exists()
+
+
+def test_a_copy_past_the_bound_is_refused_and_the_snapshot_before_stands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "a.pt").write_bytes(b"x" * 1000)
+    kept = Kept(tmp_path / "home", "j-1")
+    first = kept.pull(LocalExecutor(), str(node))
+    monkeypatch.setenv(received.LIMIT_ENV, "0.000002")  # 2000 bytes
+    (node / "b.pt").write_bytes(b"y" * 1500)
+    with pytest.raises(NodeDataError, match=r"passed 2e-06 GB; refused"):
+        kept.pull(LocalExecutor(), str(node))
+    assert first is not None
+    assert kept.newest() == first
+    assert everything(first) == ["a.pt"]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "lots", "inf", "nan"])
+def test_a_bad_bound_is_one_line_naming_the_variable(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(received.LIMIT_ENV, value)
+    with pytest.raises(Exception, match=rf"CLOUDTRAIN_MAX_PULL_GB={value!r}: use a positive"):
+        received.limit()
