@@ -25,6 +25,10 @@ A forked agent must be the process a cold start would have made:
   `PAD_VAR` of `PAD_BYTES`, and each fork writes its job's environment over that memory
   (``env_start``..``env_end`` of ``/proc/self/stat``), after it moved the C library's own
   ``environ`` off it. A job whose environment does not fit is refused (it starts cold).
+- No job's environment enters the server (a job's ``--env`` and ``envs:`` hold secrets, and
+  the server outlives the job by up to `IDLE_S`): it is started with the first job's
+  import-time variables alone (`server_env`), a request gives only its environment's size,
+  and the client sends the environment itself to the forked agent, which reads it.
 - What torch reads when it is imported must be what the job would have given it: the server
   serves a request only when the interpreter, ``sys.path``, the modification times of its
   folders (a ``pip install`` changes them) and every variable of `IMPORT_TIME` prefixes are
@@ -74,6 +78,10 @@ IDLE_S = 3600.0
 IMPORT_TIME = ("PYTHON", "TORCH", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "CUDA_")
 #: The variables the node finds a job's processes by (`cloudtrain.node.procs`).
 MARKERS = ("CLOUDTRAIN_JOB_ID", "CLOUDTRAIN_NODE_ROOT")
+#: What else of the first job's environment the server keeps, with the node's marker (a
+#: teardown finds the server by it): what the interpreter and the C library read as they
+#: start. Nothing else: a job's `--env` values (secrets) never enter the server.
+SERVER_ENV = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "LC_ALL", "LC_CTYPE")
 #: ``CLOUDTRAIN_WARM=0`` turns warm starts off for a job.
 SWITCH = "CLOUDTRAIN_WARM"
 _MAX_REQUEST = 4 << 20
@@ -98,6 +106,15 @@ def fingerprint(env: Mapping[str, str]) -> str:
     wanted = sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME))
     text = json.dumps([sys.executable, sys.version, stats, wanted])
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def server_env(job_env: Mapping[str, str]) -> dict[str, str]:
+    """The server's environment, from the job's that starts it: its `IMPORT_TIME` variables
+    (the `fingerprint` compares them with each request's) and `SERVER_ENV`, and the blank room
+    each fork writes its own job's environment over."""
+    kept = (*SERVER_ENV, "CLOUDTRAIN_NODE_ROOT")
+    env = {k: v for k, v in job_env.items() if k.startswith(IMPORT_TIME) or k in kept}
+    return {**env, PAD_VAR: "." * PAD_BYTES}
 
 
 def _environ_block(env: Mapping[str, str]) -> bytes:
@@ -196,27 +213,29 @@ class _NotServed(Exception):
 
 
 def _request(path: Path, argv: Sequence[str]) -> tuple[socket.socket, Any, int]:
-    """Send the request: (the connection, its reader, the agent's pid)."""
+    """Send the request, and the job's environment to the agent once it is forked: (the
+    connection, its reader, the agent's pid). The server reads the request alone (the size
+    of the environment, not the environment)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(str(path))
         mask = os.umask(0)
         os.umask(mask)
-        request = {"argv": list(argv), "env": dict(os.environ), "cwd": os.getcwd(),
-                   "umask": mask, "key": fingerprint(os.environ)}  # fmt: skip
+        size, key = len(_environ_block(os.environ)), fingerprint(os.environ)
+        request = {"argv": list(argv), "size": size, "cwd": os.getcwd(), "umask": mask, "key": key}
         data = json.dumps(request).encode() + b"\n"
         socket.send_fds(conn, [data[:65536]], [0, 1, 2])
         conn.sendall(data[65536:])
         reader = conn.makefile("rb")
         reply = json.loads(reader.readline() or b"{}")
+        pid = reply.get("pid") if isinstance(reply, dict) else None
+        if not isinstance(pid, int):
+            raise ValueError(reply)
+        # a client gone here: the agent, forked, reads no environment and exits 1 unrun
+        conn.sendall(json.dumps(dict(os.environ)).encode() + b"\n")
     except (OSError, ValueError):
-        conn.close()
+        conn.close()  # (a reader made holds it until it is collected, on return)
         raise _NotServed from None
-    pid = reply.get("pid") if isinstance(reply, dict) else None
-    if not isinstance(pid, int):
-        reader.close()
-        conn.close()
-        raise _NotServed
     return conn, reader, pid
 
 
@@ -232,8 +251,8 @@ def _exit_as(status: int) -> None:
 
 
 def start(root: Path, job_env: Mapping[str, str]) -> None:
-    """Start the node's server detached, with `job_env` but the job's own variables, unless
-    one holds its lock (or the node is gone)."""
+    """Start the node's server detached, unless one holds its lock (or the node is gone), with
+    what of `job_env` acts at import time (`server_env`) and nothing else of it."""
     from cloudtrain.node import procs
 
     here = folder(root)
@@ -243,9 +262,7 @@ def start(root: Path, job_env: Mapping[str, str]) -> None:
     with procs.held_if_free(here / "lock") as free:
         if not free:
             return
-    env = {k: v for k, v in job_env.items()
-           if not k.startswith("CLOUDTRAIN_") or k == "CLOUDTRAIN_NODE_ROOT"}  # fmt: skip
-    env[PAD_VAR] = "." * PAD_BYTES
+    env = server_env(job_env)
     with open(here / "server.log", "ab") as log:
         subprocess.Popen(
             [sys.executable, "-m", "cloudtrain.jobs.warm", "--serve", str(root)],
@@ -389,10 +406,11 @@ def _peer_uid(conn: socket.socket) -> int:
     return int(struct.unpack("3i", creds)[1])
 
 
-def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+def _line(conn: socket.socket, first: bytes = b"") -> Any:
+    """The JSON line the peer sends (after `first`, read already), or None: the peer sends
+    nothing after it until it has an answer, so nothing past it is read."""
     conn.settimeout(10)
-    data, fds, _, _ = socket.recv_fds(conn, 65536, 3)
-    chunks = [data]
+    chunks = [first]
     while not chunks[-1].endswith(b"\n") and sum(map(len, chunks)) < _MAX_REQUEST:
         more = conn.recv(65536)
         if not more:
@@ -400,9 +418,15 @@ def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
         chunks.append(more)
     conn.settimeout(None)
     try:
-        request = json.loads(b"".join(chunks))
+        return json.loads(b"".join(chunks))
     except ValueError:
-        request = None
+        return None
+
+
+def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    conn.settimeout(10)
+    data, fds, _, _ = socket.recv_fds(conn, 65536, 3)
+    request = _line(conn, data)
     if not isinstance(request, dict) or len(fds) != 3:
         for fd in fds:
             os.close(fd)
@@ -419,15 +443,14 @@ def _handle(conn: socket.socket, key: str, added: Mapping[str, str],
     except OSError as e:
         raise _Refused(f"a request that could not be read ({e})") from None
     try:
-        env, argv = request.get("env"), request.get("argv")
-        if not isinstance(env, dict) or not isinstance(argv, list):
-            raise _Refused("a request without an environment and arguments")
-        env = {**added, **env}
+        size, argv = request.get("size"), request.get("argv")
+        if not isinstance(size, int) or not isinstance(argv, list):
+            raise _Refused("a request without its environment's size and arguments")
         if request.get("key") != key:
             raise _Refused("the job's interpreter, packages or import-time variables are not "
                            "this server's", stale=True)  # fmt: skip
         start, end = _environ_region()
-        if len(_environ_block(env)) > end - start:
+        if size + len(_environ_block(added)) > end - start:
             raise _Refused("the job's environment is larger than this server's room for it")
         sys.stdout.flush()
         sys.stderr.flush()
@@ -435,7 +458,7 @@ def _handle(conn: socket.socket, key: str, added: Mapping[str, str],
         if pid == 0:
             try:
                 close_server()
-                _become(conn, request, fds, env, argv)
+                _become(conn, request, fds, added, argv)
             except BaseException:  # on the job's stderr once its streams are the job's
                 traceback.print_exc()
             finally:
@@ -448,11 +471,18 @@ def _handle(conn: socket.socket, key: str, added: Mapping[str, str],
     return pid
 
 
-def _become(conn: socket.socket, request: Mapping[str, Any], fds: Sequence[int],
-            env: Mapping[str, str], argv: Sequence[str]) -> None:  # fmt: skip
+def _become(
+    conn: socket.socket,
+    request: Mapping[str, Any],
+    fds: Sequence[int],
+    added: Mapping[str, str],
+    argv: Sequence[str],
+) -> None:
     """In the fork: turn into the cold agent `python -m cloudtrain.jobs.elastic ARGV` would
-    be, run it, and exit with its status, which it also tells its client itself (the server
-    tells it again, and alone when a signal ended the agent). Never returns."""
+    be, with the job's environment (read here from the client: never by the server) and what
+    the server's imports `added`, run it, and exit with its status, which it also tells its
+    client itself (the server tells it again, and alone when a signal ended the agent). Never
+    returns."""
     os.setsid()
     signal.set_wakeup_fd(-1)
     for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
@@ -462,10 +492,16 @@ def _become(conn: socket.socket, request: Mapping[str, Any], fds: Sequence[int],
         os.dup2(fd, target)
     os.chdir(str(request["cwd"]))
     os.umask(int(request["umask"]))
-    os.environ.clear()  # the C library's environ now lives on the heap, not in the region
-    os.environ.update({str(k): str(v) for k, v in env.items()})
+    sent = _line(conn)
+    if not isinstance(sent, dict):
+        raise _Refused("the client sent no environment")
+    env = {**added, **{str(k): str(v) for k, v in sent.items()}}
     start, end = _environ_region()
     block = _environ_block(env)
+    if len(block) > end - start:  # not as its request said
+        raise _Refused("the job's environment is larger than this server's room for it")
+    os.environ.clear()  # the C library's environ now lives on the heap, not in the region
+    os.environ.update(env)
     ctypes.memmove(start, block + b"\0" * (end - start - len(block)), end - start)
     from cloudtrain.jobs import elastic
 

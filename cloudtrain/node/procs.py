@@ -3,6 +3,7 @@
 Processes are found by environment variables the coordinator sets on every job
 (``CLOUDTRAIN_JOB_ID``, ``CLOUDTRAIN_NODE_ROOT``), which torchrun passes on to its workers —
 workers run in sessions of their own, so a process-group kill would miss them.
+A host's teardown runs this file as a script, from its source (`main`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import contextlib
 import fcntl
 import os
 import signal
+import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -89,26 +91,69 @@ def find_processes(match: Mapping[str, str]) -> list[int]:
             if all(env.get(k) == v for k, v in wanted.items())]  # fmt: skip
 
 
+#: The variables a node's processes name their node by: the coordinator's, and the warm
+#: client's (`cloudtrain.jobs.warm` renames its own in place, so that a job's stop signals
+#: its agent once; a teardown stops the client too).
+NODE_ROOT_NAMES = (b"CLOUDTRAIN_NODE_ROOT", b"_LOUDTRAIN_NODE_ROOT")
+
+
+def find_nodes(base: str) -> list[int]:
+    """Pids of every node under `base`, a cluster's folder on its host (its nodes' roots are
+    ``BASE/node-I``), whether or not a node's folder is still there."""
+    prefix = os.fsencode(base.rstrip("/")) + b"/node-"
+    return [pid for pid, env in environments() if _names_under(env, prefix)]
+
+
+def _names_under(env: Mapping[bytes, bytes], prefix: bytes) -> bool:
+    return any(env.get(name, b"").startswith(prefix) for name in NODE_ROOT_NAMES)
+
+
 def kill_matching(
     match: Mapping[str, str], grace_s: float = 10.0, spare: int | None = None
 ) -> dict[str, int]:
     """TERM every matching process but `spare`, wait up to `grace_s` for all of them (`spare`
-    too: a job's wrapper, which then writes the exit code), then KILL the rest. Blocks until
-    they are gone (or 5 s after KILL). Returns counts; idempotent."""
-    pids = find_processes(match)
-    for pid in pids:
-        if pid != spare:
-            _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
-        time.sleep(POLL_S)
-    stubborn = [p for p in pids if alive(p)] + [p for p in find_processes(match) if p not in pids]
-    for pid in stubborn:
-        _signal(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(alive(p) for p in stubborn):
-        time.sleep(POLL_S)
-    return {"terminated": len(pids), "killed": len(stubborn)}
+    too: a job's wrapper, which then writes the exit code), then KILL the rest (`stop`).
+    Blocks until they are gone (or `KILL_WAIT_S` after KILL). Returns counts; idempotent."""
+    counts = stop(lambda: find_processes(match), grace_s, spare)
+    return {"terminated": counts["terminated"], "killed": counts["killed"]}
+
+
+#: How long `stop` waits for the processes it KILLed (one in the kernel's uninterruptible
+#: sleep outlives it: it is reported, not waited for).
+KILL_WAIT_S = 5.0
+#: How often `stop` looks again for processes that came since (a supervisor's restart).
+RESCAN_S = 0.25
+
+
+def stop(find: Callable[[], list[int]], grace_s: float, spare: int | None = None) -> dict[str, int]:
+    """Stop the processes `find` gives: TERM each but `spare`, those it gives later too,
+    until it gives none or `grace_s` passed; then KILL each it still gives, until it gives
+    none or `KILL_WAIT_S` passed. Returns how many were TERMed (or spared), KILLed, and are
+    ``left`` (0 unless something outlived KILL). Blocks; idempotent."""
+    termed = _until_gone(find, signal.SIGTERM, grace_s, spare)
+    killed = _until_gone(find, signal.SIGKILL, KILL_WAIT_S, None)
+    left = find()
+    return {"terminated": len(termed), "killed": len(killed), "left": len(left)}
+
+
+def _until_gone(
+    find: Callable[[], list[int]], sig: signal.Signals, within_s: float, spare: int | None
+) -> set[int]:
+    """Send `sig` once to each process `find` gives but `spare`, looking again every
+    `RESCAN_S` (at once when the ones found are gone) until it gives none, or `within_s`
+    passed. Returns every pid it found."""
+    deadline, seen = time.monotonic() + within_s, set()
+    while True:
+        pids = find()
+        for pid in pids:
+            if pid not in seen and pid != spare:
+                _signal(pid, sig)
+        seen.update(pids)
+        if not pids or time.monotonic() >= deadline:
+            return seen
+        until = min(deadline, time.monotonic() + RESCAN_S)
+        while time.monotonic() < until and any(alive(p) for p in pids):
+            time.sleep(POLL_S)
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
@@ -150,3 +195,23 @@ def held_if_free(path: Path) -> Iterator[bool]:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -c "$(cat procs.py)" stop-nodes BASE GRACE_S``: `stop` every process of the
+    nodes under BASE (``~`` expanded) and print the counts as one JSON line; exit 1 when
+    one outlived KILL. A host's teardown runs this file as source with the host's own Python:
+    it cannot count on cloudtrain being importable there (in its nodes' venv, or not yet)."""
+    import json
+
+    if len(argv) != 3 or argv[0] != "stop-nodes":
+        print("usage: stop-nodes BASE GRACE_S", file=sys.stderr)
+        return 2
+    base = os.path.expanduser(argv[1])
+    counts = stop(lambda: find_nodes(base), float(argv[2]))
+    print(json.dumps(counts), flush=True)
+    return 1 if counts["left"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -29,6 +29,7 @@ from cloudtrain.executors.base import fan_out
 from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
 from cloudtrain.node import agent as resident
+from cloudtrain.node import procs
 from cloudtrain.providers.ssh import OPTIONS
 from cloudtrain.providers.ssh.hosts import Host, load_inventory, parse_hosts
 from cloudtrain.provision.provider import Option, ProviderContext, node_price
@@ -51,6 +52,20 @@ print(json.dumps({
     "rsync": bool(shutil.which("rsync")),
 }))
 """
+
+
+#: How long a teardown waits for the cluster's processes to end on a TERM before it KILLs them.
+STOP_GRACE_S = 5.0
+
+
+def _not_stopped(stdout: str, code: int) -> str:
+    """Why a host's teardown left processes, from what its finder printed (a node's word:
+    only a count is taken from it)."""
+    try:
+        left = int(json.loads(stdout.strip().splitlines()[-1])["left"])
+    except (ValueError, KeyError, TypeError, IndexError):
+        return f"its process finder exited {code}"
+    return f"{left} process(es) of the cluster outlived SIGKILL"
 
 
 def trust_warning(addresses: Sequence[str]) -> str:
@@ -229,19 +244,25 @@ class SshProvider:
         return [n for n in found if n is not None]
 
     def terminate(self, cluster: str, cluster_id: str | None = None) -> None:
-        """Stop every cloudtrain process of the cluster on each host and remove its files;
-        the machines stay. Raises naming the hosts it could not clean."""
+        """Stop every process of the cluster on each host, and wait until none is left (TERM,
+        KILL after `STOP_GRACE_S`, bounded), then remove its files; the machines stay. Blocks;
+        idempotent. Raises naming the hosts it could not clean (their files are kept, so that
+        `down` again finds what runs there)."""
         failed: list[str] = []
+        # the hosts' own Python runs the finder from its source: the nodes' venv (with
+        # cloudtrain) may not be there yet, or any more
+        finder = Path(procs.__file__).read_text()
 
         def clean(host: Host) -> None:
             ex = self._executor(host)
-            base = f'"$HOME/.cloudtrain/{cluster}"'
+            base = f"~/.cloudtrain/{cluster}"
             try:
-                for index in range(len(self.hosts)):
-                    ex.run(["sh", "-c", f'test -d {base}/node-{index} && {shlex.quote(self.python)}'
-                            f' -m cloudtrain.node kill --match CLOUDTRAIN_NODE_ROOT="$HOME/'
-                            f'.cloudtrain/{cluster}/node-{index}" --grace 5 || true'])  # fmt: skip
-                ex.run(["sh", "-c", f"rm -rf {base}"]).check()
+                argv = [self.python, "-c", finder, "stop-nodes", base, str(STOP_GRACE_S)]
+                done = ex.run(argv, timeout=STOP_GRACE_S + 60)
+                if done.returncode != 0:
+                    failed.append(f"{host} ({_not_stopped(done.stdout, done.returncode)})")
+                    return
+                ex.run(["sh", "-c", f'rm -rf "$HOME/.cloudtrain/{cluster}"']).check()
             except ProviderError as exc:
                 failed.append(f"{host} ({exc.code})")
             finally:
