@@ -2,20 +2,29 @@
 
 A powered-off Azure VM stays allocated and billed, so a node that stops itself must ask ARM. It
 does so as itself: the VM has a system-assigned managed identity (no secret anywhere: the node
-gets a token from its metadata server), and `grant` gives that identity the built-in role
-*Virtual Machine Contributor* on the cluster's resource group only — VMs of that group, nothing
-above it (no other group, no network or role change, not the group itself). The node's agent
-then deletes its own VM, whose disk, NIC and address go with it (``deleteOption: Delete``); the
-next command here removes the group.
+gets a token from its metadata server). `grant` makes one custom role per cluster, *cloudtrain
+self-stop*, whose actions are the ones self-stop needs and nothing else::
 
-Role assignments outlive the scope they are on (a deleted group leaves them behind as
-"identity not found"), so `revoke` deletes the cluster's before the group goes. Making them
-needs ``Microsoft.Authorization/roleAssignments/write`` on the group (Owner, or User Access
-Administrator, of the subscription or group); without it `up` fails with ARM's 403 naming it.
+    Microsoft.Compute/virtualMachines/read               its own VM's state
+    Microsoft.Compute/virtualMachines/delete             delete itself (disk, NIC, address go
+                                                         with it: ``deleteOption: Delete``)
+    Microsoft.Compute/virtualMachines/deallocate/action  stop billing without deleting
+
+assignable in the cluster's resource group only, and assigns it to each VM's identity **at that
+VM's own scope**: a node cannot create a VM, run a command on, read or delete a sibling, or touch
+the network (Virtual Machine Contributor on the group, which this replaced, allowed all of
+that). The next command here removes the group.
+
+Role assignments and custom roles outlive the scope they are on (a deleted group leaves them
+behind as "identity not found" and an unusable role), so `revoke` deletes the cluster's before
+the group goes. Making them needs ``Microsoft.Authorization/roleAssignments/write`` and
+``roleDefinitions/write`` on the group (Owner, or User Access Administrator, of the
+subscription or group); without them `up` fails with ARM's 403 naming the action.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -26,9 +35,14 @@ from cloudtrain.errors import ProviderError
 if TYPE_CHECKING:
     from cloudtrain.providers.azure._client import Clients
 
-#: Built-in "Virtual Machine Contributor": manage VMs (delete one included), not access them.
-ROLE = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
-#: How a role assignment of cloudtrain says whose it is (its description begins with it).
+#: What a node may do to its own VM, and nothing else.
+ACTIONS = (
+    "Microsoft.Compute/virtualMachines/read",
+    "Microsoft.Compute/virtualMachines/delete",
+    "Microsoft.Compute/virtualMachines/deallocate/action",
+)
+#: How cloudtrain's role assignments and roles say whose they are (their description begins
+#: with it).
 MARK = "cloudtrain:"
 #: A new identity takes a while to reach the directory (PrincipalNotFound meanwhile).
 PRINCIPAL_WAIT_S = 120.0
@@ -39,30 +53,52 @@ def assignment_name(vm_id: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, vm_id.lower()))
 
 
+def role_name(scope: str) -> str:
+    """The same GUID for the same resource group: its custom role's."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{scope.lower()}/cloudtrain-self-stop"))
+
+
 def grant(
     clients: Clients, group: str, vms: Sequence[str], cluster: str, cluster_id: str | None
 ) -> None:
-    """Give each VM's identity Virtual Machine Contributor on `group` (its resource group)."""
+    """Give each VM's identity the cluster's self-stop role on that VM alone (the role is
+    made first; idempotent)."""
     from azure.core.exceptions import HttpResponseError, ResourceExistsError
-    from azure.mgmt.authorization.v2022_04_01.models import RoleAssignmentCreateParameters
+    from azure.mgmt.authorization.v2022_04_01.models import (
+        Permission,
+        RoleAssignmentCreateParameters,
+        RoleDefinition,
+    )
 
-    sub = clients.subscription
-    scope = f"/subscriptions/{sub}/resourceGroups/{group}"
-    role = f"/subscriptions/{sub}/providers/Microsoft.Authorization/roleDefinitions/{ROLE}"
+    scope = f"/subscriptions/{clients.subscription}/resourceGroups/{group}"
     compute, auth = clients.compute(), clients.authorization()
+    role = auth.role_definitions.create_or_update(
+        scope,
+        role_name(scope),
+        RoleDefinition(
+            role_name=f"cloudtrain self-stop {group}",
+            description=f"{MARK} {cluster} ({cluster_id}): a node may read, deallocate or "
+            "delete its own VM",
+            role_type="CustomRole",
+            permissions=[Permission(actions=list(ACTIONS), not_actions=[])],
+            assignable_scopes=[scope],
+        ),
+    )
     for name in vms:
         vm = compute.virtual_machines.get(group, name)
         principal = vm.identity.principal_id if vm.identity else None
         if not principal or not vm.id:
             raise ProviderError("azure", "NoIdentity", f"VM {name} has no managed identity")
         params = RoleAssignmentCreateParameters(
-            role_definition_id=role, principal_id=principal, principal_type="ServicePrincipal",
+            role_definition_id=role.id,
+            principal_id=principal,
+            principal_type="ServicePrincipal",
             description=f"{MARK} {cluster} ({cluster_id}): {name} may delete itself",
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + PRINCIPAL_WAIT_S
         while True:
             try:
-                auth.role_assignments.create(scope, assignment_name(vm.id), params)
+                auth.role_assignments.create(vm.id, assignment_name(vm.id), params)
                 break
             except ResourceExistsError:
                 break  # made by an earlier `up`
@@ -74,15 +110,19 @@ def grant(
 
 
 def revoke(clients: Clients, group: str) -> None:
-    """Delete cloudtrain's role assignments on `group` (made by `grant`)."""
+    """Delete cloudtrain's role assignments in `group` (on its VMs, gone or not) and then the
+    group's self-stop role (made by `grant`). Idempotent."""
     from azure.core.exceptions import ResourceNotFoundError
 
     scope = f"/subscriptions/{clients.subscription}/resourceGroups/{group}"
     auth = clients.authorization()
     try:
-        found = list(auth.role_assignments.list_for_scope(scope, filter="atScope()"))
+        found = list(auth.role_assignments.list_for_scope(scope))
     except ResourceNotFoundError:
-        return
+        found = []
     for item in found:
-        if item.name and (item.description or "").startswith(MARK):
-            auth.role_assignments.delete(scope, item.name)
+        mine = item.id and item.id.lower().startswith(scope.lower() + "/")
+        if mine and (item.description or "").startswith(MARK):
+            auth.role_assignments.delete_by_id(item.id)
+    with contextlib.suppress(ResourceNotFoundError):
+        auth.role_definitions.delete(scope, role_name(scope))

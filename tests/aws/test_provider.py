@@ -107,6 +107,8 @@ def test_apply_makes_a_gang_in_one_call_with_the_exact_request(make: Make, aws: 
     assert p["InstanceType"] == "p4d.24xlarge"
     assert p["MetadataOptions.HttpTokens"] == "required"
     assert p["InstanceInitiatedShutdownBehavior"] == "terminate"
+    # no credential on a node: it stops itself by powering off, which needs none
+    assert not [k for k in p if k.startswith("IamInstanceProfile")]
     assert p["BlockDeviceMapping.1.Ebs.Encrypted"] == "true"
     assert p["BlockDeviceMapping.1.Ebs.VolumeType"] == "gp3"
     assert p["BlockDeviceMapping.1.Ebs.VolumeSize"] == "200"

@@ -2,7 +2,10 @@
 
 - A VM PUT with ``identity: {type: SystemAssigned}`` gets a ``principalId`` (`assign`).
 - Role assignments are resources at a scope (``{scope}/providers/Microsoft.Authorization/
-  roleAssignments/{guid}``): only the built-in roles below are known; the principal must exist.
+  roleAssignments/{guid}``; a scope may be a group or one resource in it): of the built-in
+  roles below, or of a custom role made in a group (``roleDefinitions/{guid}``, its actions
+  with ``*`` wildcards, assignable only under its ``assignableScopes``); the principal must
+  exist. Both outlive the scope they are on, as in ARM.
 - The node's metadata server, per VM: ``/_imds/{vm}/metadata/instance/compute`` (its resource
   id) and ``/_imds/{vm}/metadata/identity/oauth2/token`` (a token of its identity), both only
   with ``Metadata: true``, as IMDS checks.
@@ -13,6 +16,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import uuid
 from typing import Any
 
@@ -26,6 +30,7 @@ ROLES = {
     "acdd72a7-3385-48ef-bd42-f606fba81ae7": ("Reader", ()),
 }  # fmt: skip
 ASSIGNMENTS = "microsoft.authorization/roleassignments"
+DEFINITIONS = "microsoft.authorization/roledefinitions"
 METHOD_VERBS = {"GET": "read", "PUT": "write", "DELETE": "delete", "POST": "action"}
 
 
@@ -45,12 +50,44 @@ def principals(store: Store) -> set[str]:
     }
 
 
+def role_actions(store: Store, role: str) -> tuple[str, ...] | None:
+    """The actions (``fnmatch`` patterns, lowercase) of the role whose GUID is `role`; None
+    when no such role exists."""
+    if role in ROLES:
+        return tuple(f"{prefix}*" for prefix in ROLES[role][1])
+    made = next((d for d in store.of_type(DEFINITIONS) if d["name"] == role), None)
+    if made is None:
+        return None
+    perms = (made.get("properties") or {}).get("permissions") or []
+    return tuple(str(a).lower() for p in perms for a in (p.get("actions") or []))
+
+
+def check_definition(rid: str, body: dict[str, Any]) -> None:
+    """ARM's checks of a custom role PUT: a name, actions, scopes it may be assigned in."""
+    props = body.get("properties") or {}
+    scopes = props.get("assignableScopes") or []
+    if not props.get("roleName") or not props.get("permissions") or not scopes:
+        raise ArmError(400, "InvalidRoleDefinition", "roleName, permissions and "
+                       "assignableScopes are required")  # fmt: skip
+    home = rid[: rid.lower().index("/providers/microsoft.authorization")].lower()
+    if any(not str(sc).lower().startswith(home) for sc in scopes):
+        raise ArmError(400, "InvalidRoleDefinition", f"assignableScopes {scopes} exceed {home}")
+
+
 def check_assignment(store: Store, rid: str, body: dict[str, Any]) -> None:
-    """ARM's checks of a role assignment PUT: a known role, an existing principal."""
+    """ARM's checks of a role assignment PUT: a known role assignable at its scope, an
+    existing principal."""
     props = body.get("properties") or {}
     role = str(props.get("roleDefinitionId", "")).rsplit("/", 1)[-1]
-    if role not in ROLES:
+    if role_actions(store, role) is None:
         raise ArmError(400, "RoleDefinitionDoesNotExist", f"role {role!r} does not exist")
+    made = next((d for d in store.of_type(DEFINITIONS) if d["name"] == role), None)
+    if made is not None:
+        scope = rid[: rid.lower().index("/providers/microsoft.authorization")].lower()
+        allowed_in = [str(sc).lower() for sc in made["properties"]["assignableScopes"]]
+        if not any(scope == a or scope.startswith(a + "/") for a in allowed_in):
+            raise ArmError(400, "InvalidRoleAssignmentScope", f"role {role} is not "
+                           f"assignable at {scope}")  # fmt: skip
     if props.get("principalId") not in principals(store):
         raise ArmError(400, "PrincipalNotFound", f"principal {props.get('principalId')!r} "
                        "does not exist in the directory")  # fmt: skip
@@ -79,8 +116,9 @@ def allowed(store: Store, principal: str, method: str, path: str) -> None:
         rid = str(grant["id"])
         scope = rid[: rid.lower().index("/providers/microsoft.authorization")]
         role = str(props.get("roleDefinitionId", "")).rsplit("/", 1)[-1]
-        under = path.lower().rstrip("/").startswith(scope.lower().rstrip("/") + "/")
-        if under and any(wanted.startswith(p) for p in ROLES.get(role, ("", ()))[1]):
+        at = path.lower().rstrip("/")
+        under = at == scope.lower() or at.startswith(scope.lower().rstrip("/") + "/")
+        if under and any(fnmatch.fnmatchcase(wanted, p) for p in role_actions(store, role) or ()):
             return
     raise ArmError(403, "AuthorizationFailed", f"The client '{principal}' does not have "
                    f"authorization to perform action '{wanted}' over scope '{path}'")  # fmt: skip

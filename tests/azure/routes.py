@@ -66,6 +66,9 @@ class Routes:
                 return self._page(self.store.of_type(f"{segs[5]}/{segs[6]}", prefix), query, path)
             if len(low) == 8:
                 return self._resource(method, "/".join(["", *segs]), segs, body)
+            if len(low) == 12 and low[8:11] == ["providers", "microsoft.authorization",
+                                                 "roleassignments"]:  # fmt: skip
+                return self._assignment_on(method, "/".join(["", *segs]), body)
         if low[2:5] == ["providers", "microsoft.compute", "virtualmachines"]:
             return self._page(self._vms(), query, path)
         if low[2:5] == ["providers", "microsoft.compute", "locations"] and low[6:] == ["usages"]:
@@ -164,9 +167,10 @@ class Routes:
         if method == "DELETE":
             if found is None:
                 raise ArmError(404, "ResourceGroupNotFound", f"{rid} could not be found.")
+            outlive = (identity.ASSIGNMENTS, identity.DEFINITIONS)  # as in ARM
             for resource in self.store.under(rid):
-                if str(resource.get("type", "")).lower() != identity.ASSIGNMENTS:
-                    self.store.delete(resource["id"])  # role assignments outlive their scope
+                if str(resource.get("type", "")).lower() not in outlive:
+                    self.store.delete(resource["id"])
             self.store.delete(rid)
             op = self.store.start(rid)
             url = f"{self.base}/subscriptions/{SUBSCRIPTION}/operationresults/{op.id}"
@@ -207,6 +211,8 @@ class Routes:
             return 201, self._async(op, location), self.store.get(rid)
         if rtype.lower() == identity.ASSIGNMENTS:
             identity.check_assignment(self.store, rid, body)
+        if rtype.lower() == identity.DEFINITIONS:
+            identity.check_definition(rid, body)
         existed = self.store.get(rid) is not None
         props = body.setdefault("properties", {})
         for child in ("subnets", "securityRules"):
@@ -217,6 +223,30 @@ class Routes:
         made = self.store.put(rid, {**body, "name": name, "type": rtype})
         extra = self._async(self.store.start(rid), location) if lro else {}
         return (200 if existed else 201), extra, made
+
+    def _assignment_on(self, method: str, rid: str, body: Any) -> Answer:
+        """A role assignment at one resource's scope (``{resource}/providers/Microsoft.
+        Authorization/roleAssignments/{guid}``), which outlives that resource."""
+        found = self.store.get(rid)
+        if method == "GET":
+            if found is None:
+                raise ArmError(404, "RoleAssignmentNotFound", f"{rid} was not found.")
+            return 200, {}, found
+        if method == "DELETE":
+            return (200, {}, self.store.delete(rid)) if found else (204, {}, None)
+        if method != "PUT":
+            raise ArmError(405, "MethodNotAllowed", method)
+        scope = rid[: rid.lower().index("/providers/microsoft.authorization")]
+        if self.store.get(scope) is None:
+            raise ArmError(404, "ResourceNotFound", f"{scope} was not found.")
+        if found is not None:
+            raise ArmError(409, "RoleAssignmentExists", "The role assignment already exists.")
+        identity.check_assignment(self.store, rid, body)
+        name = rid.rsplit("/", 1)[1]
+        made = self.store.put(
+            rid, {**body, "name": name, "type": "Microsoft.Authorization/roleAssignments"}
+        )
+        return 201, {}, made
 
     def _vms(self) -> list[dict[str, Any]]:
         vms = self.store.of_type("Microsoft.Compute/virtualMachines")

@@ -80,6 +80,8 @@ class Call:
             return "operation"
         if len(parts) in (3, 4) and parts[2].lower() == "resourcegroups":
             return "resourceGroups"
+        if len(parts) >= 11 and parts[8].lower() == "providers":  # one resource's own scope
+            return parts[10]
         return parts[6] if len(parts) >= 7 else parts[-1]
 
 

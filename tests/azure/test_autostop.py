@@ -1,8 +1,9 @@
 """An idle Azure cluster deletes itself with the user's machine off and no credential on a node:
-each VM has a system-assigned managed identity that may manage the VMs of the cluster's resource
-group only (Virtual Machine Contributor on that group); its agent gets a token from its metadata
-server and deletes its own VM; the next command removes the group and the role assignments
-(which would outlive it). The stand-in checks each identity's scope."""
+each VM has a system-assigned managed identity that may read, deallocate or delete its own VM
+and nothing else (a custom role of the cluster, assigned at the VM's own scope); its agent gets
+a token from its metadata server and deletes its own VM; the next command removes the group, the
+role assignments and the role (which would outlive it). The stand-in checks each identity's
+scope and actions."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from tests import guest_agent
-from tests.azure.identity import ROLES
 from tests.azure.standin import SUBSCRIPTION, StandIn
 from tests.integration.conftest import Shell, wait_for
 
@@ -66,16 +66,30 @@ def test_an_idle_azure_cluster_deletes_itself_as_its_own_identity(
     assert [vm["identity"]["type"] for vm in made] == ["SystemAssigned"] * 2  # type: ignore[index]
     with azure.lock:
         grants = azure.store.of_type("Microsoft.Authorization/roleAssignments")
-    principals = {vm["identity"]["principalId"] for vm in made}  # type: ignore[index]
-    assert {g["properties"]["principalId"] for g in grants} == principals
-    for grant in grants:
-        assert str(grant["id"]).startswith(f"{GROUP}/providers/Microsoft.Authorization/")
-        role = grant["properties"]["roleDefinitionId"].rsplit("/", 1)[-1]
-        assert ROLES[role][0] == "Virtual Machine Contributor"
+        (role,) = azure.store.of_type("Microsoft.Authorization/roleDefinitions")
+    assert sorted(a.lower() for a in role["properties"]["permissions"][0]["actions"]) == [
+        "microsoft.compute/virtualmachines/deallocate/action",
+        "microsoft.compute/virtualmachines/delete",
+        "microsoft.compute/virtualmachines/read",
+    ], "what self-stop needs, and nothing else"
+    assert role["properties"]["assignableScopes"] == [GROUP]
+    by_principal = {g["properties"]["principalId"]: g for g in grants}
+    assert len(grants) == 2
+    for vm in made:
+        grant = by_principal[vm["identity"]["principalId"]]  # type: ignore[index]
+        assert str(grant["id"]).lower().startswith(f"{vm['id']}/providers/".lower()), "its own VM"
+        assert grant["properties"]["roleDefinitionId"] == role["id"]
         assert grant["properties"]["description"].startswith(f"cloudtrain: {NAME} (")
 
-    # the scope holds: a node's identity may not touch what is not its cluster's VMs
+    # a node's identity may stop its own VM and touch nothing else: not a sibling, not a new
+    # VM billed to the user, not a command on another node, not the network or the group
     token = identity_token(azure, f"{NAME}-0")
+    vm_path = f"{GROUP}/providers/Microsoft.Compute/virtualMachines"
+    assert arm(azure, "GET", f"{vm_path}/{NAME}-0", token) == 200, "its own VM"
+    assert arm(azure, "GET", f"{vm_path}/{NAME}-1", token) == 403, "not a sibling's"
+    assert arm(azure, "DELETE", f"{vm_path}/{NAME}-1", token) == 403, "not a sibling"
+    assert arm(azure, "POST", f"{vm_path}/{NAME}-1/runCommand", token) == 403
+    assert arm(azure, "PUT", f"{vm_path}/miner", token) == 403, "no VM billed to the user"
     assert arm(azure, "DELETE", GROUP, token) == 403, "not the group itself"
     other = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/someone-else"
     assert arm(azure, "DELETE", f"{other}/providers/Microsoft.Compute/virtualMachines/x",
@@ -105,5 +119,6 @@ def test_an_idle_azure_cluster_deletes_itself_as_its_own_identity(
     assert f"{NAME} stopped itself (it was idle); removed what was left: " in after.stderr
     revoked = [c for c in azure.requests("DELETE", "roleAssignments") if c.status < 300]
     assert len(revoked) == 2, "the role assignments are deleted: they would outlive the group"
+    assert [c for c in azure.requests("DELETE", "roleDefinitions") if c.status < 300], "the role"
     assert cli.status()["clusters"] == []
     assert azure.leftovers() == {}
