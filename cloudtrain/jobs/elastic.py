@@ -46,6 +46,8 @@ from collections.abc import Sequence
 from importlib.machinery import SourceFileLoader
 from typing import Any
 
+from cloudtrain.jobs import launched
+
 #: The start methods a job may ask for (`JobSpec.start_method`): fork is the default.
 START_METHODS = ("fork", "spawn")
 
@@ -64,6 +66,7 @@ def run_target(module: bool, target: str, *args: str) -> None:
             stream.reconfigure(line_buffering=True)  # as `python -u` (the log follows it live)
     atexit._clear()  # the agent's exit handlers are not this worker's
     reseed()
+    launched.guard_imports()  # `import horovod.torch` here would be a world of one: refused
     sys.argv = [target, *args]
     try:
         if module:

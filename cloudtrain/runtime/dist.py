@@ -16,6 +16,8 @@ from typing import overload
 import torch
 import torch.distributed as dist
 
+from cloudtrain.jobs import launched
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -50,10 +52,13 @@ def init(backend: str | None = None, timeout_s: float = 300) -> None:
 
     `backend` defaults to nccl when CUDA is available (and the CUDA device is set to
     ``LOCAL_RANK``), gloo otherwise. Without torchrun's env a one-process group is made
-    (world size 1, rank 0). Raises what torch raises when the rendezvous fails or times out.
+    (world size 1, rank 0). Raises what torch raises when the rendezvous fails or times out, and
+    `cloudtrain.jobs.launched.WrongRuntimeError` (a SystemExit) when TensorFlow's or Horovod's
+    workers run it: each would be a world of one.
     """
     if dist.is_initialized():
         return
+    launched.check_torch_group()  # another runtime's workers: each would be a world of one
     cuda = torch.cuda.is_available()
     chosen = backend or ("nccl" if cuda else "gloo")
     timeout = timedelta(seconds=timeout_s)

@@ -32,8 +32,10 @@ def test_a_group_of_one_answers_without_communication() -> None:
     assert torch.equal(hvd.allreduce(t), t)
     assert torch.equal(hvd.allgather(t), t)
     assert hvd.broadcast_object({"a": 1}) == {"a": 1}
-    with pytest.raises(ValueError, match=r"op 'max': use hvd\.Average or hvd\.Sum"):
-        hvd.allreduce(t, op="max")
+    with pytest.raises(ValueError, match=r"op 'median': use hvd\.Average, hvd\.Sum"):
+        hvd.allreduce(t, op="median")
+    with pytest.raises(ValueError, match=r"op hvd\.Adasum: .* does not implement Adasum"):
+        hvd.allreduce(t, op=hvd.Adasum)
     model = nn.Linear(2, 1)
     with pytest.raises(ValueError, match="backward_passes_per_step 0"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
