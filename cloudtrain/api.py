@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 UNWATCHED = "unwatched"
 #: A node's state when its host does not answer (the ssh provider's hosts).
 UNREACHABLE = "unreachable"
+#: The statuses only a running `up` holds (under the cluster's lock), and what each becomes
+#: once no process holds that lock any more (the `up` was killed; see `abandoned`).
+IN_PROGRESS = {"provisioning": "partial", "bootstrapping": UNWATCHED}
 
 
 def provider(name: str, home: Path, options: Mapping[str, Any] | None = None) -> Provider:
@@ -223,11 +226,15 @@ def _up(
         with state.intent(spec.name, "apply", {"provider": spec.provider}):
             nodes = prov.apply(the_plan, on_event)
     except BaseException as exc:
+        # a refusal (bad input: `ConfigError`) comes before anything is made; when the
+        # listing is refused too (the same cause), there is no record to keep for this `up`
+        refused = isinstance(exc, ConfigError) and current is None
         try:
             left: list[NodeInfo] | None = prov.describe(spec.name, spec.cluster_id)
         except Exception:  # cannot tell what exists: keep the record, so `down` can clean
-            log.warning("could not list what the failed up of %s left", spec.name)
-            left = None
+            if not refused:
+                log.warning("could not list what the failed up of %s left", spec.name)
+            left = [] if refused else None
         if left and current is None and all(n.state == UNREACHABLE for n in left):
             # hosts this `up` could not reach (a refused host key, a host that is down) hold
             # nothing it wrote: it writes only once every host answered
@@ -263,6 +270,34 @@ def _up(
     if the_plan.spec.limits and bootstrap_timeout_s is not None:
         hand_limits(state, home, the_plan.spec)
     return nodes
+
+
+def abandoned(state: State, home: Path, names: Sequence[str]) -> list[str]:
+    """Of the clusters `names`, those whose status says an `up` is under way (`IN_PROGRESS`)
+    while no process holds their lock: the `up` was killed (SIGKILL, a closed laptop), so the
+    status would never change. Each gets the status that says so (``bootstrapping`` →
+    ``unwatched``: its nodes run, ready or not; ``provisioning`` → ``partial``: its open intent
+    says what finishes it) and an event. Never waits for a lock; returns the names changed."""
+    from cloudtrain import locks
+    from cloudtrain.errors import ClusterBusyError
+
+    changed = []
+    for name in names:
+        record = state.cluster(name)
+        if record is None or record.status not in IN_PROGRESS:
+            continue
+        try:
+            with locks.cluster_lock(home, name, "status", wait_s=0):
+                record = state.cluster(name)  # as it is now that no `up` can run
+                if record is None or record.status not in IN_PROGRESS:
+                    continue
+                state.set_cluster_status(name, IN_PROGRESS[record.status])
+                why = f"the `up` that was {record.status} it is gone (killed before it ended)"
+                state.add_event(name, "up", why)
+                changed.append(name)
+        except ClusterBusyError:  # an `up` (or another command) holds it: it is under way
+            continue
+    return changed
 
 
 def in_regions(the_plan: Plan, regions: Sequence[str]) -> Plan:

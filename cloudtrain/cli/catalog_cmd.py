@@ -3,8 +3,9 @@
 ``show [--provider P]... [--json]`` lists the rows with the day each row's prices were read,
 and warns when they are older than `cloudtrain.plan.catalog.STALE_DAYS` days.
 ``update [--provider P]... [--dry-run]`` reads the prices of exactly the catalog's rows from
-the clouds' public price lists (`cloudtrain.plan.prices`), prints what changed and what could
-not be read (a line per cloud), and writes the catalog to ``$CLOUDTRAIN_HOME/catalog.csv``
+the clouds' public price lists (`cloudtrain.plan.prices`), prints what changed, what could
+not be read (a line per cloud) and each price refused as unbelievable (`cloudtrain.plan.bounds`:
+its row keeps its old price), and writes the catalog to ``$CLOUDTRAIN_HOME/catalog.csv``
 (0600, atomically), which `cloudtrain.plan.catalog.load` prefers from then on. Rows not read
 keep their prices and dates. It fails (exit 3) only when no price at all could be read.
 """

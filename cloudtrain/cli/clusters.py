@@ -493,12 +493,10 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
     if watched:
         reconcile(app, watched, others=refresh)
         clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
+    if api.abandoned(state, app.home, [c.name for c in clusters]):  # a killed `up`'s status
+        clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
     for intent in state.open_intents(cluster):
-        app.note(
-            f"warning: an earlier `{intent.action}` of cluster {intent.cluster!r} was "
-            f"interrupted ({render.ago(intent.ts)}); `cloudtrain up` it again to finish "
-            f"it, or `cloudtrain down {intent.cluster}` to remove what it made"
-        )
+        app.note(interrupted_line(intent.action, intent.cluster, render.ago(intent.ts)))
     for c in clusters:
         if c.status == api.UNWATCHED:
             app.note(f"warning: the wait for the bootstrap of {c.name!r} was interrupted; its "
@@ -564,6 +562,21 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
                 app.out.print(render.agent_line(beat, now), markup=False)
         if events:
             app.out.print(render.events_table(events))
+
+
+def interrupted_line(action: str, cluster: str, ago: str) -> str:
+    """What `status` says of an intent a killed command left open: which command it was and
+    the one that finishes it (a teardown is finished by `down`, never by `up`)."""
+    if action in ("terminate", "down"):
+        return (
+            f"warning: an earlier `cloudtrain down {cluster}` was interrupted ({ago}); "
+            f"`cloudtrain down {cluster}` again finishes it"
+        )
+    return (
+        f"warning: an earlier `cloudtrain up` of cluster {cluster!r} was interrupted ({ago}); "
+        f"`cloudtrain up` it again to finish it, or `cloudtrain down {cluster}` to remove what "
+        "it made"
+    )
 
 
 def cost_so_far(app: App, record: ClusterRecord, now: float) -> Figure:

@@ -400,14 +400,20 @@ def save(catalog: Catalog, path: Path) -> None:
         raise
 
 
-def overlay(base: Catalog, newer: Catalog) -> Catalog:
+def overlay(base: Catalog, newer: Catalog, refused: list[str] | None = None) -> Catalog:
     """`base`'s rows, each with the prices and read date of `newer`'s same row (provider,
-    instance type, region) where that was read on the same day or later."""
+    instance type, region) where that was read on the same day or later, and its prices are
+    believed (`cloudtrain.plan.bounds`, against `base`'s); a row that is not keeps `base`'s,
+    and a line saying why is added to `refused`."""
     read = {(r.provider, r.instance_type, r.region): r for r in newer.rows}
     rows = []
     for row in base.rows:
         new = read.get((row.provider, row.instance_type, row.region))
-        if new is not None and new.prices_read_on >= row.prices_read_on:
+        newer_read = new is not None and new.prices_read_on >= row.prices_read_on
+        why = _disbelieved(row, new) if new is not None and newer_read else None
+        if why and refused is not None:
+            refused.append(f"{row.instance_type} in {row.region}: {why}")
+        if new is not None and newer_read and not why:
             row = replace(
                 row,
                 ondemand_usd_per_hour=new.ondemand_usd_per_hour,
@@ -416,6 +422,19 @@ def overlay(base: Catalog, newer: Catalog) -> Catalog:
             )
         rows.append(row)
     return Catalog(rows=tuple(rows), prices_read_on=oldest(rows) if rows else base.prices_read_on)
+
+
+def _disbelieved(row: InstanceType, new: InstanceType) -> str | None:
+    """Why `new`'s prices are not believed for `row` (`bounds.refused`), or None."""
+    from cloudtrain.plan import bounds
+
+    gpus = row.accelerator_count
+    why = bounds.refused(
+        new.ondemand_usd_per_hour, gpus, row.ondemand_usd_per_hour, "on-demand price"
+    )
+    if why is None and new.spot_usd_per_hour is not None:
+        why = bounds.refused(new.spot_usd_per_hour, gpus, row.spot_usd_per_hour, "spot price")
+    return why
 
 
 def home_path() -> Path:
@@ -467,4 +486,14 @@ def _load(path: str | None, mtime_ns: int, size: int) -> Catalog:
             base.prices_read_on,
         )
         return base
-    return overlay(base, newer)
+    refused: list[str] = []
+    found = overlay(base, newer, refused)
+    if refused:
+        log.warning(
+            "warning: %s: the shipped prices of %d row(s) kept, theirs not believed (%s%s)",
+            path,
+            len(refused),
+            one_line(refused[0], 200),
+            f"; and {len(refused) - 1} more" if len(refused) > 1 else "",
+        )
+    return found

@@ -6,9 +6,10 @@ and their description records what the instances' labels (``cloudtrain-cluster``
 ``cloudtrain-owner``, ``cloudtrain-cluster-id``) do: ``cloudtrain cluster=X owner=Y
 cluster-id=Z`` (older ones lack the id). Named by the cluster alone, they are shared by every
 incarnation of the name: the provider deletes them only when no one else holds it. Label values
-allow only ``[a-z0-9_-]``: the owner (``user@host``) is written in that alphabet (`owner_label`),
-and every value pasted into a ``filter`` is checked to be in it (`label_value`), so none can
-close the quoted string early.
+allow only ``[a-z0-9_-]``: the owner (``user@host``) is written in that alphabet losslessly
+(`owner_label`: ``user_40host``; before 2026-12 lossily, `legacy_owner_label`), and every
+value pasted into a ``filter`` is checked to be in it (`label_value`), so none can close the
+quoted string early.
 
 **Firewall rules.** GCE takes the network's ingress rules that apply to an instance (its network
 tag is a target, or the rule has none) and whose sources match, lowest priority number first; at
@@ -42,6 +43,7 @@ leaves the nodes more open than before.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -63,6 +65,9 @@ _DESCRIPTION = re.compile(
 #: A label value (GCE allows at most 63 of ``[a-z0-9_-]``), here never empty: every value
 #: labelled or filtered by is a cluster name, an owner label, a cluster id or a GCE name.
 _LABEL_VALUE = re.compile(r"[a-z0-9_-]{1,63}")
+_LABEL_MAX = 63
+#: The characters an owner label keeps as they are (`owner_label`).
+_KEPT_CHAR = re.compile(r"[a-z0-9-]")
 ALLOW_PRIORITY = 900
 DENY_PRIORITY = 999
 ANYWHERE = "0.0.0.0/0"
@@ -102,8 +107,36 @@ def index_of(cluster: str, name: str) -> int | None:
 
 
 def owner_label(owner: str) -> str:
-    """`owner` in the label alphabet: lowercase, anything else as ``-``, at most 63 chars."""
+    """`owner` written losslessly in the label alphabet: lowercase letters, digits and ``-``
+    as they are, every other character (``@``, ``.``, an uppercase letter, ``_`` itself) as
+    ``_`` and the two hex digits of each of its UTF-8 bytes: ``alice@lab`` → ``alice_40lab``,
+    ``alice.lab`` → ``alice_2elab``, ``Alice@Lab`` → ``_41lice_40_4cab`` (so two owners never
+    write the same label, and each label reads back as its owner). One longer than 63 is cut
+    (at a character) to leave room for ``__`` and 12 hex digits of the owner's SHA-256: no
+    escape holds ``__``, so it is told from every label that is not cut, and from another cut
+    one by the hash."""
+    parts = [ch if _KEPT_CHAR.fullmatch(ch) else _escape(ch) for ch in owner]
+    label = "".join(parts)
+    if len(label) <= _LABEL_MAX:
+        return label
+    digest = hashlib.sha256(owner.encode()).hexdigest()[:12]
+    room, cut = _LABEL_MAX - len(digest) - 2, ""
+    for part in parts:
+        if len(cut) + len(part) > room:
+            break
+        cut += part
+    return f"{cut}__{digest}"
+
+
+def legacy_owner_label(owner: str) -> str:
+    """The owner label written before 2026-12 (lossy: lowercase, any other character as
+    ``-``, so ``alice@lab``, ``alice.lab`` and ``Alice@Lab`` all wrote ``alice-lab``). Read
+    only together with the cluster id (`cloudtrain.providers.gcp.provider`)."""
     return re.sub(r"[^a-z0-9_-]", "-", owner.lower())[:63]
+
+
+def _escape(ch: str) -> str:
+    return "".join(f"_{byte:02x}" for byte in ch.encode())
 
 
 class Holder(NamedTuple):

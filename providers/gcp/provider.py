@@ -12,6 +12,10 @@ A100 (A2) clusters a compact placement policy (and gVNIC on the instances), and 
 instances in **one** ``instances.bulkInsert`` (``count = minCount = N``: all or nothing).
 Instances carry the labels ``cloudtrain-cluster``, ``cloudtrain-owner`` and (for a cluster of
 this version) ``cloudtrain-cluster-id``; the node index is in the name (see `_instances`). The
+owner label is the owner written losslessly (`res.owner_label`); a cluster labelled by an older
+version (``alice-lab`` for ``alice@lab``, ``alice.lab`` or ``Alice@Lab`` alike) is still this
+owner's when its cluster id is the one recorded here; one with no id, or not recorded here, is
+reached with ``--owner <that label>`` (an old label cannot say which of those owners made it). The
 firewall rules and the policy, named by the cluster alone, record the same in their description
 and are deleted only when no other owner, and no other incarnation of the name, holds it. Boot
 disks are deleted with their instance; spot nodes are ``SPOT`` and deleted when preempted;
@@ -169,9 +173,25 @@ class GcpProvider(Engine):
         return {_holder(i) for i in labelled} | {(h.owner, h.cluster_id) for h in described}
 
     def _is_mine(self, holder: tuple[str, str], cluster_id: str | None) -> bool:
-        """Made by this owner, and of the incarnation `cluster_id` when one is given."""
+        """Made by this owner, and of the incarnation `cluster_id` when one is given. A
+        resource labelled before owner labels were lossless carries `res.legacy_owner_label`,
+        which another owner may share (``alice@lab`` and ``alice.lab`` both wrote
+        ``alice-lab``): it is this owner's only with the cluster id this home recorded (random
+        per incarnation), never by the label alone."""
         owner, found_id = holder
-        return owner == self.owner_key and (cluster_id is None or found_id == cluster_id)
+        if owner == self.owner_key:
+            return cluster_id is None or found_id == cluster_id
+        legacy = owner == res.legacy_owner_label(self.owner)
+        return legacy and bool(cluster_id) and found_id == cluster_id
+
+    def _refuse_held(self, spec: ClusterSpec, held: set[tuple[str, str]]) -> None:
+        """The engine's refusal, with this incarnation's resources of an older label (found
+        by their cluster id: `_is_mine`) counted as this owner's."""
+        mine = {
+            (self.owner_key, cid) if self._is_mine((owner, cid), spec.cluster_id) else (owner, cid)
+            for owner, cid in held
+        }
+        super()._refuse_held(spec, mine)
 
     def _only_mine(self, cluster: str, cluster_id: str | None) -> bool:
         """Whether every holder of the name is this owner (of `cluster_id`, when given): only

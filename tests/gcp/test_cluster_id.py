@@ -21,7 +21,7 @@ from tests.gcp.test_provider import Make, a100, bulk, mutations
 make = test_provider.make  # the fixture
 
 ID_A, ID_B = "aaaaaaaaaaaa", "bbbbbbbbbbbb"
-OWNER = "tester-host-example"  # tester@host.example, as labels write it
+OWNER = "tester_40host_2eexample"  # tester@host.example, as labels write it
 RULES = ["cloudtrain-exp1-deny", "cloudtrain-exp1-internal", "cloudtrain-exp1-ssh"]
 NODES = ["cloudtrain-exp1-0", "cloudtrain-exp1-1"]
 
@@ -166,6 +166,6 @@ def test_a_resource_without_the_id_is_found_only_without_an_id(make: Make, gcp: 
 def test_descriptions_of_older_versions_still_read() -> None:
     assert res.parse_description("cloudtrain cluster=exp1 owner=alice") == ("exp1", "alice", "")
     text = res.description("exp1", "alice@host", ID_A)
-    assert text == f"cloudtrain cluster=exp1 owner=alice-host cluster-id={ID_A}"
-    assert res.parse_description(text) == res.Holder("exp1", "alice-host", ID_A)
+    assert text == f"cloudtrain cluster=exp1 owner=alice_40host cluster-id={ID_A}"
+    assert res.parse_description(text) == res.Holder("exp1", "alice_40host", ID_A)
     assert res.parse_description("one of the default network's own rules") is None

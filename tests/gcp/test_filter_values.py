@@ -30,7 +30,7 @@ HOSTILE = [
 def test_values_in_the_label_alphabet_make_the_exact_filter() -> None:
     assert res.label_filter("cloudtrain-cluster", "exp1") == 'labels.cloudtrain-cluster = "exp1"'
     assert res.label_filter("cloudtrain-owner", res.owner_label("Ann@Host.example")) == (
-        'labels.cloudtrain-owner = "ann-host-example"'
+        'labels.cloudtrain-owner = "_41nn_40_48ost_2eexample"'
     )
     assert res.name_filter("nvidia-tesla-v100") == 'name = "nvidia-tesla-v100"'
 

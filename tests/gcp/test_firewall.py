@@ -95,12 +95,12 @@ def test_up_makes_exactly_three_rules_and_leaves_the_networks_own_alone(
         DENY: (999, "INGRESS", {"denied": [{"IPProtocol": "all"}]}, [TAG], ["0.0.0.0/0"]),
     }
     described = {gcp.gce.firewalls[n]["description"] for n in (SSH, INTERNAL, DENY)}
-    assert described == {"cloudtrain cluster=fw1 owner=tester-host-example"}
+    assert described == {"cloudtrain cluster=fw1 owner=tester_40host_2eexample"}
     sent = [c.body for c in gcp.calls("firewalls.insert")]
     assert [b["name"] for b in sent] == [SSH, INTERNAL, DENY]
     assert sent[2] == {
         "name": DENY,
-        "description": "cloudtrain cluster=fw1 owner=tester-host-example",
+        "description": "cloudtrain cluster=fw1 owner=tester_40host_2eexample",
         "network": "global/networks/default",
         "direction": "INGRESS",
         "priority": 999,

@@ -153,7 +153,7 @@ def test_multi_node_a100_gang_in_one_call_with_the_exact_request(make: Make, gcp
     props = body["instanceProperties"]
     assert props["labels"] == {
         "cloudtrain-cluster": "exp1",
-        "cloudtrain-owner": "tester-host-example",
+        "cloudtrain-owner": "tester_40host_2eexample",
     }
     assert props["tags"]["items"] == ["cloudtrain-exp1"]
     assert props["networkInterfaces"][0]["nicType"] == "GVNIC"

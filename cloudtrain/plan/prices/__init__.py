@@ -12,9 +12,13 @@ that is no price list (an HTML page from a proxy, JSON cut short), a refusal. It
 imported inside `read`, never at import time.
 
 `update` runs the readers and lays what they read over a catalog: a row read gets the new
-prices and today's date; a row not read keeps its prices and its date. Prices are decimals
-from the answers' own text (`Decimal`), so the catalog file shows ``3.06``, never
-``3.0600000000001``.
+prices and today's date; a row not read keeps its prices and its date. A price that is not
+believed (`cloudtrain.plan.bounds`: outside the band per GPU-hour, or more than 5× from the
+shipped price) is refused with a line saying why: an on-demand price refused keeps the whole
+row as it was, a spot price refused keeps the old spot price. A price that is no price at
+all (negative, NaN, infinite) is refused for its row alone (`BadPrice`), never for the whole
+list. Prices are decimals from the answers' own text (`Decimal`), so the catalog file shows
+``3.06``, never ``3.0600000000001``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from cloudtrain.errors import CloudtrainError, ConfigError, body_summary, one_line, suggest
-from cloudtrain.plan.catalog import Catalog, InstanceType, oldest
+from cloudtrain.plan import bounds
+from cloudtrain.plan.catalog import Catalog, InstanceType, money, oldest, shipped
 
 #: (instance type, region): the key of a price read.
 Key = tuple[str, str]
@@ -43,6 +48,11 @@ TIMEOUT_S = 30.0
 
 class PriceListError(CloudtrainError):
     """A price list could not be read; the message says why, on one line."""
+
+
+class BadPrice(PriceListError):
+    """One price of a price list is no price (negative, NaN, infinite, not a number): its row
+    is refused, the rest of the list is read."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +147,7 @@ def update(
             )
     date = (today or datetime.date.today()).isoformat()
     rows = list(catalog.rows)
+    as_shipped = {_key(r): r for r in shipped().rows}
     outcomes: list[Outcome] = []
     changes: list[Change] = []
     for name in chosen:
@@ -152,12 +163,18 @@ def update(
             outcomes.append(Outcome(name, asked, error=one_line(str(exc))))
             continue
         missing: list[InstanceType] = []
+        problems = list(reading.problems)
         done = 0
         for i in mine:
             row = rows[i]
             quote = reading.quotes.get((row.instance_type, row.region))
             if quote is None:
                 missing.append(row)
+                continue
+            quote, why = _believed(row, quote, as_shipped.get(_key(row), row))
+            if why:
+                problems.append(f"{row.instance_type} in {row.region}: {why}")
+            if quote is None:
                 continue
             new = _priced(row, quote, date)
             rows[i] = new
@@ -167,9 +184,33 @@ def update(
                 row.spot_usd_per_hour,
             ):
                 changes.append(Change(row, new))
-        outcomes.append(Outcome(name, asked, done, None, tuple(missing), reading.problems))
+        outcomes.append(Outcome(name, asked, done, None, tuple(missing), tuple(problems)))
     new_catalog = Catalog(rows=tuple(rows), prices_read_on=oldest(rows))
     return Update(new_catalog, tuple(outcomes), tuple(changes))
+
+
+def _key(row: InstanceType) -> tuple[str, str, str]:
+    return row.provider, row.instance_type, row.region
+
+
+def _believed(
+    row: InstanceType, quote: Quote, reference: InstanceType
+) -> tuple[Quote | None, str | None]:
+    """`quote` as far as it is believed (`bounds.refused`, against the `reference` row's
+    prices), and why not, on one line: None when the on-demand price is refused (the row is
+    kept as it was), the quote without its spot price when only that one is."""
+    gpus = row.accelerator_count
+    why = bounds.refused(quote.ondemand, gpus, reference.ondemand_usd_per_hour, "on-demand price")
+    if why:
+        return None, f"{why}; kept {money(row.ondemand_usd_per_hour)}"
+    if quote.spot_read and quote.spot is not None:
+        why = bounds.refused(quote.spot, gpus, reference.spot_usd_per_hour, "spot price")
+        if why:
+            kept = row.spot_usd_per_hour
+            return dataclasses.replace(quote, spot_read=False), (
+                f"{why}; kept {'none' if kept is None else money(kept)}"
+            )
+    return quote, None
 
 
 def _priced(row: InstanceType, quote: Quote, date: str) -> InstanceType:
@@ -189,15 +230,16 @@ def _priced(row: InstanceType, quote: Quote, date: str) -> InstanceType:
 
 def decimal(value: object) -> Decimal:
     """A price from an answer (a string such as ``"3.0600000000"``, or a JSON number parsed
-    as `Decimal`), without trailing zeros. Raises `PriceListError` for anything else."""
+    as `Decimal`), without trailing zeros. Raises `BadPrice` for anything else."""
+    shown = repr(value) if isinstance(value, str) else str(value)  # 'abc', inf, -1
     if isinstance(value, bool) or not isinstance(value, str | int | Decimal):
-        raise PriceListError(f"price {value!r} is no number")
+        raise BadPrice(f"price {shown} is no number")
     try:
         number = Decimal(value)
     except ArithmeticError:
-        raise PriceListError(f"price {value!r} is no number") from None
+        raise BadPrice(f"price {shown} is no number") from None
     if not number.is_finite() or number < 0:
-        raise PriceListError(f"price {value!r} is no price")
+        raise BadPrice(f"price {shown} is no price: not a finite amount of USD, 0 or more")
     return number.normalize() if number else Decimal(0)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from cloudtrain.errors import one_line
 from cloudtrain.plan.catalog import InstanceType
-from cloudtrain.plan.prices import Key, PriceListError, Quote, Reading, decimal
+from cloudtrain.plan.prices import BadPrice, Key, PriceListError, Quote, Reading, decimal
 
 #: The attributes every product read must have, besides its type and region.
 PRODUCT = {
@@ -56,7 +56,11 @@ def read(rows: Sequence[InstanceType]) -> Reading:
     try:
         pricing = session.client("pricing", region_name=PRICING_REGION, config=config)
         for row in rows:
-            price = _ondemand(pricing, row.instance_type, row.region, problems)
+            try:
+                price = _ondemand(pricing, row.instance_type, row.region, problems)
+            except BadPrice as exc:  # this row's answer only: the other rows are read
+                problems.append(f"{row.instance_type} in {row.region}: {exc}; kept the old prices")
+                continue
             if price is not None:
                 quotes[(row.instance_type, row.region)] = price
     except (BotoCoreError, ClientError) as exc:

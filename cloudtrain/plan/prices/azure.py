@@ -21,6 +21,7 @@ from urllib.parse import quote, urlencode
 
 from cloudtrain.plan.catalog import InstanceType
 from cloudtrain.plan.prices import (
+    BadPrice,
     Key,
     PriceListError,
     Quote,
@@ -42,20 +43,26 @@ def read(rows: Sequence[InstanceType]) -> Reading:
     when the API cannot be reached or answers no price list."""
     base = os.environ.get("CLOUDTRAIN_AZURE_PRICES_URL") or URL
     quotes: dict[Key, Quote] = {}
+    problems: list[str] = []
     for row in rows:
         ondemand: list[tuple[str, Decimal]] = []
         spot: list[tuple[str, Decimal]] = []
-        for item in _items(base, row.region, row.instance_type):
-            if not _counts(item, row):
-                continue
-            names = f"{item.get('skuName', '')} {item.get('meterName', '')}"
-            chosen = spot if "Spot" in names else ondemand
-            chosen.append((str(item.get("effectiveStartDate") or ""), decimal(item["retailPrice"])))
+        try:
+            for item in _items(base, row.region, row.instance_type):
+                if not _counts(item, row):
+                    continue
+                names = f"{item.get('skuName', '')} {item.get('meterName', '')}"
+                chosen = spot if "Spot" in names else ondemand
+                when = str(item.get("effectiveStartDate") or "")
+                chosen.append((when, decimal(item["retailPrice"])))
+        except BadPrice as exc:  # this row's answer only: the other rows are read
+            problems.append(f"{row.instance_type} in {row.region}: {exc}; kept the old prices")
+            continue
         if ondemand:
             quotes[(row.instance_type, row.region)] = Quote(
                 max(ondemand)[1], max(spot)[1] if spot else None
             )
-    return Reading(quotes)
+    return Reading(quotes, tuple(problems))
 
 
 def _counts(item: dict[str, Any], row: InstanceType) -> bool:

@@ -138,7 +138,7 @@ def _unit_price(sku: Sku, unit: str) -> Decimal | None:
             raise PriceListError(f"SKU {sku.get('skuId')} is priced in {money['currencyCode']}")
         units = decimal(money.get("units") or "0")
         return (units + Decimal(int(money.get("nanos") or 0)).scaleb(-9)).normalize()
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:
         raise PriceListError(f"SKU {sku.get('skuId')} has no price: {exc!r}") from None
 
 

@@ -60,7 +60,7 @@ def test_an_interrupted_up_is_reported_and_finished_by_the_next(run_cli: Cli, ho
     with State.open(home) as state:
         state.begin_intent("c1", "apply", {"provider": "fake"})  # a process died here
     warned = run_cli("status")
-    assert "an earlier `apply` of cluster 'c1' was interrupted" in warned.output
+    assert "an earlier `cloudtrain up` of cluster 'c1' was interrupted" in warned.output
     assert run_cli("up", "--provider", "fake", "--name", "c1").exit_code == 0
     with State.open(home) as state:
         assert state.open_intents() == []
