@@ -2,10 +2,23 @@
 
 The strategy is the job's: ``cloudtrain train --strategy fsdp`` sets ``$CLOUDTRAIN_STRATEGY``
 on every node, `strategy()` reads it, and ``wrap(model)`` uses it, so one script runs either way.
+
+FSDP on CPU and glibc's allocator: FSDP gathers each unit's full parameters for its forward and
+backward and reduce-scatters its full-size gradients, buffers that live for one unit's turn. On
+CPU they come from malloc. glibc serves a large request by mmap and unmaps it when freed, but
+after the first such free it raises its threshold to that size (up to 32 MiB), so the next
+gathers are carved from the heap and kept there when freed, one heap per thread that
+allocated: each rank held more memory than under DDP, which FSDP was meant to save (674 MiB
+against 512 MiB peak on `examples/digits_fsdp.py`). `wrap` pins the threshold for FSDP on CPU
+(`mallopt(M_MMAP_THRESHOLD, ...)`, glibc only; not when the user set one: ``MALLOC_MMAP_THRESHOLD_``
+or ``GLIBC_TUNABLES``), so every such buffer goes back to the system when freed.
+``bench/fsdp_memory.py`` measures both strategies.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
 
 from torch import nn
@@ -15,8 +28,14 @@ from cloudtrain.spec.frameworks import STRATEGIES
 
 __all__ = ["STRATEGIES", "STRATEGY_ENV", "strategy", "wrap"]
 
+log = logging.getLogger(__name__)
+
 #: The variable that names the job's strategy (one of `STRATEGIES`; unset or empty: ddp).
 STRATEGY_ENV = "CLOUDTRAIN_STRATEGY"
+#: From this size up, FSDP's buffers on CPU are mmapped, and unmapped when freed (glibc's own
+#: default threshold, made fixed: see the module's docstring).
+MMAP_THRESHOLD = 128 * 1024
+_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 
 
 def strategy() -> str:
@@ -64,6 +83,25 @@ def wrap(model: nn.Module, strategy: str | None = None) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    if dev.type == "cpu":
+        _pin_mmap_threshold()
     mesh = init_device_mesh(dev.type, (world_size(),))
     fully_shard(model, mesh=mesh)  # in place: `model` becomes an FSDPModule
     return model
+
+
+def _pin_mmap_threshold() -> bool:
+    """Fix glibc's mmap threshold at `MMAP_THRESHOLD` (see the module's docstring); whether it
+    was set. Does nothing where the user set one or where the C library is not glibc."""
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "malloc.mmap_threshold" in tunables:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to pin
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1)
+    if done:
+        log.debug("glibc's mmap threshold fixed at %d bytes", MMAP_THRESHOLD)
+    return done

@@ -8,17 +8,21 @@ and every rank computes the same deal on its own from ``(seed + epoch)``: no com
 ``BalancedSampler(ds)``                equal counts: the shuffled order dealt round-robin
 ``BalancedSampler(ds, cost=lengths)``  equal counts and equal total cost over the epoch
 ``BalancedSampler(ds, cost=lengths,    equal counts and equal total cost in every step
-batch_size=b)``                        (each rank's ``b`` samples of one global batch)
+batch_size=b)``                        (each rank's ``b`` samples of one global batch) and
+                                       over the epoch
 =====================================  ======================================================
 
 Every mode starts from the same list: the permutation seeded by ``seed + epoch`` (``range(n)``
 with ``shuffle=False``), wrapped around until ``world`` divides it (padding repeats the first
 indices of the order, so which samples are seen twice changes every epoch, unbiased). With a
 ``cost`` the same list is cut into windows (the whole list, or ``world * batch_size`` positions
-each with a ``batch_size``) and each window is shared out by greedy LPT with a capacity: largest
-cost first, to the rank with the least total so far among those holding fewer than their share
-(the lowest rank on a tie). A rank yields what it got in the order's order, so its batches are
-as shuffled as without a cost.
+each with a ``batch_size``) and each window is cut into ``world`` bins by greedy LPT with a
+capacity: largest cost first, to the bin with the least total so far among those holding fewer
+than their share. Which rank takes which bin is free, and it is chosen for the epoch: window by
+window, the widest spread (heaviest bin less lightest) first, the heaviest bin goes to the rank
+with the least total so far (the lowest rank on a tie). So every step is balanced and so is the
+epoch, at every batch size (a batch of 1 too, where every bin is one sample). A rank yields
+what it got in the order's order, so its batches are as shuffled as without a cost.
 
 Which mode: a synchronous step (DDP, FSDP) waits for its slowest rank, so the step time follows
 the largest *batch*, not the largest shard. Over a long epoch, random shards already have near
@@ -27,8 +31,9 @@ same as the DataLoader's, so that a rank's share of window k is its batch k) bal
 step, and is what shortens a synchronous epoch; without it only the epoch totals are balanced
 (the right thing when ranks do not step together). ``bench/sharding.py`` measures the three.
 
-Cost of the deal: O(n log n) on every rank once per epoch (cached for the epoch), about a
-second for n = 10**6; without a cost, a permutation.
+Cost of the deal: O(n log n) on every rank once per epoch (cached for the epoch), half a
+second to a second and a half for n = 10**6 on one core (the most with a batch of 1); without a
+cost, a permutation.
 """
 
 from __future__ import annotations
@@ -59,11 +64,11 @@ class BalancedSampler(Sampler[int]):
     r + world, ... With `cost` (one non-negative number per sample, e.g. its token count, or a
     function of the index called once per index here) the same padded order is shared out by
     greedy LPT so that every rank's total cost is about the same, over the whole epoch or, with
-    `batch_size`, within every global batch of ``world * batch_size`` positions (see the module
-    docstring). Nothing is dropped, every index lands on some rank at least once, and equal
-    shard sizes mean no rank waits for a longer one at the gradient all-reduce. `rank` and
-    `world_size` default to the job's (`cloudtrain.runtime.rank()` / `world_size()`, read once
-    here).
+    `batch_size`, within every global batch of ``world * batch_size`` positions and over the
+    epoch as well (see the module docstring). Nothing is dropped, every index lands on some
+    rank at least once, and equal shard sizes mean no rank waits for a longer one at the
+    gradient all-reduce. `rank` and `world_size` default to the job's
+    (`cloudtrain.runtime.rank()` / `world_size()`, read once here).
 
     Raises TypeError for a dataset without a length or a cost that is not numbers, and
     ValueError for a bad length, rank, world size or batch size, a cost of the wrong length, or
@@ -187,42 +192,58 @@ class BalancedSampler(Sampler[int]):
             ranked_parts.append(rows)
             at_parts.append(at + full)
         ranked = torch.cat(ranked_parts).tolist()
-        places: list[int] = []
-        for start in range(0, total, window):
-            stop = min(start + window, total)
-            chunk_loads = _lpt(ranked, start, stop, world, self.rank, places)
-            loads = [a + b for a, b in zip(loads, chunk_loads, strict=True)]
-        positions = torch.cat(at_parts)[torch.tensor(places, dtype=torch.long)]
+        # Each window's bins are balanced; which rank takes which bin is free. Give them out
+        # window by window, the widest spread first (while the rest can still even it out): the
+        # heaviest bin to the rank with the least so far (the lowest rank on a tie), so every
+        # step keeps its balanced bins and the epoch's totals come out even too, whatever
+        # the batch size.
+        bin_of: list[int] = []
+        sums = [
+            _lpt(ranked, s, min(s + window, total), world, bin_of) for s in range(0, total, window)
+        ]
+        spread = [max(s) - min(s) for s in sums]
+        my_bin = [0] * len(sums)
+        ranks = range(world)
+        for w in sorted(range(len(sums)), key=spread.__getitem__, reverse=True):
+            heaviest = sorted(ranks, key=sums[w].__getitem__, reverse=True)
+            lightest = sorted(ranks, key=loads.__getitem__)
+            for b, r in zip(heaviest, lightest, strict=True):
+                loads[r] += sums[w][b]
+                if r == self.rank:
+                    my_bin[w] = b
+        window_of = torch.arange(total) // window
+        places = torch.tensor(bin_of) == torch.tensor(my_bin)[window_of]
+        positions = torch.cat(at_parts)[places]
         mine: list[int] = order[torch.sort(positions).values].tolist()
         self._plan = (key, mine, loads)
         return mine, loads
 
 
-def _lpt(
-    ranked: list[float], start: int, stop: int, world: int, me: int, mine: list[int]
-) -> list[float]:
-    """Greedy LPT with a capacity over ``ranked[start:stop]``, sorted largest first.
+def _lpt(ranked: list[float], start: int, stop: int, world: int, bin_of: list[int]) -> list[float]:
+    """Greedy LPT with a capacity over ``ranked[start:stop]``, sorted largest first, into bins.
 
-    ``stop - start`` is a multiple of `world`: each rank takes that over `world`. Each cost goes
-    to the rank with the least total so far among those with room left (the lowest rank on equal
-    totals). Appends to `mine` the places that rank `me` got; returns every rank's total. A heap
-    of (total, rank): O((stop - start) * log world).
+    ``stop - start`` is a multiple of `world`: each of the `world` bins takes that over `world`.
+    Each cost goes to the bin with the least total so far among those with room left (the lowest
+    bin on equal totals). Appends each place's bin to `bin_of`; returns every bin's total. A heap
+    of (total, bin): O((stop - start) * log world).
     """
-    heap = [(0.0, r) for r in range(world)]  # sorted, so already a heap
+    if stop - start == world:  # one each (a batch of 1): bin b takes the b-th largest
+        bin_of.extend(range(world))
+        return ranked[start:stop]
+    heap = [(0.0, b) for b in range(world)]  # sorted, so already a heap
     room = [(stop - start) // world] * world
-    loads = [0.0] * world  # filled in as each rank fills up: all are full at the end
-    take, replace, pop = mine.append, heapq.heapreplace, heapq.heappop
-    for i, c in enumerate(ranked[start:stop], start):
-        load, r = heap[0]
-        if r == me:
-            take(i)
-        room[r] -= 1
-        if room[r]:
-            replace(heap, (load + c, r))
+    sums = [0.0] * world  # filled in as each bin fills up: all are full at the end
+    put, replace, pop = bin_of.append, heapq.heapreplace, heapq.heappop
+    for c in ranked[start:stop]:
+        total, b = heap[0]
+        put(b)
+        room[b] -= 1
+        if room[b]:
+            replace(heap, (total + c, b))
         else:
-            loads[r] = load + c
+            sums[b] = total + c
             pop(heap)
-    return loads
+    return sums
 
 
 def _costs(cost: Cost, n: int) -> torch.Tensor:

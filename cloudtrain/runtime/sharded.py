@@ -16,7 +16,8 @@ DCP reshards it on load.
         __0_0.distcp        a rank's shard, on the node that rank runs on
         __1_0.distcp
         complete-0.json     one marker per node, named after the global rank of the node's
-                            LOCAL_RANK 0: {"checkpoint", "step", "world_size", "writers", ...}
+                            LOCAL_RANK 0: {"checkpoint", "step", "world_size", "writers",
+                            "save" (one token per save), "files" (the node's, with sizes), ...}
       ckpt-000006/          the one before (`keep` = 2)
       .ckpt-000008.tmp/     a save in progress, or one a crash cut short: never loaded
 
@@ -36,9 +37,11 @@ goes back to ``ckpt-(N-1)``.
 Without a shared filesystem each node's folder holds its own ranks' shards and marker, and only
 global rank 0's node holds ``.metadata``; the coordinator gives every node the union of all
 nodes' folders before a resume. A checkpoint is complete when it has ``.metadata``, the marker
-of every node its markers name, and every file ``.metadata`` refers to; `load_sharded` loads
-the newest that is complete on every rank, and raises CheckpointError saying what is missing
-when none is (a folder that was not merged, say).
+of every node its markers name, all of one save, every file they list at its size, and every
+file ``.metadata`` refers to (`cloudtrain.jobs.shards`, which the user's machine reads too, to
+choose what a resumed job gets); `load_sharded` loads the newest that is complete on every
+rank, and raises CheckpointError saying what is missing when none is (a folder that was not
+merged, say).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import time
 import warnings
@@ -71,6 +75,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from cloudtrain.errors import CheckpointError, one_line
+from cloudtrain.jobs import shards
 from cloudtrain.runtime import progress
 from cloudtrain.runtime.checkpoint import _explain, _fsync_dir
 from cloudtrain.runtime.dist import barrier, local_rank, rank, world_size
@@ -80,7 +85,7 @@ log = logging.getLogger(__name__)
 __all__ = ["load_sharded", "save_sharded"]
 
 StrPath = str | os.PathLike[str]
-METADATA = ".metadata"
+METADATA = shards.METADATA
 #: The key of cloudtrain's own entry in the DCP state: `extra` and the step, as one blob.
 ENTRY = "cloudtrain"
 _DONE, _TEMP = re.compile(r"ckpt-(\d+)"), re.compile(r"\.ckpt-(\d+)\.tmp")
@@ -116,9 +121,10 @@ def save_sharded(
         raise ValueError(f"keep must be at least 1, got {keep}")
     root = Path(folder)
     node_writer = local_rank() == 0 or not _grouped()
-    views = _gather((_newest_seq(root), node_writer, rank()))
-    seq = max(n for n, _, _ in views) + 1
-    writers = [r for _, first, r in views if first]
+    views = _gather((_newest_seq(root), node_writer, rank(), secrets.token_hex(8)))
+    seq = max(n for n, _, _, _ in views) + 1
+    writers = [r for _, first, r, _ in views if first]
+    save = views[0][3]  # rank 0's: the same in every node's marker of this save
     name = _name(seq)
     tmp, final = root / f".{name}.tmp", root / name
 
@@ -144,6 +150,8 @@ def save_sharded(
             "writers": writers,
             "rank": rank(),
             "saved_at": time.time(),
+            "save": save,
+            "files": _files(tmp),
         }
         _write_json(tmp / _marker(rank()), marker)
         _fsync_dir(tmp)
@@ -225,33 +233,30 @@ def _newest_seq(root: Path) -> int:
     return seqs[0] if seqs else -1
 
 
+def _files(tmp: Path) -> dict[str, int]:
+    """The files this node wrote into the checkpoint (its ranks' shards; ``.metadata`` on rank
+    0's node), with their sizes: what its marker vouches for."""
+    return {
+        f.name: f.stat().st_size
+        for f in sorted(tmp.iterdir())
+        if f.is_file() and not f.name.startswith("complete-")
+    }
+
+
 def _missing(path: Path) -> str | None:
-    """What checkpoint `path` lacks to be loaded (None: complete)."""
-    writers: set[int] = set()
-    for file in sorted(path.glob("complete-*.json")):
-        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):  # unreadable: none
-            writers.update(int(w) for w in json.loads(file.read_text())["writers"])
-    if not writers:
-        return f"{path.name} lacks a complete-*.json marker (its save did not finish)"
-    gaps = []
-    if not (path / METADATA).is_file():
-        gaps.append(f"{METADATA} (written on global rank 0's node)")
-    absent = sorted(w for w in writers if not (path / _marker(w)).is_file())
-    if absent:
-        nodes = ", ".join(str(w) for w in absent)
-        gaps.append(f"the marker and shards of the node(s) of rank(s) {nodes}")
-    elif not gaps:
-        try:
-            files = _referenced_files(path)
-        except Exception as e:  # a pickle: anything can go wrong, all of it means unreadable
-            gaps.append(f"a readable {METADATA} ({one_line(f'{type(e).__name__}: {e}', 120)})")
-        else:
-            lost = sorted(f for f in files if not (path / f).is_file())
-            if lost:
-                gaps.append(f"shard file(s) {', '.join(lost)}")
-    if not gaps:
-        return None
-    return f"{path.name} lacks {' and '.join(gaps)}"
+    """What checkpoint `path` lacks to be loaded (None: complete): what its markers say
+    (`cloudtrain.jobs.shards.missing`), then every file ``.metadata`` refers to."""
+    gap = shards.missing(path)
+    if gap is not None:
+        return gap
+    try:
+        files = _referenced_files(path)
+    except Exception as e:  # a pickle: anything can go wrong, all of it means unreadable
+        return (
+            f"{path.name} lacks a readable {METADATA} ({one_line(f'{type(e).__name__}: {e}', 120)})"
+        )
+    lost = sorted(f for f in files if not (path / f).is_file())
+    return f"{path.name} lacks shard file(s) {', '.join(lost)}" if lost else None
 
 
 def _referenced_files(path: Path) -> set[str]:

@@ -111,6 +111,70 @@ def test_a_managed_fsdp_job_resumes_from_the_shards_of_a_node_that_is_gone(sh: S
     assert sh("down", "s").returncode == 0
 
 
+def whole_at_home(kept: Path) -> list[int]:
+    """The epochs of digits_fsdp's checkpoints that a snapshot in `kept` holds both nodes'
+    markers of (ckpt-N is epoch N + 1)."""
+    return [
+        int(ckpt.name.split("-")[1]) + 1
+        for ckpt in kept.glob("[0-9]*/digits_fsdp/ckpt-*")
+        if (ckpt / "complete-0.json").is_file() and (ckpt / "complete-1.json").is_file()
+    ]
+
+
+def test_a_managed_fsdp_job_survives_a_lost_node_at_the_default_settings(sh: Shell) -> None:
+    """At the defaults the shards come home every 30 s: when a node is lost between two pulls,
+    the home's copy of its shards is older than the survivor's newest checkpoints (which have
+    pruned the one they share). Attempt 2 resumes from the newest checkpoint complete on
+    every rank, wherever its shards are: here, the one the home kept."""
+    assert "CLOUDTRAIN_CHECKPOINT_PULL_S" not in sh.env
+    assert sh("up", "--name", "d", "--nodes", "2").returncode == 0
+    args = ["--managed", "--strategy", "fsdp", str(FSDP), "--", "--epochs", "20", "--pause", "1"]
+    train = sh.popen("train", "-c", "d", *args)
+    out = read_until(train, r"epoch 1/20")
+    kept = sh.home / "checkpoints" / "d-1"
+    wait_for(lambda: whole_at_home(kept), timeout=120, what="a copy of both nodes' shards")
+    home = max(whole_at_home(kept))  # the newest epoch the home holds whole
+    # Two more epochs (seconds, well within the next copy at 30 s): the survivor's two
+    # newest checkpoints are past all the home holds, and its folder has pruned the rest.
+    out += read_until(train, rf"epoch {home + 2}/20")
+    kill_node(sh.home, "d", 1)
+    rest, _ = train.communicate(timeout=600)
+    out += rest
+    assert train.returncode == 0, out
+    assert "replacing node(s) 1 of d" in out
+    assert "no checkpoint is complete" not in out, out
+    resumed = re.search(r"resumed from epoch (\d+) \(saved by 2 ranks, now 2\)", out)
+    assert resumed, out
+    assert int(resumed.group(1)) >= home, out  # nothing older than what the home held
+    assert "epoch 20/20" in out
+    assert [r["cause"] for r in sh.job("d-1")["detail"]["recoveries"]] == ["vanished"]
+    assert sh("down", "d").returncode == 0
+
+
+def test_a_managed_fsdp_job_lost_before_its_shards_came_home_starts_afresh(sh: Shell) -> None:
+    """A node lost before the first copy (30 s in): the survivor's shards alone are no
+    checkpoint, and none is kept at home, so attempt 2 starts afresh on both nodes rather than
+    failing on the survivor's half of one."""
+    assert "CLOUDTRAIN_CHECKPOINT_PULL_S" not in sh.env
+    assert sh("up", "--name", "e", "--nodes", "2").returncode == 0
+    args = ["--managed", "--strategy", "fsdp", str(FSDP), "--", "--epochs", "3", "--pause", "1"]
+    train = sh.popen("train", "-c", "e", *args)
+    out = read_until(train, r"epoch 1/3")
+    whole = whole_at_home(sh.home / "checkpoints" / "e-1")
+    print(f"whole at home when node 1 was killed: {whole}")
+    kill_node(sh.home, "e", 1)
+    rest, _ = train.communicate(timeout=600)
+    out += rest
+    assert train.returncode == 0, out
+    assert "no checkpoint is complete" not in out, out
+    if not whole:  # the usual case: lost well before the first copy
+        assert re.search(r"recovered in [\d.]+ s \(attempt 2\), from no checkpoint", out), out
+        assert "resumed from epoch" not in out, out
+        assert out.count("epoch 1/3") == 2, out
+    assert "epoch 3/3" in out
+    assert sh("down", "e").returncode == 0
+
+
 def test_a_script_that_fails_is_not_recovered_unless_asked(sh: Shell) -> None:
     assert sh("up", "--name", "f", "--nodes", "2").returncode == 0
     plain = sh("train", "-c", "f", "--managed", str(SCRIPTS / "fail_on_node.py"))
