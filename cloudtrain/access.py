@@ -4,6 +4,12 @@ Each cluster gets its own ed25519 key pair under ``<home>/keys/<cluster>/`` (the
 0600 in a 0700 folder); only the public half ever leaves this machine. SSH is opened to the
 caller's public address (a /32), found by asking a "what is my IP" service, never to the whole
 internet unless the user says so.
+
+What the home holds is trusted only while no one else could have written it (`private_folder`,
+`private_file`): the home, ``keys/``, a cluster's key folder and the caches must be this user's
+and writable by no one else, and the key files this user's, or the command stops with one line
+naming the path (a home that was once loose may hold another user's keys, whose host key would
+go into a node's user-data).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 import urllib.parse
@@ -28,14 +35,23 @@ WORLD = ("0.0.0.0/0", "::/0")
 
 
 def cluster_key(home: Path, cluster: str) -> tuple[Path, str]:
-    """The cluster's private key path and its public key line, made on first use. Idempotent."""
-    return _key_pair(home / "keys" / cluster, "id_ed25519", f"cloudtrain-{cluster}")
+    """The cluster's private key path and its public key line, made on first use. Idempotent.
+    Raises `ConfigError` for a key (or a folder above it) another user could have written."""
+    return _key_pair(key_folder(home, cluster), "id_ed25519", f"cloudtrain-{cluster}")
 
 
 def host_key(home: Path, cluster: str) -> tuple[Path, str]:
     """The cluster's SSH **host** key (its nodes present it; cloud-init installs it), made on
     first use: the coordinator pins its public half in a per-cluster known_hosts."""
-    return _key_pair(home / "keys" / cluster, "ssh_host_ed25519_key", f"cloudtrain-{cluster}-host")
+    folder = key_folder(home, cluster)
+    return _key_pair(folder, "ssh_host_ed25519_key", f"cloudtrain-{cluster}-host")
+
+
+def key_folder(home: Path, cluster: str) -> Path:
+    """``<home>/keys/<cluster>``, made 0700; each folder on the way checked (`private_folder`)."""
+    for folder in (home, home / "keys", home / "keys" / cluster):
+        private_folder(folder, "cloudtrain's home" if folder == home else "key folder")
+    return home / "keys" / cluster
 
 
 def known_hosts(home: Path, cluster: str, addresses: list[str]) -> Path:
@@ -49,8 +65,12 @@ def known_hosts(home: Path, cluster: str, addresses: list[str]) -> Path:
 
 def ssh_options(home: Path, cluster: str) -> list[str]:
     """OpenSSH client options for the cluster's nodes: its own key only, its pinned host key
-    only (``StrictHostKeyChecking=yes`` against its known_hosts: never trust on first use)."""
-    folder = home / "keys" / cluster
+    only (``StrictHostKeyChecking=yes`` against its known_hosts: never trust on first use).
+    Raises `ConfigError` when the key or the known_hosts could be another user's."""
+    folder = key_folder(home, cluster)
+    for name in ("id_ed25519", "known_hosts"):
+        if (folder / name).exists():
+            private_file(folder / name, "key file")
     options = client_options(folder / "id_ed25519", folder / "known_hosts")
     return [*options, "-o", "HostKeyAlgorithms=ssh-ed25519"]
 
@@ -119,10 +139,10 @@ def _key_pair(folder: Path, name: str, comment: str) -> tuple[Path, str]:
     private = folder / name
     public = folder / f"{name}.pub"
     if private.exists() and public.exists():
+        private_file(private, "key file")
+        private_file(public, "key file")
         return private, public.read_text().strip()
     keygen = shutil.which("ssh-keygen")
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    folder.chmod(0o700)
     mine = _publish_private(folder, private, keygen) if not private.exists() else None
     public_line = f"{mine or _public_of(private, keygen)} {comment}"
     atomic_write(public, public_line + "\n", 0o644)
@@ -188,6 +208,64 @@ def _publish_private(folder: Path, private: Path, keygen: str | None) -> str | N
         except FileExistsError:  # another process's key won: use it
             return None
         return public
+
+
+def _who(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _untrusted(path: Path, found: os.stat_result) -> str | None:
+    """Why `path` (as `found`) may hold what another user wrote, or None."""
+    if found.st_uid != os.getuid():
+        return f"is owned by {_who(found.st_uid)}, not by you ({_who(os.getuid())})"
+    if stat.S_IMODE(found.st_mode) & 0o022:
+        return f"is writable by other users (mode {stat.S_IMODE(found.st_mode):04o})"
+    return None
+
+
+def private_folder(path: Path, what: str, *, tighten: bool = True) -> Path:
+    """`path`, a folder only this user can write: made 0700 when absent (parents too), a looser
+    one that others could only read tightened to 0700 (unless not `tighten`). Raises
+    `ConfigError` (one line naming the path) when it is another user's, or writable by others:
+    what is in it may have been put there by someone else (keys whose private half they know,
+    a cache they made), and is not used. A symlink counts as the folder it names, and must be
+    this user's too. `OSError` when it cannot be made."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)  # OSError: it cannot be made
+    link = os.lstat(path)
+    found = os.stat(path)
+    why = _untrusted(path, link) if stat.S_ISLNK(link.st_mode) else None
+    why = why or (None if stat.S_ISDIR(found.st_mode) else "is not a folder")
+    why = why or _untrusted(path, found)
+    if why:
+        raise ConfigError(
+            f"{what} {path} {why}: another user could have put what it holds there; check "
+            "it, then remove it or make it yours alone (chmod 700), or set CLOUDTRAIN_HOME "
+            "to a folder of your own"
+        )
+    if tighten and stat.S_IMODE(found.st_mode) & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def private_file(path: Path, what: str) -> None:
+    """Raise `ConfigError` (one line naming the path) unless `path` is a regular file (not a
+    link) of this user's that no one else can write, nor read when it is a private key."""
+    found = os.lstat(path)
+    why = None if stat.S_ISREG(found.st_mode) else "is not a regular file"
+    why = why or _untrusted(path, found)
+    secret = not path.name.endswith(".pub") and path.name != "known_hosts"
+    if not why and secret and stat.S_IMODE(found.st_mode) & 0o077:
+        why = f"is readable by other users (mode {stat.S_IMODE(found.st_mode):04o})"
+    if why:
+        raise ConfigError(
+            f"{what} {path} {why}: it may not be the key cloudtrain made; remove it (`down` "
+            "the cluster first if it is up), or make it yours alone"
+        )
 
 
 def atomic_write(path: Path, text: str | bytes, mode: int) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import sqlite3
 import stat
@@ -35,7 +36,7 @@ from types import MappingProxyType
 from typing import Any
 
 from cloudtrain import spans as _spans
-from cloudtrain.errors import NotFoundError, StateError
+from cloudtrain.errors import ConfigError, NotFoundError, StateError
 from cloudtrain.model import NodeInfo
 from cloudtrain.spans import SpanRecord
 from cloudtrain.spec import ClusterSpec
@@ -232,18 +233,26 @@ class IntentRecord:
 
 
 def _make_home(path: Path) -> None:
-    """Make the folder 0700, or tighten one that existed looser (made by hand, or by the shell's
-    umask before cloudtrain ran)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if stat.S_IMODE(path.stat().st_mode) & 0o077:
-        path.chmod(0o700)
+    """Make the folder 0700, or tighten one that existed readable by others (made by hand, or
+    by the shell's umask before cloudtrain ran); `ConfigError` for one that is another user's
+    or writable by others (`access.private_folder`)."""
+    from cloudtrain.access import private_folder
+
+    private_folder(path, "cloudtrain's home")
 
 
 def _make_file(path: Path) -> None:
-    """Create the file 0600 before SQLite does (it would use 0644), or tighten a looser one."""
+    """Create the file 0600 before SQLite does (it would use 0644), or tighten a looser one;
+    `ConfigError` for another user's (its clusters and nodes would be theirs to make up)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+        found = os.fstat(fd)
+        if found.st_uid != os.getuid():
+            raise ConfigError(
+                f"the state file {path} is owned by uid {found.st_uid}, not by you (uid "
+                f"{os.getuid()}): another user could have written it; check it and move it aside"
+            )
+        if stat.S_IMODE(found.st_mode) & 0o077:
             os.fchmod(fd, 0o600)
     finally:
         os.close(fd)
@@ -491,10 +500,13 @@ class State:
         *,
         exit_code: int | None = None,
         detail: Mapping[str, Any] | None = None,
+        ended_at: float | None = None,
     ) -> bool:
         """Record how the job ended, once: False (changing nothing) when it has ended already,
         so a later cleanup, a second reader or a late watcher never rewrites a final status.
-        Raises `NotFoundError` for an unknown job, `ValueError` for an unfinished `status`."""
+        It ended at `ended_at` (when its nodes saw it end), kept between its start and now;
+        None (or no finite number): now. Raises `NotFoundError` for an unknown job,
+        `ValueError` for an unfinished `status`."""
         if status not in FINISHED_JOB_STATUSES:
             raise ValueError(f"{status!r} is not how a job ends")
         with self._write() as conn:
@@ -504,10 +516,15 @@ class State:
             if row[4] in FINISHED_JOB_STATUSES:
                 return False
             merged = {**_json(row[12]), **(detail or {})}
+            now = self._clock()
+            start = row[6] if row[6] is not None else row[5]  # started, else made
+            ended = now
+            if ended_at is not None and math.isfinite(ended_at):
+                ended = min(now, max(start, ended_at))
             conn.execute(
                 """UPDATE jobs SET status = ?, exit_code = coalesce(?, exit_code),
                     ended_at = ?, detail_json = ? WHERE id = ?""",
-                (status, exit_code, self._clock(), _dumps(merged), job_id),
+                (status, exit_code, ended, _dumps(merged), job_id),
             )
         return True
 

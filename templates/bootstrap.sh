@@ -55,7 +55,8 @@
 #   CT_LOCK_TIMEOUT seconds, 78 bad config.
 
 set -u -o pipefail # no `set -e`: each phase runs in a subshell under `set -e`, and main checks
-# The umask is the caller's (022 from cloud-init; the CLI's 077 on the local provider).
+# The umask is the caller's (022 from cloud-init; 077 from cloudtrain's executors: ssh hosts
+# and the local provider), but for what `as_root` does to the whole machine.
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off PYTHONUNBUFFERED=1
 
 readonly ALL_PHASES="base nvidia-driver python cloudtrain torch nccl verify"
@@ -314,8 +315,11 @@ fail() { # fail CODE MESSAGE...: end the phase as failed
   echo "error: ${*:2}" >&2
   exit "$1"
 }
-as_root() {
-  if [[ $EUID -eq 0 ]]; then "$@"; else sudo -n "$@"; fi
+as_root() { # system-wide (packages, units): for every user of the machine, under umask 022
+  (
+    umask 022
+    if [[ $EUID -eq 0 ]]; then "$@"; else sudo -n "$@"; fi
+  )
 }
 apt_install() {
   local -a apt=(env DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=600)

@@ -8,7 +8,9 @@ non-zero exit: it returns the code, and `RunResult.check()` turns it into a `Com
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,13 +21,32 @@ from cloudtrain.errors import CommandError, ConfigError
 
 #: Directory entries never copied to a node by `put`, besides what `.cloudtrainignore` names.
 DEFAULT_EXCLUDES = (".git", ".venv", "venv", "__pycache__", ".mypy_cache", ".pytest_cache")
-#: Never copied to a node, whatever the ignore files say: where credentials live. A pattern
-#: with a '/' matches at the end of a path, as rsync reads it (``a/.config/gcloud`` too).
+#: Never copied to a node, whatever the ignore files say: where credentials live, after the
+#: file rules of the secret scanners (gitleaks' ``pkcs12-file``; the file signatures of gitrob
+#: and shhgit) and the default places of the tools a training workdir meets. A pattern with a
+#: '/' matches at the end of a path, as rsync reads it (``a/.config/gcloud`` too). What they
+#: leave out is named before a sync (`left_out`).
 SECRET_EXCLUDES = (
-    ".ssh", ".aws", ".azure", ".config/gcloud", ".kube", ".docker", ".gnupg",
-    ".env", ".env.*", "*.pem", "*.p12", ".netrc", ".git-credentials", ".pgpass",
+    # keys and keystores: SSH, GPG, TLS, Java, PuTTY, Kerberos, KeePass, OpenVPN
+    ".ssh", ".gnupg", "*.pem", "*.key", "*.p12", "*.pfx", "*.p8", "*.pkcs12", "*.jks",
+    "*.keystore", "*.ppk", "*.keytab", "*.kdbx", "*.ovpn",
     "id_rsa", "id_rsa.pub", "id_ed25519", "id_ed25519.pub", "id_ecdsa", "id_ecdsa.pub",
-    "id_dsa", "id_dsa.pub", "credentials.json", "application_default_credentials.json",
+    "id_dsa", "id_dsa.pub", "*_rsa", "*_dsa", "*_ecdsa", "*_ed25519", "*_sk",
+    # clouds, clusters, object stores
+    ".aws", ".azure", ".config/gcloud", ".kube", "kubeconfig*", "*.kubeconfig", ".boto",
+    ".s3cfg", ".passwd-s3fs", ".config/rclone", "rclone.conf", ".databrickscfg", ".oci",
+    ".config/doctl", ".vault-token", ".kaggle", "kaggle.json", "credentials.json",
+    "application_default_credentials.json", "service-account*.json", "service_account*.json",
+    # Terraform: state and variables hold every secret of what they made
+    "*.tfstate", "*.tfstate.*", "*.tfvars", "*.tfvars.json", ".terraformrc", "terraform.rc",
+    ".terraform.d",
+    # registries, forges and model hubs
+    ".docker", ".dockercfg", ".npmrc", ".yarnrc", ".yarnrc.yml", ".pypirc", ".gem/credentials",
+    ".git-credentials", ".config/gh", ".config/hub", ".huggingface", "huggingface/token",
+    "huggingface/stored_tokens",
+    # passwords, environments, shell histories
+    ".env", ".env.*", ".envrc", ".netrc", "_netrc", ".pgpass", ".my.cnf", ".htpasswd",
+    ".password-store", ".*_history",
 )  # fmt: skip
 IGNORE_FILE = ".cloudtrainignore"
 #: What they name stays home: the workdir's own, and every folder's `.gitignore`.
@@ -35,13 +56,16 @@ IGNORE_FILES = (".gitignore", IGNORE_FILE)
 SSH_FAILED = 255
 
 #: Starts "$@" detached: its own session, stdin from /dev/null, stdout+stderr to
-#: JOB_DIR/node.log; writes JOB_DIR/pid now and JOB_DIR/exit_code (atomically) when it ends;
-#: prints the pid. Run as ``sh -c DETACH_SCRIPT NAME JOB_DIR ARGV...``; executors run the same
-#: script locally and over SSH so a job's files look the same on every node.
+#: JOB_DIR/node.log; writes JOB_DIR/pid now and, when it ends, JOB_DIR/ended_at (the node's
+#: clock, epoch seconds) then JOB_DIR/exit_code (each atomically); prints the pid. Run as
+#: ``sh -c DETACH_SCRIPT NAME JOB_DIR ARGV...``; executors run the same script locally and over
+#: SSH so a job's files look the same on every node.
 DETACH_SCRIPT = """\
 d=$1; shift
 ( "$@" > "$d/node.log" 2>&1 < /dev/null
-  printf '%s\\n' "$?" > "$d/exit_code.tmp" && mv "$d/exit_code.tmp" "$d/exit_code"
+  c=$?
+  date +%s.%N > "$d/ended_at.tmp" && mv "$d/ended_at.tmp" "$d/ended_at"
+  printf '%s\\n' "$c" > "$d/exit_code.tmp" && mv "$d/exit_code.tmp" "$d/exit_code"
 ) > /dev/null 2>&1 < /dev/null &
 printf '%s\\n' "$!" > "$d/pid"
 printf '%s\\n' "$!"
@@ -140,35 +164,88 @@ def gitignore_rules(folder: Path) -> list[str]:
     return [line for line in lines if line.strip() and not line.startswith("#")]
 
 
-def ignored(rel: Path, patterns: Sequence[str], *, folder: bool = False) -> bool:
-    """As rsync reads `patterns` for `rel` (a path below where they apply): one without '/'
-    matches a name anywhere, one with a leading '/' the path from the top, any other one with
-    '/' the end of the path; one ending in '/' only a `folder`."""
-    text = rel.as_posix()
+@functools.lru_cache(maxsize=256)
+def _rules(patterns: tuple[str, ...], folder: bool) -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """`patterns` as two regexes, one for a name and one for a path (`ignored`)."""
+    names, paths = [], []
     for p in patterns:
         if p.endswith("/"):
             if not folder:
                 continue
             p = p.rstrip("/")
         if p.startswith("/"):
-            hit = fnmatch.fnmatch(text, p[1:])
+            paths.append(fnmatch.translate(p[1:]))
         elif "/" in p:
-            hit = fnmatch.fnmatch(text, p) or fnmatch.fnmatch(text, "*/" + p)
+            paths += [fnmatch.translate(p), fnmatch.translate("*/" + p)]
         else:
-            hit = fnmatch.fnmatch(rel.name, p)
-        if hit:
-            return True
-    return False
+            names.append(fnmatch.translate(p))
+    return re.compile("|".join(names) or "(?!)"), re.compile("|".join(paths) or "(?!)")
 
 
-def sync_listing(tree: Path, extra: Iterable[str] = ()) -> Iterator[tuple[Path, Path | None]]:
+def ignored(rel: Path, patterns: Sequence[str], *, folder: bool = False) -> bool:
+    """As rsync reads `patterns` for `rel` (a path below where they apply): one without '/'
+    matches a name anywhere, one with a leading '/' the path from the top, any other one with
+    '/' the end of the path; one ending in '/' only a `folder`."""
+    names, paths = _rules(tuple(patterns), folder)
+    return bool(names.match(rel.name) or paths.match(rel.as_posix()))
+
+
+def home_below(tree: Path) -> Path | None:
+    """Where cloudtrain's home (``$CLOUDTRAIN_HOME``: every cluster's keys, the state) is
+    inside `tree`, relative to it; None when it is not below it. A sync never copies it, and
+    refuses a `tree` that is the home itself (`ConfigError`)."""
+    from cloudtrain.state import home
+
+    top, found = tree.resolve(), home().resolve()
+    if found == top:
+        raise ConfigError(
+            f"{tree} is cloudtrain's home (its keys and state never go to a node): run from "
+            "the project's own folder, or pass --workdir"
+        )
+    return found.relative_to(top) if found.is_relative_to(top) else None
+
+
+def rsync_rules(tree: Path, extra: Iterable[str] = ()) -> list[str]:
+    """rsync's options that copy of `tree` what `sync_listing` lists: the excludes, the home,
+    then every folder's `.gitignore` (after: the excludes win)."""
+    rules = [a for p in ignore_patterns(tree, extra) for a in ("--exclude", p)]
+    home = home_below(tree)
+    if home is not None:  # anchored at the top; a name with a wildcard in it is escaped
+        text = home.as_posix()
+        if any(c in text for c in "*?["):
+            text = re.sub(r"([\\*?\[])", r"\\\1", text)
+        rules += ["--exclude", f"/{text}/"]
+    return [*rules, "--filter", GITIGNORE_FILTER]
+
+
+def left_out(tree: Path, extra: Iterable[str] = ()) -> list[str]:
+    """What a sync of `tree` leaves home because it holds credentials (`SECRET_EXCLUDES`, and
+    cloudtrain's home), as relative paths: a folder, not what is in it."""
+    found: list[Path] = []
+    for _ in sync_listing(tree, extra, secrets=found):
+        pass
+    home = home_below(tree)
+    named = {home: f"{home} (cloudtrain's home)"} if home is not None else {}
+    return [named.get(rel, rel.as_posix()) for rel in found]
+
+
+def sync_listing(
+    tree: Path, extra: Iterable[str] = (), *, secrets: list[Path] | None = None
+) -> Iterator[tuple[Path, Path | None]]:
     """What a sync of `tree` copies, top-down: (relative path, None) for each folder, then
     (relative path, absolute path) for each file in it. The one walk both executors' `put`
-    and the size shown before a job's sync come from; rsync is told the same rules."""
+    and the size shown before a job's sync come from; rsync is told the same rules
+    (`rsync_rules`). Never cloudtrain's home (`home_below`). `secrets`, when given, gets
+    what was left out for holding credentials."""
     everywhere = ignore_patterns(tree, extra)
+    home = home_below(tree)
     scoped: dict[Path, list[str]] = {}  # a folder's .gitignore rules, for what is below it
 
     def skipped(rel: Path, folder: bool) -> bool:
+        if (folder and rel == home) or ignored(rel, SECRET_EXCLUDES, folder=folder):
+            if secrets is not None:
+                secrets.append(rel)
+            return True
         if ignored(rel, everywhere, folder=folder):
             return True
         return any(
@@ -235,10 +312,15 @@ def fan_out(fn: Callable[[T], R], items: Sequence[T], *, max_workers: int | None
     if len(items) <= 1:
         return [fn(item) for item in items]
     workers = max_workers or parallelism()
-    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
-        futures = [pool.submit(fn, item) for item in items]
+    pool = ThreadPoolExecutor(max_workers=min(workers, len(items)))
+    futures = [pool.submit(fn, item) for item in items]
+    try:
         errors = [f.exception() for f in futures]
-        for error in errors:
-            if error is not None:
-                raise error
-        return [f.result() for f in futures]
+    except BaseException:  # Ctrl-C: not waited for (the executors' `close` ends the calls)
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    for error in errors:
+        if error is not None:
+            raise error
+    return [f.result() for f in futures]

@@ -29,12 +29,7 @@ from pathlib import Path
 from cloudtrain import access
 from cloudtrain.errors import CommandError, ConfigError, ProviderError
 from cloudtrain.executors import received
-from cloudtrain.executors.base import (
-    DETACH_SCRIPT,
-    GITIGNORE_FILTER,
-    RunResult,
-    ignore_patterns,
-)
+from cloudtrain.executors.base import DETACH_SCRIPT, RunResult, rsync_rules
 from cloudtrain.executors.local import LocalExecutor
 from cloudtrain.spec import ENV_NAME_RE
 
@@ -76,11 +71,12 @@ def control_dir() -> Path:
 def remote_script(
     argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None
 ) -> str:
-    """The script ``sh -s`` on the node reads from ssh's stdin: `env` exported, into `cwd`,
-    then `argv` in the shell's place (stdin from /dev/null), every value quoted. Carried on
+    """The script ``sh -s`` on the node reads from ssh's stdin: umask 077 (what the command
+    and all it starts write is the node user's alone), `env` exported, into `cwd`, then
+    `argv` in the shell's place (stdin from /dev/null), every value quoted. Carried on
     stdin, not in the command line, so no value shows in any process list: not in the local
     ssh's argv, not in the node's shell's."""
-    lines = []
+    lines = ["umask 077"]  # what it writes on the node is the node user's alone
     for key, value in (env or {}).items():
         if not ENV_NAME_RE.fullmatch(key):  # the shell would read it as code
             raise ConfigError(f"{key!r} is not a valid environment variable name")
@@ -210,7 +206,8 @@ class SshExecutor:
     ) -> int:
         self._connect()
         inner = ["setsid", "sh", "-c", DETACH_SCRIPT, "cloudtrain-detach", job_dir, *argv]
-        script = f"mkdir -p {shlex.quote(job_dir)} || exit 1\n{remote_script(inner, env, cwd)}"
+        script = f"umask 077\nmkdir -p {shlex.quote(job_dir)} || exit 1\n"
+        script += remote_script(inner, env, cwd)
         done = self._local.run(self._ssh(REMOTE_SHELL), timeout=120, stdin=script)
         pid = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
         if done.returncode != 0 or not pid.isdigit():
@@ -219,14 +216,14 @@ class SshExecutor:
 
     def put(self, local: Path, remote: str, *, excludes: Sequence[str] = ()) -> None:
         """rsync over the same connection: only what changed moves; a directory's copy is
-        made equal to the source (--delete), minus what the ignores name."""
+        made equal to the source (--delete), minus what the ignores name (`rsync_rules`, the
+        rules `sync_listing` walks by). What arrives is the node user's alone (group and
+        others lose every bit, as at home)."""
         self._connect()
         ssh = shlex.join(["ssh", *self._options])
-        argv = ["rsync", "-az", "--delete", "-e", ssh]
+        argv = ["rsync", "-az", "--chmod=go-rwx", "--delete", "-e", ssh]
         if local.is_dir():
-            for pattern in ignore_patterns(local, excludes):
-                argv += ["--exclude", pattern]
-            argv += ["--filter", GITIGNORE_FILTER]  # after: the excludes above win
+            argv += rsync_rules(local, excludes)
             source, parent = f"{local}/", remote
         else:
             source, parent = str(local), str(Path(remote).parent)

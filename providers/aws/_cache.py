@@ -7,7 +7,8 @@ profile or endpoint never reads another's answers) and the region. An entry olde
 ``MAX_AGE_S``, a file that is not what this module writes, a value of the wrong shape: all
 read as "not cached", and the answer is asked for again and written over them. Writes are
 atomic (a temp file renamed over the old one), so a crash leaves the old file or the new one;
-two `up`s at once each write a whole file, the last one wins.
+two `up`s at once each write a whole file, the last one wins. A cache folder another user owns
+or can write is refused (`ConfigError`), and a file of another user's is not read.
 
 What is cached must stay true for a day or fail safe: an offering withdrawn from a zone makes
 ``RunInstances`` fail there (``Unsupported``: the next zone is tried), and an image that is
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -87,8 +89,14 @@ class PlanCache:
         if self._entries is None:
             self._entries = {}
             if self.path is not None:
+                from cloudtrain.access import private_folder
+
                 try:
-                    data = json.loads(self.path.read_text())
+                    private_folder(self.path.parent, "cache folder")  # ConfigError: not ours
+                    private_folder(self.path.parent.parent, "cache folder", tighten=False)
+                    with self.path.open() as f:  # another user's file: not cached
+                        mine = os.fstat(f.fileno()).st_uid == os.getuid()
+                        data = json.loads(f.read()) if mine else None
                 except (OSError, ValueError):  # absent, unreadable or corrupt: not cached
                     data = None
                 if (

@@ -10,22 +10,29 @@ for its bytecode: plain dicts, lists and strings load ≈5× faster than JSON is
 ``<home>/cache/botocore/``, and read from there while the file it came from is unchanged.
 
 A cache file names the data file's path, size and modification time, the Python that wrote
-it, and a digest of its body; a file that differs in any of them, or that cannot be read, is
-a miss: the JSON is read, as without a cache, and written over it (atomically: a crash or
-two processes at once leave an old whole file or a new one). botocore's loader gives
-``OrderedDict``s; this gives plain dicts, which keep their order too, and botocore builds its
-own ordered maps from either.
+it, and a digest of its body keyed with a secret of this home (``<folder>/key``, 32 random
+bytes, 0600: BLAKE2b's keyed mode, a MAC): a file that differs in any of them, that cannot
+be read, or that is not this user's, is a miss: the JSON is read, as without a cache, and
+written over it (atomically: a crash or two processes at once leave an old whole file or a
+new one). Someone who can write the folder but not read the key cannot make a file that
+passes; a folder another user owns or can write is refused (`ConfigError`) before any use,
+and a key that is not this user's alone is replaced (every file keyed with it is then a
+miss). botocore's loader gives ``OrderedDict``s; this gives plain dicts, which keep their
+order too, and botocore builds its own ordered maps from either.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import hmac
 import logging
 import marshal
 import os
 import struct
 import sys
 from pathlib import Path
+from stat import S_IMODE, S_ISREG
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -33,8 +40,10 @@ log = logging.getLogger(__name__)
 #: Data files smaller than this are parsed as they are (fast enough; no file per model).
 SMALLEST = 64 * 1024
 #: The cache file's format; with the Python that wrote it (marshal's format is its own).
-VERSION = f"cloudtrain-models 1 {sys.implementation.cache_tag} {marshal.version}".encode()
+VERSION = f"cloudtrain-models 2 {sys.implementation.cache_tag} {marshal.version}".encode()
 _DIGEST = 32
+#: The secret the digests are keyed with, in the cache's folder.
+KEY_FILE = "key"
 _HEADER = struct.Struct(f"<{len(VERSION)}sQQ{_DIGEST}s")
 
 
@@ -47,9 +56,65 @@ def _source(file_path: str) -> Path | None:
     return None
 
 
+def secret(folder: Path) -> bytes:
+    """The key of `folder`'s digests: made on first use (published with one ``link(2)``: the
+    first process wins, the others read it); one that is not a 0600 regular file of this
+    user's, or not 32 bytes, is replaced with a new one (someone else may know it)."""
+    path = folder / KEY_FILE
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            _publish(path, os.urandom(_DIGEST), replace=False)
+            continue
+        except OSError:  # a symlink in its place
+            fd = -1
+        if fd >= 0:
+            with os.fdopen(fd, "rb") as f:
+                found = os.fstat(f.fileno())
+                mine = S_ISREG(found.st_mode) and found.st_uid == os.getuid()
+                if mine and not S_IMODE(found.st_mode) & 0o077:
+                    key = f.read(_DIGEST + 1)
+                    if len(key) == _DIGEST:
+                        return key
+        log.info("replacing the cache key %s: not a private file of this user's", path)
+        _publish(path, os.urandom(_DIGEST), replace=True)
+    raise OSError(f"cannot keep a key at {path}")
+
+
+def _publish(path: Path, key: bytes, *, replace: bool) -> None:
+    from cloudtrain.access import atomic_write
+
+    if replace:
+        atomic_write(path, key, 0o600)
+        return
+    made = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
+    fd = os.open(made, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+        with contextlib.suppress(FileExistsError):  # another process's won: it is read next
+            os.link(made, path)
+    finally:
+        made.unlink()
+
+
 def file_loader(folder: Path) -> Any:
-    """botocore's JSON file loader with the cache of this module under `folder`."""
+    """botocore's JSON file loader with the cache of this module under `folder`. Raises
+    `ConfigError` when `folder` or the one above it (``<home>/cache``) is another user's or
+    writable by others (`cloudtrain.access.private_folder`); one that cannot be made only
+    costs the JSON."""
     from botocore.loaders import JSONFileLoader
+
+    from cloudtrain.access import private_folder
+
+    try:
+        private_folder(folder, "cache folder")
+        private_folder(folder.parent, "cache folder", tighten=False)  # <home>/cache
+        key = secret(folder)
+    except OSError as exc:  # no key, no cache: botocore reads its JSON
+        log.info("not keeping botocore's models in %s: %s", folder, exc)
+        return JSONFileLoader()
 
     class CachedModels(JSONFileLoader):  # type: ignore[misc]  # botocore has no types
         def load_file(self, file_path: str) -> Any:
@@ -60,21 +125,25 @@ def file_loader(folder: Path) -> Any:
             if stat.st_size < SMALLEST:
                 return super().load_file(file_path)
             cached = folder / f"{hashlib.sha256(str(source).encode()).hexdigest()[:32]}.marshal"
-            found = read(cached, stat)
+            found = read(cached, stat, key)
             if found is not None:
                 return found
             data = super().load_file(file_path)
             if data is not None:
-                write(cached, stat, data)
+                write(cached, stat, data, key)
             return data
 
     return CachedModels()
 
 
-def read(path: Path, stat: os.stat_result) -> Any:
-    """The model kept at `path` for a data file of `stat`, or None (absent, stale, damaged)."""
+def read(path: Path, stat: os.stat_result, key: bytes) -> Any:
+    """The model kept at `path` for a data file of `stat`, or None (absent, stale, damaged,
+    another user's, or not sealed with `key`)."""
     try:
-        blob = path.read_bytes()
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_uid != os.getuid():
+                return None
+            blob = f.read()
     except OSError:
         return None
     if len(blob) < _HEADER.size:
@@ -83,7 +152,7 @@ def read(path: Path, stat: os.stat_result) -> Any:
     body = memoryview(blob)[_HEADER.size :]
     if (version, size, mtime) != (VERSION, stat.st_size, stat.st_mtime_ns):
         return None
-    if hashlib.blake2b(body, digest_size=_DIGEST).digest() != digest:
+    if not hmac.compare_digest(_seal(body, key), digest):
         return None
     try:
         return marshal.loads(body)
@@ -91,14 +160,19 @@ def read(path: Path, stat: os.stat_result) -> Any:
         return None
 
 
-def write(path: Path, stat: os.stat_result, data: Any) -> None:
-    """Keep `data` (botocore's model of a data file of `stat`) at `path`; a cache that cannot
-    be written is only logged."""
+def _seal(body: bytes | memoryview, key: bytes) -> bytes:
+    """`body`'s digest keyed with `key` (BLAKE2b's keyed mode: a MAC)."""
+    return hashlib.blake2b(body, digest_size=_DIGEST, key=key).digest()
+
+
+def write(path: Path, stat: os.stat_result, data: Any, key: bytes) -> None:
+    """Keep `data` (botocore's model of a data file of `stat`) at `path`, sealed with `key`; a
+    cache that cannot be written is only logged."""
     from cloudtrain.access import atomic_write
 
     try:
         body = marshal.dumps(_plain(data))
-        digest = hashlib.blake2b(body, digest_size=_DIGEST).digest()
+        digest = _seal(body, key)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         atomic_write(path, _HEADER.pack(VERSION, stat.st_size, stat.st_mtime_ns, digest) + body,
                      0o600)  # fmt: skip

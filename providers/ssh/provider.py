@@ -194,9 +194,12 @@ class SshProvider:
         config = bootstrap.config(shape, install=self.install, phases=self.phases,
                                   python=self.python, root=root,
                                   torch_index=self.torch_index, agent="detached")  # fmt: skip
+        # the node's folders are the node user's alone (0700), also ones made looser before;
+        # what is written in them is too (the executor's commands run under umask 077)
+        folders = [str(Path(root).parent.parent), str(Path(root).parent), root]
         write = (
-            f"mkdir -p {shlex.quote(root)}/bootstrap && cd {shlex.quote(root)} && "
-            f"printf '%s\\n' {shlex.quote(tags)} > node.json && "
+            f"mkdir -p {shlex.quote(root)}/bootstrap && chmod 700 {shlex.join(folders)} && "
+            f"cd {shlex.quote(root)} && printf '%s\\n' {shlex.quote(tags)} > node.json && "
             f"printf '%s' {shlex.quote(config)} > bootstrap/bootstrap.env"
         )
         ex = self._executor(host)
