@@ -4,19 +4,25 @@ server to keep, nothing from the network: the page (``cloudtrain/data/dashboard.
 its own SVG charts.
 
 =====================  ==========================================================================
-this user only         it listens on 127.0.0.1 alone; every request needs the URL's random token
-                       (``?token=``, then a cookie the page gets: HttpOnly, SameSite=Strict),
-                       compared in constant time; another local user gets 403 and nothing else
+this user only         it listens on 127.0.0.1 alone; every request needs its random token, in
+                       a cookie (HttpOnly, SameSite=Strict), compared in constant time; another
+                       local user gets 403 and nothing else
+no token in a URL      the token never appears in a URL or a command line (a browser's argv is
+                       everyone's to read through ``ps``): `login_url` is a one-time link (a
+                       random nonce, spent at its first use, void after `LOGIN_S`) that sets
+                       the cookie and redirects to the page
 no rebinding           a request whose ``Host`` is not ``127.0.0.1:PORT`` or ``localhost:PORT`` is
                        refused (a web page elsewhere cannot reach it through a DNS name)
 no script from data    names and messages reach the page as JSON and are put in as text, never as
                        markup; the page's Content-Security-Policy allows only its own script
                        (by nonce) and requests to itself; no Referer carries the token away
-live                   a running job's metrics are copied from its nodes every `PULL_S`
-                       (`Coordinator.pull_metrics`), so a detached job's curves grow too
+live                   every `PULL_S`, off the requests' threads, each running job is polled on
+                       its nodes (`poll`: its metrics copied, `Coordinator.pull_metrics`; its
+                       end recorded as its nodes saw it, `Coordinator.refresh`), so a detached
+                       job's curves grow and its end shows with no other command run
 =====================  ==========================================================================
 
-API (JSON, same token): ``/api/state`` (clusters, jobs, the newest events) and
+API (JSON, same cookie): ``/api/state`` (clusters, jobs, the newest events) and
 ``/api/metrics?job=ID`` (that job's lines, `cloudtrain.jobs.metrics`).
 """
 
@@ -43,7 +49,7 @@ from cloudtrain import cost
 from cloudtrain.jobs import metrics
 from cloudtrain.state import State
 
-__all__ = ["PULL_S", "Dashboard", "snapshot"]
+__all__ = ["LOGIN_S", "PULL_S", "Dashboard", "snapshot"]
 
 log = logging.getLogger(__name__)
 PULL_S = 5.0
@@ -53,6 +59,12 @@ IDLE_S = 30.0
 EVENTS = 50
 JOBS = 50
 COOKIE = "cloudtrain_dashboard"
+#: The one-time link's path, and how long a link not used yet stays good.
+LOGIN, LOGIN_S = "/login", 120.0
+SPENT = (
+    f"this link was used already or is too old (a link works once, for {LOGIN_S / 60:g} "
+    "minutes): press Enter where `cloudtrain dashboard` runs for a new one"
+).encode()
 
 
 def snapshot(state: State, home: Path, now: float) -> dict[str, Any]:
@@ -134,14 +146,16 @@ class _Server(http.server.ThreadingHTTPServer):
 
 class Dashboard:
     """The page's server on 127.0.0.1:`port` (0: one the system chose), for `home`'s state.
-    `pull(job_id)` copies a running job's metrics from its nodes (None: never)."""
+    `poll(job_id)` brings a running job's record up to date from its nodes (its metrics, how
+    it ended); None: never."""
 
     def __init__(
-        self, home: Path, port: int = 0, pull: Callable[[str], None] | None = None
+        self, home: Path, port: int = 0, poll: Callable[[str], None] | None = None
     ) -> None:
         self.home = home
-        self.token = secrets.token_urlsafe(24)
-        self._pull = pull
+        self.token = secrets.token_urlsafe(24)  # the cookie's: never in a URL
+        self._logins: dict[str, float] = {}  # one-time nonce → when it expires (monotonic)
+        self._poll = poll
         self._stop = threading.Event()
         self._page = resources.files("cloudtrain.data").joinpath("dashboard.html").read_text()
         self.httpd = _Server(("127.0.0.1", port), self._handler())
@@ -150,9 +164,22 @@ class Dashboard:
         self._lock = threading.Lock()
         self.port = self.httpd.server_address[1]
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/?token={self.token}"
+    def login_url(self) -> str:
+        """A new one-time link to the page: the first request of it gets the session cookie
+        and a redirect to the page; it is spent then, and void after `LOGIN_S` unused."""
+        nonce = secrets.token_urlsafe(24)
+        with self._lock:
+            now = time.monotonic()
+            self._logins = {n: t for n, t in self._logins.items() if t > now}
+            self._logins[nonce] = now + LOGIN_S
+        return f"http://127.0.0.1:{self.port}{LOGIN}?once={nonce}"
+
+    def spend(self, given: str) -> bool:
+        """Whether `given` is a one-time nonce still good; it is not afterwards."""
+        with self._lock:
+            found = [n for n in self._logins if hmac.compare_digest(n.encode(), given.encode())]
+            expires = self._logins.pop(found[0]) if found else 0.0
+        return expires > time.monotonic()
 
     def serve(self) -> None:
         """Serve until `close` (or Ctrl-C in the caller); blocks."""
@@ -160,7 +187,7 @@ class Dashboard:
             if self._closed:
                 return
             self._serving = True
-        puller = threading.Thread(target=self._pull_running, daemon=True)
+        puller = threading.Thread(target=self._poll_running, daemon=True)
         puller.start()
         try:
             self.httpd.serve_forever(poll_interval=0.2)
@@ -180,27 +207,34 @@ class Dashboard:
             self.httpd.shutdown()
         self.httpd.server_close()
 
-    def _pull_running(self) -> None:
-        if self._pull is None:
+    def _poll_running(self) -> None:
+        if self._poll is None:
             return
         while not self._stop.wait(PULL_S):
-            with State.open(self.home) as state:
-                running = [j.id for j in state.jobs() if j.status == "running"]
-            for job_id in running:
+            with State.open(self.home) as state:  # the jobs the page shows that run
+                shown = sorted(state.jobs(), key=lambda j: j.seq, reverse=True)[:JOBS]
+            for job_id in [j.id for j in shown if j.status == "running"]:
+                if self._stop.is_set():
+                    return
                 try:
-                    self._pull(job_id)
+                    self._poll(job_id)
                 except Exception as exc:  # a node that does not answer: next time
-                    log.debug("could not copy the metrics of %s: %s", job_id, exc)
+                    log.debug("could not poll the nodes of %s: %s", job_id, exc)
 
     # -- requests ----------------------------------------------------------------------------
 
-    def allowed(self, headers: Message[str, str], query: Mapping[str, list[str]]) -> bool:
-        if headers.get("Host") not in (f"127.0.0.1:{self.port}", f"localhost:{self.port}"):
+    def own_host(self, headers: Message[str, str]) -> bool:
+        return headers.get("Host") in (f"127.0.0.1:{self.port}", f"localhost:{self.port}")
+
+    def allowed(self, headers: Message[str, str]) -> bool:
+        """A request to this server's own name with the session cookie."""
+        if not self.own_host(headers):
             return False
-        given = (query.get("token") or [""])[0]
-        if not given:
+        try:
             cookies = http.cookies.SimpleCookie(headers.get("Cookie") or "")
-            given = cookies[COOKIE].value if COOKIE in cookies else ""
+        except http.cookies.CookieError:
+            return False
+        given = cookies[COOKIE].value if COOKIE in cookies else ""
         return hmac.compare_digest(given.encode(), self.token.encode())
 
     def answer(self, path: str, query: Mapping[str, list[str]]) -> tuple[int, str, bytes, str]:
@@ -240,7 +274,10 @@ class Dashboard:
             def do_GET(self) -> None:
                 url = urllib.parse.urlsplit(self.path)
                 query = urllib.parse.parse_qs(url.query)
-                if not dashboard.allowed(self.headers, query):
+                if url.path == LOGIN and dashboard.own_host(self.headers):
+                    self._login((query.get("once") or [""])[0])
+                    return
+                if not dashboard.allowed(self.headers):
                     self._send(403, "text/plain", b"forbidden", "")
                     return
                 try:
@@ -249,6 +286,22 @@ class Dashboard:
                     log.warning("dashboard: %s %s", type(exc).__name__, exc)
                     status, kind, body, nonce = 503, "text/plain", b"try again", ""
                 self._send(status, kind, body, nonce)
+
+            def _login(self, once: str) -> None:
+                """A one-time link: the cookie and the page, once; a link spent or too old
+                gets 403 (unless the browser holds the cookie already: the page)."""
+                if not dashboard.spend(once) and not dashboard.allowed(self.headers):
+                    self._send(403, "text/plain", SPENT, "")
+                    return
+                self.send_response(303)
+                self.send_header("Location", "/")
+                self.send_header("Content-Length", "0")
+                self.send_header("Cache-Control", "no-store")
+                self.send_header("Referrer-Policy", "no-referrer")
+                self.send_header(
+                    "Set-Cookie", f"{COOKIE}={dashboard.token}; HttpOnly; SameSite=Strict; Path=/"
+                )
+                self.end_headers()
 
             def _send(self, status: int, kind: str, body: bytes, nonce: str) -> None:
                 self.send_response(status)
@@ -261,10 +314,6 @@ class Dashboard:
                 policy = "default-src 'none'; connect-src 'self'; frame-ancestors 'none'"
                 if nonce:
                     policy += f"; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'"
-                    self.send_header(
-                        "Set-Cookie",
-                        f"{COOKIE}={dashboard.token}; HttpOnly; SameSite=Strict; Path=/",
-                    )
                 self.send_header("Content-Security-Policy", policy)
                 self.end_headers()
                 self.wfile.write(body)

@@ -10,13 +10,14 @@ runs the attempt.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeGuard
 
 from cloudtrain.errors import ConfigError
 from cloudtrain.jobs import checkpoints
@@ -209,6 +210,37 @@ def judge(
 def unreachable(why: str | Sequence[str]) -> dict[str, Any]:
     text = why if isinstance(why, str) else " ".join(why)
     return {"unreachable": text, "exit_code": None, "alive": False, "cancelled": False}
+
+
+def on_our_clock(status: Mapping[str, Any], sent: float, received: float) -> dict[str, Any]:
+    """A node's `status` with its ``ended`` (the node's clock) on this machine's clock. The
+    node read its clock (``now``) between `sent` and `received`: a node clock outside that
+    window is off by at least the gap, which is taken away (inside it, the clocks agree as far
+    as can be told). What a node says is untrusted: an ``ended`` that is no finite number reads
+    as not known (None)."""
+    ended, now = status.get("ended"), status.get("now")
+    found = {**status, "ended": None}
+    if _finite(ended):
+        found["ended"] = ended
+        if _finite(now):  # > 0: the node's clock is ahead
+            found["ended"] = ended - (max(0.0, now - received) - max(0.0, sent - now))
+    return found
+
+
+def last_end(statuses: Sequence[Mapping[str, Any]]) -> float | None:
+    """When the last node of an attempt ended (``ended``, `on_our_clock`); None when a node
+    cannot say (its processes vanished, it did not answer)."""
+    ends = []
+    for status in statuses:
+        ended = status.get("ended")
+        if not _finite(ended):
+            return None
+        ends.append(ended)
+    return max(ends, default=None)
+
+
+def _finite(value: object) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def node_state(status: Mapping[str, Any]) -> dict[str, Any]:

@@ -39,7 +39,9 @@ Processes are found by their environment (`cloudtrain.node.procs`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import socket
 import sys
@@ -75,10 +77,11 @@ def job_status(job_dir: Path) -> dict[str, object]:
     code_text = _read(job_dir / "exit_code")
     pid_text = _read(job_dir / "pid")
     pid = int(pid_text) if pid_text and pid_text.isdigit() else None
-    log, exit_file = job_dir / "node.log", job_dir / "exit_code"
+    log = job_dir / "node.log"
     return {
         "exit_code": int(code_text) if code_text and code_text.lstrip("-").isdigit() else None,
-        "ended": exit_file.stat().st_mtime if code_text is not None else None,
+        "ended": _ended(job_dir) if code_text is not None else None,
+        "now": time.time(),  # the node's clock, which `ended` is read on
         "cancelled": (job_dir / "cancelled").exists(),
         "alive": pid is not None and alive(pid),
         "pid": pid,
@@ -88,6 +91,19 @@ def job_status(job_dir: Path) -> dict[str, object]:
         # the steps the job counted (`cloudtrain.runtime.progress`), if it counts them
         "progress": _json(job_dir / "progress.json"),
     }
+
+
+def _ended(job_dir: Path) -> float | None:
+    """When the job's process ended, on this node's clock: the ``ended_at`` its wrapper wrote
+    (`DETACH_SCRIPT`), else the time its ``exit_code`` was written."""
+    with contextlib.suppress(ValueError):  # a `date` without %N wrote "N": the file's time
+        written = float(_read(job_dir / "ended_at") or "nan")
+        if math.isfinite(written):
+            return written
+    try:
+        return (job_dir / "exit_code").stat().st_mtime
+    except OSError:
+        return None
 
 
 def _json(path: Path) -> dict[str, object] | None:
