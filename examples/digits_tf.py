@@ -14,7 +14,9 @@ By hand, two workers on one machine (start both: each waits for the others, up t
 Needs ``pip install tensorflow==2.21.0 tf-keras==2.21.0 scikit-learn`` (tf-keras's version must
 match TensorFlow's minor). Worker 0 is the chief: it alone prints the epoch lines. Every worker
 checkpoints each epoch to its own folder under ``$CLOUDTRAIN_CHECKPOINT_DIR``; run again with
-more --epochs and it resumes. A worker of a multi-worker job ignores SIGTERM (TensorFlow takes it
+more --epochs and it resumes. The chief reports each epoch's numbers with ``runtime.report``
+(``cloudtrain metrics JOB`` prints them; `train` shows an ETA from its steps), as the torch
+example does. A worker of a multi-worker job ignores SIGTERM (TensorFlow takes it
 as a preemption notice and trains on): stop one with SIGKILL.
 """
 
@@ -40,6 +42,8 @@ import tf_keras as keras
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
+
+from cloudtrain import runtime  # report and step only: this imports no torch
 
 Arrays = tuple[np.ndarray, np.ndarray]
 
@@ -120,13 +124,20 @@ class Report(keras.callbacks.Callback):  # type: ignore[misc]
         chief: bool,
         manager: tf.train.CheckpointManager,
         epoch: tf.Variable,
+        samples: int,
     ) -> None:
         super().__init__()
         self.epochs, self.pause = args.epochs, args.pause
         self.chief, self.manager, self.epoch = chief, manager, epoch
+        self.samples = samples  # per epoch, over all workers
         self.first_step = True
+        self.epoch_started = time.monotonic()
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.epoch_started = time.monotonic()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        runtime.step()  # the job's progress
         if self.first_step and self.chief:
             print("cloudtrain: first step", flush=True)
         self.first_step = False
@@ -134,6 +145,15 @@ class Report(keras.callbacks.Callback):  # type: ignore[misc]
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.epoch.assign(epoch + 1)
         self.manager.save()
+        if logs is not None:  # the chief's line (rank 0); the other workers write none
+            samples_s = self.samples / (time.monotonic() - self.epoch_started)
+            runtime.report(
+                epoch=epoch + 1,
+                loss=logs["loss"],
+                train_acc=logs["accuracy"],
+                test_acc=logs["val_accuracy"],
+                samples_s=samples_s,
+            )
         if self.chief and logs is not None:
             print(
                 f"epoch {epoch + 1}/{self.epochs} loss {logs['loss']:.4f} "
@@ -177,12 +197,14 @@ def main() -> None:
 
     global_batch = args.batch_size * strategy.num_replicas_in_sync
     print(f"{name} of {workers}: global batch {global_batch}\n", end="", flush=True)
+    steps = -(-len(train[1]) // global_batch)  # per epoch
+    runtime.report(total_steps=args.epochs * steps)  # `train` shows an ETA from it
     model.fit(
         batches(train, global_batch, seed=args.seed),
         validation_data=batches(test, global_batch),
         epochs=args.epochs,
         initial_epoch=start,
-        callbacks=[Report(args, chief, manager, epoch)],
+        callbacks=[Report(args, chief, manager, epoch, len(train[1]))],
         verbose=0,
     )
     _, final = model.evaluate(batches(test, global_batch), verbose=0)  # every worker joins in

@@ -21,7 +21,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from cloudtrain.cli.app import App, escape_controls
+from cloudtrain.cli.app import App
 from cloudtrain.cli.options import with_account_options
 from cloudtrain.provision.credentials import CLOUDS
 
@@ -76,8 +76,9 @@ def account_options(flags: dict[str, Any], clouds: Sequence[str]) -> dict[str, A
 
 
 def _text(value: str) -> Text:
-    """A cell as given (no markup), with control characters escaped: it may quote a cloud."""
-    return Text(escape_controls(value))
+    """A cell as given (no markup; the console shows its control characters escaped: it may
+    quote a cloud)."""
+    return Text(value)
 
 
 def _number(value: float | None) -> str:
@@ -206,7 +207,7 @@ def show(app: App, checks: Sequence[CloudCheck], room: bool) -> None:
         app.out.print("what to fix:", markup=False)
         for provider, f in fixes:
             line = f"  {provider}: {f.problem}" + (f"\n      → {f.fix}" if f.fix else "")
-            app.out.print(escape_controls(line), markup=False, soft_wrap=True)
+            app.out.print(line, markup=False, soft_wrap=True)
     elif all(c.usable for c in checks):
         app.out.print("nothing to fix", markup=False)
 

@@ -7,8 +7,9 @@ gone, a recovery, stopped when idle, down). Events outlive their cluster, so a c
 down still has its story. ``-f`` polls the state for new events (by id, every `POLL_S`) until
 Ctrl-C, which ends it quietly with exit 130.
 
-A message may quote a node or a cloud: its control characters are shown escaped, and the
-lines after its first are indented, so no message can pass for another event.
+A message may quote a node or a cloud: its control characters are shown escaped (as in all
+the CLI prints: `cloudtrain.cli.app`), and the lines after its first are indented, so no
+message can pass for another event.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cloudtrain.cli.app import App, escape_controls
+from cloudtrain.cli.app import App
 from cloudtrain.cli.options import SINCE_HELP, parse_since
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ _INDENT = "    "
 def event_line(event: EventRecord) -> str:
     """``2026-12-03T09:30:05+01:00  exp1  exp1-3  job  job exp1-3 running on 2 node(s)``."""
     when = datetime.datetime.fromtimestamp(event.ts).astimezone().isoformat(timespec="seconds")
-    message = escape_controls(event.message).replace("\n", "\n" + _INDENT)
+    message = event.message.replace("\n", "\n" + _INDENT)
     return f"{when}  {event.cluster}  {event.job_id or '-'}  {event.kind}  {message}"
 
 
@@ -80,9 +81,15 @@ def events(app: App, name: str | None, follow: bool, since_text: str | None, as_
     if as_json and not follow:
         click.echo(json.dumps([event_json(e) for e in found], indent=2))
         return
-    show = (lambda e: json.dumps(event_json(e))) if as_json else event_line
+
+    def show(event: EventRecord) -> None:
+        if as_json:  # JSON escapes every control character itself
+            click.echo(json.dumps(event_json(event)))
+        else:
+            app.out.print(event_line(event), markup=False, soft_wrap=True)
+
     for event in found:
-        click.echo(show(event))
+        show(event)
     if not follow:
         if not found:
             app.note("no events" + (f" since {since_text}" if since_text else ""))
@@ -92,7 +99,7 @@ def events(app: App, name: str | None, follow: bool, since_text: str | None, as_
         while True:
             time.sleep(POLL_S)
             for event in state.event_log(name, after=last, since=since):
-                click.echo(show(event))
+                show(event)
                 last = event.id
     except KeyboardInterrupt:  # the end of following: quietly, with Ctrl-C's usual status
         raise SystemExit(130) from None

@@ -1,9 +1,11 @@
 """Job commands: train, launch, logs, cancel.
 
 Ctrl-C while `train` follows a job stops following and leaves the job running on its nodes
-(it is detached from this process); the command prints how to follow it again and how to stop
-it, and exits 130. Pressing Ctrl-C again exits at once; cancelling is always explicit
-(`cloudtrain cancel JOB`). Ctrl-C while the job is still starting stops the ranks already started.
+(it is detached from this process); the command says so in one line, with how to follow it
+again and how to stop it, and exits 130. Pressing Ctrl-C again exits at once; cancelling is
+always explicit (`cloudtrain cancel JOB`). Ctrl-C while the job is still starting stops the
+ranks already started (one line says that too). The nodes' processes never see the terminal's
+Ctrl-C (`cloudtrain.executors.local`), so no traceback of theirs reaches it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cloudtrain.cli.app import App
+from cloudtrain.cli.app import App, Interrupted
 from cloudtrain.cli.clusters import bring_up, cluster_options, load_task
 from cloudtrain.cli.options import cluster_name
 from cloudtrain.cli.options import job_id as job_id_arg
@@ -134,10 +136,14 @@ SYNC_WARN_BYTES = 200_000_000
 
 
 def show_sync_size(app: App, workdir: Path) -> None:
-    """Say what the sync copies to each node, and warn when it is large (data or outputs that
-    an ignore file should keep home)."""
-    from cloudtrain.executors.base import IGNORE_FILES, sync_size
+    """Say what the sync leaves out for holding credentials, what it copies to each node, and
+    warn when that is large (data or outputs that an ignore file should keep home)."""
+    from cloudtrain.executors.base import IGNORE_FILES, left_out, sync_size
 
+    secrets = left_out(workdir)
+    if secrets:  # what holds credentials never leaves this machine: say so, by name
+        shown = ", ".join(secrets[:40]) + (f" and {len(secrets) - 40} more" if secrets[40:] else "")
+        app.note(f"left out of the sync (credentials stay on this machine): {shown}")
     size = sync_size(workdir)
     app.note(f"syncing {workdir}: {size} to each node")
     if size.bytes > SYNC_WARN_BYTES:
@@ -158,6 +164,9 @@ def run_job(
     """Submit, then follow until the end (unless `detach`); a managed job (`policy`) gets its
     watcher first, and is followed across its recoveries. Ctrl-C while following leaves the
     job running and exits 130 after saying how to find it again."""
+    from cloudtrain.jobs import workers
+
+    workers.check_envs(job.runtime, job.envs)  # before a word of progress: it costs nothing
     if job.resume_from:  # before a word of progress: bad input costs nothing
         from cloudtrain.jobs import checkpoints
 
@@ -166,9 +175,18 @@ def run_job(
         )
     if job.workdir is not None:
         show_sync_size(app, job.workdir)
-    rec = coord.submit(
-        cluster, job, on_line=app.node_line, managed=policy.to_dict() if policy else None
-    )
+    before = next((j.id for j in app.state.jobs(cluster)), None)
+    try:
+        rec = coord.submit(
+            cluster, job, on_line=app.node_line, managed=policy.to_dict() if policy else None
+        )
+    except KeyboardInterrupt:  # `submit` stopped what it had started
+        app.stop_node_lines()
+        newest = next((j.id for j in app.state.jobs(cluster)), None)
+        what = f"job {newest}" if newest not in (None, before) else f"the job on {cluster}"
+        raise Interrupted(
+            f"stopped starting {what}: what had started was stopped, nothing of it runs"
+        ) from None
     app.note(f"job {rec.id} running on {rec.num_nodes} node(s) × {rec.nproc_per_node} process(es)")
     if policy is not None:
         from cloudtrain.cli.watch import start_watching
@@ -191,13 +209,13 @@ def run_job(
             else:
                 rec = coord.follow(rec.id, app.node_line)
     except KeyboardInterrupt:
-        watched = ", and its watcher keeps recovering it" if policy is not None else ""
-        app.note(
-            f"\nstopped following; job {rec.id} keeps running on its nodes{watched}.\n"
-            f"  cloudtrain logs {rec.id} -f    # follow it again\n"
-            f"  cloudtrain cancel {rec.id}     # stop it"
-        )
-        raise
+        app.stop_node_lines()
+        watched = " (its watcher keeps recovering it)" if policy is not None else ""
+        raise Interrupted(
+            f"stopped following job {rec.id}; it keeps running on its nodes{watched}: "
+            f"`cloudtrain logs {rec.id} -f` follows it again, `cloudtrain cancel {rec.id}` "
+            "stops it"
+        ) from None
     tail = rec.detail.get("log_tail")
     if rec.status == "failed" and tail:
         app.note(f"last lines of node {rec.detail.get('failed_node')}:\n{tail.rstrip()}")
@@ -370,12 +388,11 @@ def _train_and_maybe_down(
     coord = app.coordinator(cluster)
     try:
         run_job(app, coord, cluster, job, detach, policy)
-    except KeyboardInterrupt:
-        if down:
-            app.note(
-                f"the cluster {cluster!r} stays up with its job; "
-                f"`cloudtrain down {cluster}` when done"
-            )
+    except Interrupted as stopped:
+        if down:  # the same one line says it
+            stopped.line += f"; cluster {cluster} stays up (`cloudtrain down {cluster}`)"
+        raise
+    except KeyboardInterrupt:  # pressed again while it wound down: exit at once, as it is
         raise
     except BaseException:
         if down:

@@ -1,12 +1,15 @@
 """How a followed job is going, under its log stream: the step (of the total the script said),
 steps/s, ETA, the last value of every metric it reports (`runtime.report`), each node's state.
 
-On a terminal it is a rich ``Live`` panel below the log lines, redrawn every second; elsewhere
+On a terminal it is a rich ``Live`` panel below the log lines, redrawn twice a second; elsewhere
 (a pipe, CI) the same words are a plain line on stderr, at most every `PLAIN_EVERY_S` and only
 when they changed. `train --no-live` turns both off. It reads only what the follower already
 keeps: the job's metrics copied home (`cloudtrain.jobs.metrics`) and its record in the state
 (the step and node states of the last heartbeat), through its own connection: the panel draws
-from rich's thread, and never slows the follower.
+from rich's thread, and never slows the follower. The follower copies the metrics home each
+second while the job prints (`cloudtrain.jobs.coordinator.METRICS_S`), so the panel keeps pace
+with the log. It is as wide as the terminal (`cloudtrain.cli.app.TerminalConsole`), which also
+shows a hostile metric name's control characters escaped.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from cloudtrain.cli.app import App, escape_controls
+from cloudtrain.cli.app import App
 from cloudtrain.jobs import metrics as kept
 
 __all__ = ["PLAIN_EVERY_S", "following", "summary"]
@@ -32,7 +35,7 @@ __all__ = ["PLAIN_EVERY_S", "following", "summary"]
 log = logging.getLogger(__name__)
 
 PLAIN_EVERY_S = 10.0
-REFRESH_S = 1.0
+REFRESH_S = 0.5
 #: The node states shown, and their colour.
 STYLES = {"running": "green", "exited": "cyan", "cancelled": "yellow", "vanished": "red",
           "unreachable": "red"}  # fmt: skip
@@ -79,7 +82,7 @@ def summary(
     states = [f"node {i} {n.get('state', '?')}" for i, n in zip(ran_on, nodes, strict=False)]
     if states:
         out.append(" · ".join(states))
-    return [escape_controls(line) for line in out]
+    return out
 
 
 def _panel(lines: list[str]) -> Panel:

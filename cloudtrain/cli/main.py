@@ -37,7 +37,7 @@ from typing import Any
 import click
 
 from cloudtrain import __version__
-from cloudtrain.cli.app import App, escape_controls
+from cloudtrain.cli.app import App, Interrupted, console
 from cloudtrain.errors import (
     BootstrapError,
     CloudtrainError,
@@ -147,6 +147,23 @@ def report_crash(exc: BaseException, argv: Sequence[str], home: Path | None = No
     return f"{head} (details: {path})"
 
 
+def _say(line: str) -> None:
+    """`line` on stderr, whole (never wrapped), through the console that shows a node's
+    control characters escaped (`cloudtrain.cli.app`)."""
+    console(sys.stderr).print(line, markup=False, soft_wrap=True)
+
+
+class _Lines(logging.Handler):
+    """A record's message as Python's last-resort handler shows it (a plain line on stderr, as
+    stderr is when it comes), but through the console that escapes control characters."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            _say(record.getMessage())
+        except Exception:
+            self.handleError(record)
+
+
 class Group(click.Group):
     """Maps cloudtrain's errors to a one-line message and an exit code; anything unexpected
     to one line, a crash report and `EXIT_CRASH`. Its commands are `COMMAND_MODULES`'."""
@@ -175,8 +192,11 @@ class Group(click.Group):
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise  # click's own: --help, usage errors, aborts, ctx.exit
         except CloudtrainError as exc:
-            click.echo(f"error: {escape_controls(str(exc))}", err=True)  # it may quote a node
+            _say(f"error: {exc}")  # it may quote a node: `console` shows it safe
             ctx.exit(exit_code(exc))
+        except Interrupted as stopped:  # one line: what it stopped, what keeps running
+            _say(stopped.line)
+            ctx.exit(EXIT_INTERRUPTED)
         except KeyboardInterrupt:
             click.echo("\ninterrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
@@ -184,7 +204,7 @@ class Group(click.Group):
             app = ctx.find_object(App)
             argv = ctx.meta.get(_ARGV) or ["cloudtrain"]
             line = report_crash(exc, argv, app.home if app else None)
-            click.echo(escape_controls(line), err=True)
+            _say(line)
             ctx.exit(EXIT_CRASH)
         finally:
             app = ctx.find_object(App)
@@ -215,9 +235,10 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
     if verbose or quiet:
         from rich.logging import RichHandler
 
-        logging.basicConfig(
-            level=level, handlers=[RichHandler(show_path=False)], format="%(message)s"
-        )
+        handler = RichHandler(console=console(sys.stderr), show_path=False)
+        logging.basicConfig(level=level, handlers=[handler], format="%(message)s")
+    elif not any(isinstance(h, _Lines) for h in logging.getLogger().handlers):
+        logging.getLogger().addHandler(_Lines())  # a warning may quote a node: not raw
     # what cloudtrain writes (state, keys, logs, crash files, local nodes) and what it starts is
     # this user's alone, whatever the shell's umask or the modes of an older CLOUDTRAIN_HOME
     os.umask(PRIVATE_UMASK)
@@ -270,5 +291,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:  # raised outside a command (Group.invoke reports those)
-        click.echo(report_crash(exc, ["cloudtrain", *args]), err=True)
+        _say(report_crash(exc, ["cloudtrain", *args]))
         sys.exit(EXIT_CRASH)

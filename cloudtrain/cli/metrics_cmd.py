@@ -17,7 +17,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from cloudtrain.cli.app import App, escape_controls
+from cloudtrain.cli.app import App
 from cloudtrain.cli.options import job_id as job_id_arg
 
 pass_app = click.make_pass_decorator(App)
@@ -37,7 +37,7 @@ def _cell(name: str, value: Any) -> str:
         return datetime.datetime.fromtimestamp(value).strftime("%H:%M:%S")
     if isinstance(value, float):
         return f"{value:.6g}"
-    return escape_controls(str(value))
+    return str(value)
 
 
 def table(lines: Sequence[Mapping[str, Any]], names: Sequence[str]) -> Table:

@@ -15,7 +15,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from cloudtrain.cli.app import App, escape_controls
+from cloudtrain.cli.app import App
 from cloudtrain.cli.options import cluster_name
 
 if TYPE_CHECKING:
@@ -100,11 +100,11 @@ def show(app: App, report: Report) -> None:
     if report.sizes:
         app.out.print(sizes_table(report))
     for line in lines(report):
-        app.out.print(escape_controls(line), markup=False, soft_wrap=True)
+        app.out.print(line, markup=False, soft_wrap=True)
     verdict = Text(report.verdict, style=f"bold {_STYLE.get(report.verdict, '')}")
     app.out.print(verdict)
     for cause in report.causes:
-        app.out.print(escape_controls(f"  - {cause}"), markup=False, soft_wrap=True)
+        app.out.print(f"  - {cause}", markup=False, soft_wrap=True)
 
 
 def after_up(app: App, name: str) -> None:
@@ -163,7 +163,7 @@ def preflight(
     from cloudtrain import preflight as pf
 
     def on_line(node: int, line: str) -> None:  # beside --json's output, not in it
-        app.err.print(Text(f"[node {node}] {escape_controls(line)}"), soft_wrap=True)
+        app.err.print(Text(f"[node {node}] {line}"), soft_wrap=True)
 
     target = pf.check(app.state, name)  # bad input: exit 2 before anything starts
     if not as_json:

@@ -2,12 +2,16 @@
 
 Used by the local provider, where a "node" is a folder. Detached processes are started through
 the same small shell wrapper as on remote nodes (`DETACH_SCRIPT`), so a job's files
-(``node.log``, ``pid``, ``exit_code``) look the same everywhere.
+(``node.log``, ``pid``, ``exit_code``) look the same everywhere. Every command runs in a
+process group of its own, as a remote node's would: the terminal's Ctrl-C reaches the CLI only
+(which then says in one line what it stopped), never the node agents or ssh it runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import stat
 import subprocess
 import threading
@@ -25,6 +29,8 @@ class LocalExecutor:
 
     def __init__(self, base_env: Mapping[str, str] | None = None) -> None:
         self._base_env = dict(base_env or {})
+        self._running: set[subprocess.Popen[str]] = set()  # `close` ends them
+        self._lock = threading.Lock()
 
     def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         return {**os.environ, **self._base_env, **(env or {})}
@@ -43,23 +49,42 @@ class LocalExecutor:
         args = tuple(argv)
         try:
             if on_output is None:
-                done = subprocess.run(
-                    args,
-                    env=self._env(env),
-                    cwd=cwd,
-                    timeout=timeout,
-                    capture_output=True,
-                    text=True,
-                    input=stdin,
-                    stdin=None if stdin is not None else subprocess.DEVNULL,
-                    check=False,
-                )
-                return RunResult(args, done.returncode, done.stdout, done.stderr)
+                return self._capture(args, env, cwd, timeout, stdin)
             return self._stream(args, env, cwd, timeout, on_output, stdin)
         except subprocess.TimeoutExpired:
             raise CommandError(124, args, f"timed out after {timeout} s") from None
         except OSError as exc:
             raise CommandError(127, args, str(exc)) from None
+
+    def _capture(
+        self,
+        args: tuple[str, ...],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        timeout: float | None,
+        stdin: str | None,
+    ) -> RunResult:
+        proc = subprocess.Popen(
+            args,
+            env=self._env(env),
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            text=True,
+            process_group=0,  # as a node's: the terminal's Ctrl-C is not for it
+        )
+        with self._lock:
+            self._running.add(proc)
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout)
+        finally:
+            if proc.poll() is None:  # timed out, or interrupted: do not leak it
+                _kill(proc)
+                proc.communicate()
+            with self._lock:
+                self._running.discard(proc)
+        return RunResult(args, proc.returncode, out, err)
 
     def _stream(
         self,
@@ -79,7 +104,10 @@ class LocalExecutor:
             stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             text=True,
             bufsize=1,
+            process_group=0,  # as a node's: the terminal's Ctrl-C is not for it
         )
+        with self._lock:
+            self._running.add(proc)
         if proc.stdin is not None:
             try:
                 with proc.stdin:
@@ -90,7 +118,7 @@ class LocalExecutor:
 
         def expire() -> None:
             timed_out.set()
-            proc.kill()
+            _kill(proc)
 
         timer = threading.Timer(timeout, expire) if timeout else None
         if timer:
@@ -106,10 +134,12 @@ class LocalExecutor:
             if timer:
                 timer.cancel()
             if proc.poll() is None:  # on_output raised (e.g. KeyboardInterrupt): do not leak it
-                proc.kill()
+                _kill(proc)
                 proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
+            with self._lock:
+                self._running.discard(proc)
         if timed_out.is_set():
             raise subprocess.TimeoutExpired(args, timeout or 0)
         return RunResult(args, code, "\n".join(lines) + ("\n" if lines else ""), "")
@@ -152,7 +182,20 @@ class LocalExecutor:
         return received.copy_tree(Path(remote), local)
 
     def close(self) -> None:
-        """Nothing to release."""
+        """End the commands still running (from other threads: a job's log followed, a setup
+        when Ctrl-C left it; nothing reads what they say any more). Idempotent."""
+        with self._lock:
+            running = list(self._running)
+        for proc in running:
+            if proc.poll() is None:
+                _kill(proc)
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    """KILL `proc` and what it started in its process group (a shell's ``sleep`` would keep
+    its output open, and whoever reads it waiting)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 _UNBOUNDED = 1 << 62  # the user's own files: no bound but the disk

@@ -29,7 +29,9 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import shlex
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +40,7 @@ from typing import Any
 
 from cloudtrain.errors import CommandError, ConfigError, JobError, NotFoundError, ProviderError
 from cloudtrain.executors.base import SSH_FAILED, Executor, RunResult, fan_out
-from cloudtrain.jobs import checkpoints, metrics, workers
+from cloudtrain.jobs import checkpoints, metrics, shards, workers
 from cloudtrain.jobs.attempts import (
     HEARTBEAT_S,
     JobSpec,
@@ -49,7 +51,9 @@ from cloudtrain.jobs.attempts import (
     heartbeat_timeout_s,
     job_dir,
     judge,
+    last_end,
     node_state,
+    on_our_clock,
     ran_on,
     run_dir,
     unreachable,
@@ -69,6 +73,9 @@ log = logging.getLogger(__name__)
 
 OnLine = Callable[[int, str], None]
 KILL_GRACE_S = 10.0
+#: While a followed job prints, its metrics come home this often (a script reports as it
+#: prints: the progress panel keeps pace with the log); when it is quiet, at each heartbeat.
+METRICS_S = 1.0
 
 
 def _workdir(node: NodeInfo) -> str:
@@ -124,6 +131,7 @@ class Coordinator:
         self.provider = provider
         self.home = home
         self._executors: dict[str, Executor] = {}
+        self._closes = 0  # how many times `close` ran: a follower it ended judges nothing
 
     def _executor(self, node: NodeInfo) -> Executor:
         if node.node_id not in self._executors:
@@ -143,6 +151,7 @@ class Coordinator:
         )
 
     def close(self) -> None:
+        self._closes += 1  # first: the followers the executors' close ends see it
         for ex in self._executors.values():
             ex.close()
         self._executors.clear()
@@ -187,7 +196,11 @@ class Coordinator:
         validate_checkpoint_keep(job.checkpoint_keep)  # as a bad URL or no boto3: refused here
         bucket = checkpoints.bucket_of(job.checkpoint_url)
         if job.resume_from:
-            resume = checkpoints.Kept(self.home, job.resume_from).required(bucket)
+            kept = checkpoints.Kept(self.home, job.resume_from)
+            resume = kept.required(bucket)
+            if job.strategy == "fsdp":  # the newest that holds a complete checkpoint
+                resume = shards.newest_usable(kept.snapshots()) or resume
+        workers.check_envs(job.runtime, job.envs)  # what it wires is not the user's to set
         if (job.num_nodes or 0) > spec.num_nodes:
             raise ConfigError(
                 f"--nodes {job.num_nodes}: cluster {cluster!r} has {spec.num_nodes} node(s); "
@@ -204,6 +217,8 @@ class Coordinator:
         gpus = 0 if job.runtime == "tensorflow" else spec.resources.count  # one worker, all GPUs
         nproc = job.nproc_per_node or gpus or 1
         args = entrypoint_args(job.entrypoint)
+        if job.runtime == "tensorflow":
+            workers.tensorflow_command(args, "python")  # a command is refused before anything
         name = job.name or Path(job.entrypoint[0]).stem or "job"
         rec = self.state.new_job(
             cluster, name, num_nodes=len(nodes), nproc_per_node=nproc, command=list(args)
@@ -267,9 +282,18 @@ class Coordinator:
         rec = self._job(rec.id)
         try:
             fan_out(lambda n: self._sync(n, job.workdir), nodes)
-            if resume is not None:
-                fan_out(lambda n: self._executor(n).put(
-                    resume, checkpoints.node_folder(n.root, rec.id, override)), nodes)  # fmt: skip
+            # An fsdp recovery with no whole checkpoint kept starts afresh (the nodes' folders
+            # emptied), not from the survivors' shards, whose lost peers' shards are gone.
+            fresh = resume is None and attempt > 0 and job.strategy == "fsdp"
+            with tempfile.TemporaryDirectory() as empty:
+                given = Path(empty) if fresh else resume
+                if given is not None:
+                    fan_out(
+                        lambda n: self._executor(n).put(
+                            given, checkpoints.node_folder(n.root, rec.id, override)
+                        ),
+                        nodes,
+                    )
             setup = job.setup
             if setup:
                 fan_out(lambda n: self._setup(n, setup, job.envs, on_line), nodes)
@@ -388,15 +412,16 @@ class Coordinator:
             ports = fan_out(lambda n: [int(p) for p in self._agent(
                 n, "port", "--count", str(nproc)).check().stdout.split()], nodes)  # fmt: skip
             envs = workers.tensorflow_envs(nodes, ports)
-            return [workers.spawn_argv(n.python, e, workers.command(args, n.python))
+            return [workers.spawn_argv(n.python, e, workers.tensorflow_command(args, n.python))
                     for n, e in zip(nodes, envs, strict=True)]  # fmt: skip
         if job.runtime == "horovod":
             addr = head.private_ip or ""
-            envs = workers.horovod_envs(nodes, nproc, addr, port)
+            timeout_s = workers.horovod_timeout_s(job.envs)  # the user's, when set
+            envs = workers.horovod_envs(nodes, nproc, addr, port, timeout_s)
             serve = (addr, port, nodes, nproc)
             return [
                 workers.spawn_argv(n.python, e, workers.command(args, n.python),
-                                   serve if n is head else None, workers.HOROVOD_TIMEOUT_S)
+                                   serve if n is head else None, timeout_s)
                 for n, e in zip(nodes, envs, strict=True)
             ]  # fmt: skip
         return [
@@ -460,14 +485,16 @@ class Coordinator:
 
     def _status(self, node: NodeInfo, rec: JobRecord) -> dict[str, Any]:
         """The job's state on `node` as its agent reads it, or ``{"unreachable": why}`` when
-        the node cannot be reached (the job may still run there)."""
+        the node cannot be reached (the job may still run there). Its ``ended`` is on this
+        machine's clock (`on_our_clock`)."""
+        sent = time.time()
         try:
             done = self._agent(node, "status", run_dir(node, rec))
         except ProviderError as exc:  # could not (re)connect
             return unreachable(str(exc))
         if done.returncode == SSH_FAILED:  # the connection broke; the agent never exits 255
             return unreachable(done.stderr.strip().splitlines()[-1:] or ["connection lost"])
-        return dict(json.loads(done.check().stdout))
+        return on_our_clock(dict(json.loads(done.check().stdout)), sent, time.time())
 
     def _note_preemptions(
         self, rec: JobRecord, nodes: Sequence[NodeInfo], statuses: Sequence[Mapping[str, Any]]
@@ -556,7 +583,7 @@ class Coordinator:
         verdict = self._verdict(rec, nodes, statuses)
         if verdict is None or rec.detail.get("managed"):
             return self._job(rec.id)
-        return self.record(rec, verdict)
+        return self.record(rec, verdict, ended_at=last_end(statuses))  # not when it was seen
 
     def _verdict(
         self,
@@ -578,8 +605,11 @@ class Coordinator:
         return judge(rec, nodes, statuses, lost or {},
                      lambda node: read_failure(self._read_log(node, rec, tail=80)))  # fmt: skip
 
-    def record(self, rec: JobRecord, verdict: Verdict) -> JobRecord:
-        """Record how the job ended (once: a job that already ended keeps its status)."""
+    def record(
+        self, rec: JobRecord, verdict: Verdict, *, ended_at: float | None = None
+    ) -> JobRecord:
+        """Record how the job ended (once: a job that already ended keeps its status), and
+        when: `ended_at` as its nodes said (`State.finish_job` bounds it), else now."""
         if verdict.status == "failed":
             detail = {"failed_node": verdict.node, "reason": verdict.reason,
                       "log_tail": verdict.tail, "cause": verdict.cause}  # fmt: skip
@@ -587,7 +617,10 @@ class Coordinator:
             message = f"failed: node {verdict.node} {verdict.reason}"
         else:
             detail, code, message = {}, verdict.exit_code, verdict.status
-        if self.finish(rec.id, verdict.status, exit_code=code, detail=detail):
+        recorded = self.finish(
+            rec.id, verdict.status, exit_code=code, detail=detail, ended_at=ended_at
+        )
+        if recorded:
             self.state.add_event(rec.cluster, "job", f"job {rec.id} {message}", job_id=rec.id)
         return self._job(rec.id)
 
@@ -598,9 +631,12 @@ class Coordinator:
         *,
         exit_code: int | None = None,
         detail: Mapping[str, Any] | None = None,
+        ended_at: float | None = None,
     ) -> bool:
         """Record the job's final status unless it has one already; whether it was recorded."""
-        return self.state.finish_job(job_id, status, exit_code=exit_code, detail=detail)
+        return self.state.finish_job(
+            job_id, status, exit_code=exit_code, detail=detail, ended_at=ended_at
+        )
 
     def follow(self, job_id: str, on_line: OnLine) -> JobRecord:
         """Stream every node's log to `on_line(node_index, line)` until the job ends, keep a
@@ -608,6 +644,11 @@ class Coordinator:
         others are stopped. Blocks; a KeyboardInterrupt stops following and leaves the job."""
         verdict = self.watch_attempt(job_id, on_line)
         rec = self._job(job_id)
+        if verdict is None and not rec.finished and rec.detail.get("cancel_requested"):
+            # stopped by a `down` (or a cancel) whose teardown left no node to say so: the
+            # job was cancelled, whichever of the two records it first
+            self.finish(job_id, "cancelled")
+            rec = self._job(job_id)
         if rec.finished or verdict is None:
             return rec
         return self.record(rec, verdict)
@@ -636,6 +677,8 @@ class Coordinator:
         rec = self._job(job_id)
         nodes = self._job_nodes(rec)
         stop_once = threading.Lock()
+        closes = self._closes
+        heard = [-math.inf]  # when a node last printed a line
         lost: dict[int, str] = {}
         copy_dir = self.home / "logs" / job_id
         copy_dir.mkdir(parents=True, exist_ok=True)
@@ -658,11 +701,14 @@ class Coordinator:
                 def emit(line: str) -> None:
                     copy.write(line + "\n")
                     copy.flush()
+                    heard[0] = time.monotonic()
                     on_line(node.index, line)
 
                 with contextlib.suppress(ProviderError):  # unreachable: the status says so
                     self._agent(node, "follow", run_dir(node, rec), timeout=None,
                                 on_output=emit)  # fmt: skip
+            if self._closes != closes:  # left (Ctrl-C): the job goes on, nothing to judge
+                return
             status = self._status(node, rec)
             if "unreachable" in status:
                 lost[node.index] = status["unreachable"]
@@ -685,6 +731,7 @@ class Coordinator:
         vanished: dict[int, int] = {}  # node → heartbeats that found its processes gone
         next_pull = time.monotonic() + checkpoint_pull_s()
         next_beat = time.monotonic() + HEARTBEAT_S
+        next_metrics = 0.0
 
         def followed(index: int) -> bool:
             return index not in lost and vanished.get(index, 0) < 2
@@ -726,6 +773,9 @@ class Coordinator:
                             )
                             regrowing[node.index].start()
                 next_beat = time.monotonic() + HEARTBEAT_S
+            if now > next_metrics and now - heard[0] < 2 * METRICS_S:  # it prints: keep pace
+                self.pull_metrics(rec, [n for n in nodes if n.index not in lost])
+                next_metrics = time.monotonic() + METRICS_S
             if now > next_pull:  # brought up to date while the job runs
                 self.pull_checkpoints(job_id)
                 next_pull = time.monotonic() + checkpoint_pull_s()
@@ -766,7 +816,8 @@ class Coordinator:
         the first, on the next one: every node's local rank 0 writes its own copy; an fsdp
         job's shards from every node, `Kept.pull_sharded`) to the user's machine
         (`cloudtrain.jobs.checkpoints`), then a new snapshot to the job's bucket if it has one;
-        the newest snapshot kept, or None. A node or a bucket that does not answer is logged,
+        the newest snapshot kept (an fsdp job's: the newest that holds a complete checkpoint,
+        `shards.newest_usable`), or None. A node or a bucket that does not answer is logged,
         not raised: the snapshot before it stands (an unpushed one is pushed next time)."""
         from cloudtrain.errors import CloudtrainError
 
@@ -781,7 +832,8 @@ class Coordinator:
                         index, exc)  # fmt: skip
 
         override = rec.detail.get("checkpoint_dir")
-        if nodes and (rec.detail.get("spec") or {}).get("strategy") == "fsdp":
+        sharded = (rec.detail.get("spec") or {}).get("strategy") == "fsdp"
+        if nodes and sharded:
             sources = [
                 (n.index, self._executor(n), checkpoints.node_folder(n.root, job_id, override))
                 for n in nodes
@@ -801,6 +853,8 @@ class Coordinator:
                 kept.push(checkpoints.bucket_of(url))
             except (CloudtrainError, OSError) as exc:
                 log.warning("could not copy the checkpoints of %s to %s: %s", job_id, url, exc)
+        if sharded:  # a lost node's last copy and the survivors' newer shards may not make one
+            return shards.newest_usable(kept.snapshots())
         return newest
 
     def archive_logs(self, cluster: str) -> None:
@@ -859,7 +913,9 @@ class Coordinator:
         self._stop(rec, nodes, mark=True)
         statuses = fan_out(lambda n: self._status(n, rec), nodes)
         verdict = self._verdict(rec, nodes, statuses)
-        return self.record(rec, verdict) if verdict is not None else self._job(rec.id)
+        if verdict is None:
+            return self._job(rec.id)
+        return self.record(rec, verdict, ended_at=last_end(statuses))
 
     def stop(
         self, job_id: str, nodes: Sequence[NodeInfo] | None = None, *, mark: bool = False
@@ -876,5 +932,9 @@ class Coordinator:
             return rec
         if rec.status == "cancelled":
             raise JobError(rec.id, "cancelled", cancelled=True)
-        where = f"node {rec.detail.get('failed_node')} {rec.detail.get('reason', '')}".strip()
-        raise JobError(rec.id, f"failed: {where}")
+        if not rec.finished:  # its nodes went silent, or went away, without a verdict
+            again = f"`cloudtrain logs {rec.id} -f` follows it again"
+            raise JobError(rec.id, f"{rec.status}: its nodes did not say how it ended; {again}")
+        node, reason = rec.detail.get("failed_node"), rec.detail.get("reason")
+        said = [f"node {node}" if node is not None else "", str(reason or "")]
+        raise JobError(rec.id, " ".join(["failed:", *filter(None, said)]).rstrip(":"))

@@ -3,32 +3,94 @@ node's ``spawn`` command that starts them (`cloudtrain.node.spawn`).
 
 TensorFlow: each worker gets ``TF_CONFIG`` with ``cluster.worker`` = every worker's
 ``address:port`` (the nodes' private addresses, ports each node chose free) and ``task.index``
-= its rank, nodes in the job's order (the head first: its first worker is the chief).
+= its rank, nodes in the job's order (the head first: its first worker is the chief). Each
+runs under `cloudtrain.node.tfworker` (`tensorflow_command`), which makes TensorFlow's gRPC
+server listen on that private address alone (TensorFlow's own listens on every interface) and
+gives the script ``TF_USE_LEGACY_KERAS=1`` unless the job sets it: ``tf.keras`` is then
+tf-keras's Keras 2, with which MultiWorkerMirroredStrategy works (Keras 3 fails in ``fit``).
+A command that is not a Python script or module is refused: its servers could not be bound.
 
 Horovod: ranks are dealt node by node (the head's first), ``HOROVOD_CROSS_RANK`` is a worker's
 node, ``HOROVOD_CROSS_SIZE`` the nodes with that local rank; the head's spawner serves the gloo
 rendezvous on its private address and a port it chose (`cloudtrain.node.horovod`). Hosts are
 named ``node<index>``, not by hostname: the local provider's nodes share one.
+
+What the user sets wins: a job's ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (``--env`` or the task's
+``envs:``) is the rendezvous timeout its workers and the spawner's report use (whole seconds,
+else one line refuses it). The variables that wire the workers together (`WIRED`: ranks, sizes,
+addresses) cannot be the user's: a job that sets one is refused with one line (`check_envs`),
+never silently given other values.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from cloudtrain.errors import ConfigError
 from cloudtrain.model import NodeInfo
 
 __all__ = [
     "HOROVOD_TIMEOUT_S",
+    "WIRED",
+    "check_envs",
     "command",
     "horovod_envs",
+    "horovod_timeout_s",
     "host_name",
     "spawn_argv",
+    "tensorflow_command",
     "tensorflow_envs",
 ]
 
-#: How long Horovod's gloo rendezvous waits for every worker before it aborts them all.
+#: How long Horovod's gloo rendezvous waits for every worker before it aborts them all
+#: (unless the job sets ``HOROVOD_GLOO_TIMEOUT_SECONDS``: `horovod_timeout_s`).
 HOROVOD_TIMEOUT_S = 120
+TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+#: The longest rendezvous timeout taken: a day (a worker that never comes holds every GPU).
+MAX_TIMEOUT_S = 86_400
+#: Per runtime, the variables cloudtrain (or torchrun) gives each worker to wire the job
+#: together; a job's own value would be replaced, so it is refused.
+WIRED: dict[str, tuple[str, ...]] = {
+    "torch": (
+        *("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"),
+        *("MASTER_ADDR", "MASTER_PORT"),
+    ),
+    "tensorflow": ("TF_CONFIG", "RANK"),
+    "horovod": (
+        *("HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK"),
+        *("HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE"),
+        *("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT"),
+        *("HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS"),
+    ),
+}
+
+
+def check_envs(runtime: str, envs: Mapping[str, str]) -> None:
+    """Refuse (`ConfigError`, one line naming the variable) a job environment that sets what
+    `runtime` wires itself, or a ``HOROVOD_GLOO_TIMEOUT_SECONDS`` that is not a timeout."""
+    for name in WIRED.get(runtime, ()):
+        if name in envs:
+            raise ConfigError(
+                f"envs: {name}={envs[name]!r}: cloudtrain sets {name} for each {runtime} worker "
+                "(it wires the job together); leave it out"
+            )
+    if runtime == "horovod":
+        horovod_timeout_s(envs)
+
+
+def horovod_timeout_s(envs: Mapping[str, str]) -> int:
+    """The gloo rendezvous timeout: the job's ``HOROVOD_GLOO_TIMEOUT_SECONDS``, else
+    `HOROVOD_TIMEOUT_S`. Raises `ConfigError` for a value that is not 1 to `MAX_TIMEOUT_S`."""
+    text = envs.get(TIMEOUT_ENV)
+    if text is None:
+        return HOROVOD_TIMEOUT_S
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_TIMEOUT_S):
+        raise ConfigError(
+            f"envs: {TIMEOUT_ENV}={text!r}: write whole seconds from 1 to {MAX_TIMEOUT_S} "
+            f"(default {HOROVOD_TIMEOUT_S})"
+        )
+    return int(text)
 
 
 def command(args: Sequence[str], python: str) -> list[str]:
@@ -38,6 +100,24 @@ def command(args: Sequence[str], python: str) -> list[str]:
     if args[:1] == ["--no-python"]:
         return list(args[1:])
     return [python, *args]  # a script (`entrypoint_args` dropped a leading ``python``)
+
+
+#: The node module a TensorFlow worker runs under (`cloudtrain.node.tfworker`).
+TFWORKER = "cloudtrain.node.tfworker"
+
+
+def tensorflow_command(args: Sequence[str], python: str) -> list[str]:
+    """A TensorFlow worker's command: the script or module under `TFWORKER`; `ConfigError`
+    for a command (``--no-python``), whose TensorFlow servers would listen on every interface."""
+    if args[:1] == ["--no-python"]:
+        raise ConfigError(
+            f"runtime tensorflow runs a Python script or module, not the command {args[1]!r}: "
+            "give the script (train.py ARGS, or -m package ARGS), so that cloudtrain can keep "
+            "TensorFlow's server on the nodes' private addresses"
+        )
+    if args[:1] == ["--module"]:
+        return [python, "-m", TFWORKER, "-m", *args[1:]]
+    return [python, "-m", TFWORKER, *args]
 
 
 def tensorflow_envs(
@@ -63,10 +143,14 @@ def host_name(node: NodeInfo) -> str:
 
 
 def horovod_envs(
-    nodes: Sequence[NodeInfo], nproc: int, rendezvous: str, port: int
+    nodes: Sequence[NodeInfo],
+    nproc: int,
+    rendezvous: str,
+    port: int,
+    timeout_s: int = HOROVOD_TIMEOUT_S,
 ) -> list[list[dict[str, str]]]:
     """Per node (in `nodes`' order), per worker: Horovod's variables for `nproc` workers on each
-    node, the rendezvous at ``rendezvous:port``."""
+    node, the rendezvous at ``rendezvous:port``, which waits `timeout_s` for every worker."""
     from cloudtrain.node.horovod import Slot, worker_env
 
     size = len(nodes) * nproc
@@ -83,9 +167,7 @@ def horovod_envs(
                 local_size=nproc,
                 cross_size=len(nodes),
             )
-            env = worker_env(slot, rendezvous, port, node.ifname or "")
-            env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(HOROVOD_TIMEOUT_S)
-            here.append(env)
+            here.append(worker_env(slot, rendezvous, port, node.ifname or "", timeout_s=timeout_s))
         envs.append(here)
     return envs
 

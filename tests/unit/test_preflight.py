@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rich.console import Console
 
 from cloudtrain import preflight
-from cloudtrain.cli.app import App
+from cloudtrain.cli.app import App, console
 from cloudtrain.cli.preflight_cmd import after_up
 from cloudtrain.cli.preflight_cmd import lines as report_lines
 from cloudtrain.errors import ConfigError
@@ -461,7 +460,7 @@ def test_a_cluster_of_one_rank_has_nothing_to_measure(run_cli: Cli, home: Path) 
 def test_up_runs_it_only_for_a_multi_node_gpu_cluster(home: Path) -> None:
     """`after_up` of a CPU cluster or a one-node GPU cluster says nothing and starts no job."""
     out, err = io.StringIO(), io.StringIO()
-    app = App(home=home, out=Console(file=out), err=Console(file=err))
+    app = App(home=home, out=console(out), err=console(err))
     app.state.put_cluster(ClusterSpec("cpu2", "local", 2, Resources()), status="up")
     app.state.put_cluster(ClusterSpec("gpu1", "local", 1, Resources("A100", 8)), status="up")
     try:

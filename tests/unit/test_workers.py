@@ -176,3 +176,20 @@ def test_a_report_names_the_signal() -> None:
         "  rank: 2",
         "  exitcode: -9",
     ]
+
+
+def test_the_jobs_horovod_timeout_wins_and_what_wires_the_job_is_refused() -> None:
+    from cloudtrain.errors import ConfigError
+
+    assert workers.horovod_timeout_s({}) == workers.HOROVOD_TIMEOUT_S
+    timeout = workers.horovod_timeout_s({"HOROVOD_GLOO_TIMEOUT_SECONDS": "600"})
+    envs = workers.horovod_envs(NODES, 2, "10.0.0.5", 4567, timeout)
+    assert {e["HOROVOD_GLOO_TIMEOUT_SECONDS"] for node in envs for e in node} == {"600"}
+    for value in ("0", "-5", "1.5", "soon", "", "٣", "86401"):
+        with pytest.raises(ConfigError, match=r"HOROVOD_GLOO_TIMEOUT_SECONDS=.*whole seconds"):
+            workers.check_envs("horovod", {"HOROVOD_GLOO_TIMEOUT_SECONDS": value})
+    wired = [("horovod", "HOROVOD_RANK"), ("tensorflow", "TF_CONFIG"), ("torch", "MASTER_PORT")]
+    for runtime, name in wired:
+        with pytest.raises(ConfigError, match=rf"^envs: {name}='1': cloudtrain sets {name}"):
+            workers.check_envs(runtime, {name: "1"})
+    workers.check_envs("torch", {"HOROVOD_RANK": "1", "OMP_NUM_THREADS": "2"})  # not torch's

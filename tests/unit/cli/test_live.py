@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from cloudtrain.cli import live
+from cloudtrain.cli.app import console
 
 LINES: list[dict[str, Any]] = [
     {"attempt": 0, "step": 0, "at": 100.0, "rank": 0, "total_steps": 120},
@@ -38,7 +39,10 @@ def test_before_any_report_and_a_hostile_name_shown_escaped() -> None:
         "no metrics yet (runtime.report)",
     ]
     hostile = [{"attempt": 0, "step": 1, "at": 1.0, "rank": 0, "x\x1b[2J": 1.0}]
-    assert "\x1b" not in "".join(live.summary("j-1", hostile, {}))
+    out = io.StringIO()
+    console(out).print(live._panel(live.summary("j-1", hostile, {})))  # as `train` draws it
+    assert "\x1b" not in out.getvalue()
+    assert "│ x\\x1b[2J 1 " in out.getvalue()
 
 
 def test_a_frame_as_a_terminal_shows_it() -> None:
