@@ -54,6 +54,8 @@ IGNORE_FILES = (".gitignore", IGNORE_FILE)
 #: ssh's own exit status when it could not connect, or lost the connection (the remote command
 #: may still be running); no command cloudtrain runs on a node exits with it.
 SSH_FAILED = 255
+#: What a streamed run (`Executor.run` with `on_output`) keeps of its output: its last lines.
+STREAM_TAIL = 200
 
 #: Starts "$@" detached: its own session, stdin from /dev/null, stdout+stderr to
 #: JOB_DIR/node.log; writes JOB_DIR/pid now and, when it ends, JOB_DIR/ended_at (the node's
@@ -104,7 +106,9 @@ class Executor(Protocol):
         on_output: Callable[[str], None] | None = None,
     ) -> RunResult:
         """Run `argv` to completion. `on_output` gets each line of stdout+stderr as it comes
-        (then `stdout` holds both). Raises `CommandError` only when it cannot start or times out."""
+        (then `stdout` holds the last `STREAM_TAIL` lines of both: a node's output, however
+        long, is never all held here). Raises `CommandError` only when it cannot start or
+        times out."""
         ...
 
     def start_detached(

@@ -15,13 +15,14 @@ import signal
 import stat
 import subprocess
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, cast
 
 from cloudtrain.errors import CommandError
 from cloudtrain.executors import received
-from cloudtrain.executors.base import DETACH_SCRIPT, RunResult, sync_listing
+from cloudtrain.executors.base import DETACH_SCRIPT, STREAM_TAIL, RunResult, sync_listing
 
 
 class LocalExecutor:
@@ -123,9 +124,10 @@ class LocalExecutor:
         timer = threading.Timer(timeout, expire) if timeout else None
         if timer:
             timer.start()
-        lines: list[str] = []
+        lines: deque[str] = deque(maxlen=STREAM_TAIL)  # what the caller saw: the tail
         try:
-            for line in cast("IO[str]", proc.stdout):
+            out = cast("IO[str]", proc.stdout)
+            while line := out.readline(_LONGEST):  # a line longer comes in pieces
                 line = line.rstrip("\n")
                 lines.append(line)
                 on_output(line)
@@ -198,6 +200,9 @@ def _kill(proc: subprocess.Popen[str]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+#: The longest piece of a streamed command's output handed on at once (a node's line, however
+#: long, is never all held here).
+_LONGEST = 1 << 20
 _UNBOUNDED = 1 << 62  # the user's own files: no bound but the disk
 
 

@@ -24,6 +24,7 @@ files only. ``$CLOUDTRAIN_MAX_PULL_GB`` sets the bound (default 256 GB).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -269,3 +270,35 @@ def run_bounded(argv: Sequence[str], tree: Path, *, timeout: float) -> tuple[int
         if proc.stdout is not None:
             proc.stdout.close()
     return proc.returncode, "".join(tail)
+
+
+#: The most of one node's log a copy at home keeps (`log_copy`).
+LOG_MAX = 256 << 20
+
+
+class _Full(Exception):
+    """A log copy reached its bound: the command feeding it is stopped."""
+
+
+@contextlib.contextmanager
+def log_copy(path: Path, limit: int = LOG_MAX) -> Iterator[Callable[[str], None]]:
+    """A writer of a node's log lines to `path` (0600), as a streamed command's `on_output`:
+    past `limit` bytes it raises, which stops the command, and the copy ends with a line
+    saying where it was cut. A copy that got no line is removed."""
+    written = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", errors="replace") as out:
+
+        def write(line: str) -> None:
+            nonlocal written
+            written += len(line) + 1
+            if written > limit:
+                raise _Full
+            out.write(line + "\n")
+
+        try:
+            yield write
+        except _Full:
+            out.write(f"[cloudtrain: the copy of this log was cut here, at {limit >> 20} MB]\n")
+    if written == 0:
+        path.unlink(missing_ok=True)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.errors import CommandError, ConfigError, JobError, NotFoundError, ProviderError
+from cloudtrain.executors import received
 from cloudtrain.executors.base import SSH_FAILED, Executor, RunResult, fan_out
 from cloudtrain.jobs import checkpoints, metrics, shards, workers
 from cloudtrain.jobs.attempts import (
@@ -866,16 +867,15 @@ class Coordinator:
                 continue  # its watcher keeps the copy of every attempt
             copy_dir = self.home / "logs" / rec.id
             for node in ran_on(rec, nodes):
-                try:
-                    out = self._read_log(node, rec)
+                copy_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                try:  # as it comes, bounded: a node's log may be as long as it likes
+                    with received.log_copy(copy_dir / f"node-{node.index}.log") as write:
+                        args = ("follow", "--once", run_dir(node, rec))
+                        self._agent(node, *args, timeout=300, on_output=write)
                 except (CommandError, ProviderError) as exc:
                     log.warning(
                         "could not copy the logs of %s from node %d: %s", rec.id, node.index, exc
                     )
-                    continue
-                if out:
-                    copy_dir.mkdir(parents=True, exist_ok=True)
-                    (copy_dir / f"node-{node.index}.log").write_text(out)
         jobs = self.state.jobs(cluster)
         if jobs:  # the nodes' checkpoint folders hold the newest job's last checkpoint
             self.pull_checkpoints(max(jobs, key=lambda r: r.seq).id)

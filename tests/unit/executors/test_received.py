@@ -107,3 +107,28 @@ def test_a_bad_bound_is_one_line_naming_the_variable(
     monkeypatch.setenv(received.LIMIT_ENV, value)
     with pytest.raises(Exception, match=rf"CLOUDTRAIN_MAX_PULL_GB={value!r}: use a positive"):
         received.limit()
+
+
+def test_a_log_that_never_ends_is_copied_to_its_bound_and_its_command_stopped(
+    tmp_path: Path,
+) -> None:
+    """`yes` is a node whose log never ends: the copy stops at the bound, says where it was
+    cut, and the command is killed (else this test would never end)."""
+    copy = tmp_path / "node-0.log"
+    with received.log_copy(copy, limit=1 << 20) as write:
+        LocalExecutor().run(["yes", "a line of a log"], on_output=write)
+    lines = copy.read_text().splitlines()
+    assert lines[-1] == "[cloudtrain: the copy of this log was cut here, at 1 MB]"
+    assert set(lines[:-1]) == {"a line of a log"}
+    assert copy.stat().st_size <= (1 << 20) + 100
+    assert oct(copy.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_streamed_run_keeps_only_the_tail_of_what_it_said(tmp_path: Path) -> None:
+    seen: list[str] = []
+    done = LocalExecutor().run(["seq", "1", "100000"], on_output=seen.append)
+    assert len(seen) == 100000
+    assert done.stdout.splitlines() == [str(i) for i in range(99801, 100001)]
+    huge = LocalExecutor().run(["head", "-c", str(5 << 20), "/dev/zero"], on_output=seen.append)
+    assert huge.returncode == 0
+    assert max(len(s) for s in seen) <= 1 << 20, "a line without end comes in pieces"
