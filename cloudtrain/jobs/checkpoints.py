@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, overload
 from cloudtrain.errors import CloudtrainError, NotFoundError
 from cloudtrain.executors import received
 from cloudtrain.executors.base import Executor
+from cloudtrain.jobs import shards
 from cloudtrain.spec import validate_checkpoint_keep
 
 if TYPE_CHECKING:
@@ -128,10 +129,13 @@ class Kept:
             received.link_tree(part, union, keep_existing=True)
         if not union.is_dir() or not any(union.iterdir()):
             return self.newest()
-        return self._keep(union)
+        return self._keep(union, spare=shards.newest_usable)
 
-    def _keep(self, copy: Path) -> Path:
-        """A snapshot of `copy` (hard links) unless it equals the newest; the newest."""
+    def _keep(self, copy: Path, spare: Callable[[list[Path]], Path | None] | None = None) -> Path:
+        """A snapshot of `copy` (hard links) unless it equals the newest; the newest. Then
+        the `keep` newest are kept, and the one `spare` picks among them all (a sharded job's
+        newest whole checkpoint, which newer snapshots that lack a lost node's shards must
+        not push out)."""
         newest = self.newest()
         if newest is not None and _listing(newest) == _listing(copy):
             return newest
@@ -142,7 +146,11 @@ class Kept:
         received.link_tree(copy, tmp)
         snapshot = self.folder / name
         os.replace(tmp, snapshot)
-        for old in self.snapshots()[: -self.keep]:
+        found = self.snapshots()
+        kept = spare(found) if spare is not None else None  # a sharded job's newest whole one
+        for old in found[: -self.keep]:
+            if old == kept:
+                continue
             shutil.rmtree(old, ignore_errors=True)
         return snapshot
 
@@ -162,11 +170,13 @@ class Kept:
             )
         return newest
 
-    def push(self, bucket: Bucket) -> Pushed | None:
-        """Push the newest snapshot to `bucket` unless it was pushed already (then prune the
-        bucket to `keep`); None when there was nothing to push. Blocks for the upload; raises
-        what `Bucket.push` raises (the snapshot stays unpushed, and the next call tries it)."""
-        newest = self.newest()
+    def push(self, bucket: Bucket, *, sharded: bool = False) -> Pushed | None:
+        """Push the newest snapshot (`sharded`: the newest that holds a checkpoint complete
+        on every rank, `shards.newest_usable`) to `bucket` unless it was pushed already (then
+        prune the bucket to `keep`); None when there was nothing to push. Blocks for the
+        upload; raises what `Bucket.push` raises (the snapshot stays unpushed, and the next
+        call tries it)."""
+        newest = shards.newest_usable(self.snapshots()) if sharded else self.newest()
         marker = self._pushed()
         if newest is None or (marker.is_file() and marker.read_text() == newest.name):
             return None

@@ -851,7 +851,7 @@ class Coordinator:
         url = rec.detail.get("checkpoint_url")
         if url and newest is not None:
             try:
-                kept.push(checkpoints.bucket_of(url))
+                kept.push(checkpoints.bucket_of(url), sharded=sharded)
             except (CloudtrainError, OSError) as exc:
                 log.warning("could not copy the checkpoints of %s to %s: %s", job_id, url, exc)
         if sharded:  # a lost node's last copy and the survivors' newer shards may not make one

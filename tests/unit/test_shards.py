@@ -114,3 +114,32 @@ def test_the_newest_snapshot_holding_a_whole_checkpoint_is_chosen(tmp_path: Path
     assert shards.newest_usable([s1, s2]) == s2
     (tmp_path / "3000" / "plain").mkdir(parents=True)
     assert shards.newest_usable([s1, s2, tmp_path / "3000"]) == tmp_path / "3000"
+
+
+def test_snapshots_missing_a_lost_nodes_shards_never_push_out_the_last_whole_one(
+    tmp_path: Path,
+) -> None:
+    """Two copies after a node was lost (keep 2) hold only the survivor's newer shards: the
+    last snapshot whole on every rank is kept, for the recovery to resume from."""
+    from cloudtrain.executors.local import LocalExecutor
+    from cloudtrain.jobs.checkpoints import Kept
+
+    n0, n1 = tmp_path / "n0", tmp_path / "n1"
+    node_part(n0 / "ckpt-000001", 0, writers=[0, 1], save="a")
+    node_part(n1 / "ckpt-000001", 1, writers=[0, 1], save="a")
+    kept = Kept(tmp_path / "home", "j-1", keep=2)
+    whole = kept.pull_sharded(
+        [(0, LocalExecutor(), str(n0)), (1, LocalExecutor(), str(n1))], pytest.fail
+    )
+    assert whole is not None
+    assert shards.usable(whole)
+    for number in (2, 3):  # node 1 is gone; node 0 saves on, alone
+        node_part(n0 / f"ckpt-00000{number}", 0, writers=[0, 1], save=f"s{number}")
+        for old in n0.glob("ckpt-*"):
+            if old.name != f"ckpt-00000{number}":
+                for f in old.iterdir():
+                    f.unlink()
+                old.rmdir()
+        kept.pull_sharded([(0, LocalExecutor(), str(n0))], pytest.fail)
+    assert len(kept.snapshots()) == 3
+    assert shards.newest_usable(kept.snapshots()) == whole
