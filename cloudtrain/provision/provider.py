@@ -39,7 +39,7 @@ SDK errors are mapped to `cloudtrain.errors` at this boundary (`CapacityError`, 
 
 from __future__ import annotations
 
-import re
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,10 +103,14 @@ def node_price(options: Mapping[str, Any]) -> float:
     value = options.get("node_price")
     if value is None or value == "":
         return 0.0
-    text = str(value)
-    price = float(text) if re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,9})?", text) else -1.0
-    if price < 0:
-        raise ConfigError(f"--node-price {value!r}: give US dollars per node-hour, 0 or more")
+    try:
+        price = float(str(value))
+    except ValueError:
+        price = math.nan
+    if not 0 <= price < 1e6:  # NaN and infinity fail too
+        raise ConfigError(
+            f"--node-price {value!r}: give US dollars per node-hour, from 0 to less than 1000000"
+        )
     return price
 
 

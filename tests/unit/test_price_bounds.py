@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain.errors import ConfigError
 from cloudtrain.plan import bounds, catalog, prices
 from cloudtrain.plan.catalog import Catalog, InstanceType
 from tests.conftest import Cli
@@ -251,3 +252,19 @@ def test_the_band_and_the_change_bound(
     price: float, gpus: int, shipped: float | None, why: str | None
 ) -> None:
     assert bounds.refused(price, gpus, shipped) == why
+
+
+@pytest.mark.parametrize("given", ["nan", "inf", "-1", "abc", "1e7", "1e999"])
+def test_a_node_price_that_is_no_price_is_one_line_naming_the_range(given: str) -> None:
+    from cloudtrain.provision.provider import node_price
+
+    with pytest.raises(ConfigError, match=r"give US dollars per node-hour, from 0 to less than"):
+        node_price({"node_price": given})
+
+
+def test_a_node_price_in_any_number_form_is_taken() -> None:
+    from cloudtrain.provision.provider import node_price
+
+    assert node_price({"node_price": 1e-09}) == 1e-09  # as click hands a float on
+    assert node_price({"node_price": "2.5"}) == 2.5
+    assert node_price({}) == 0.0
