@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, overload
 
-from cloudtrain.errors import CloudtrainError, NotFoundError
+from cloudtrain.errors import CloudtrainError, NodeDataError, NotFoundError
 from cloudtrain.executors import received
 from cloudtrain.executors.base import Executor
 from cloudtrain.jobs import shards
@@ -68,6 +68,16 @@ def node_folder(root: str, job_id: str, override: str | None) -> str:
     return override or f"{root}/checkpoints/{job_id}"
 
 
+def _get(ex: Executor, remote: str, copy: Path) -> bool:
+    """`ex.get` into `copy`; a copy refused past the bound (`NodeDataError`) is removed, so
+    that what came before the refusal is never kept nor counted against the next copy."""
+    try:
+        return ex.get(remote, copy)
+    except NodeDataError:
+        shutil.rmtree(copy, ignore_errors=True)
+        raise
+
+
 def _listing(folder: Path) -> list[tuple[str, int, int]]:
     return sorted((rel, st.st_size, st.st_mtime_ns) for rel, st in received.regular_files(folder))
 
@@ -98,7 +108,7 @@ class Kept:
         node's folder does not exist or is empty)."""
         incoming = self.folder / ".incoming"
         incoming.mkdir(parents=True, exist_ok=True)
-        if not ex.get(remote, incoming) or not any(incoming.iterdir()):
+        if not _get(ex, remote, incoming) or not any(incoming.iterdir()):
             return self.newest()
         return self._keep(incoming)
 
@@ -117,7 +127,7 @@ class Kept:
             part = parts / str(index)
             part.mkdir(parents=True, exist_ok=True)
             try:
-                ex.get(remote, part)
+                _get(ex, remote, part)
             except (CloudtrainError, OSError) as exc:
                 on_error(index, exc)
         union = self.folder / ".union"

@@ -98,6 +98,7 @@ def test_a_copy_past_the_bound_is_refused_and_the_snapshot_before_stands(
     assert first is not None
     assert kept.newest() == first
     assert everything(first) == ["a.pt"]
+    assert not (kept.folder / ".incoming").exists(), "nothing of the refused copy is kept"
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "lots", "inf", "nan"])
