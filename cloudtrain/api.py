@@ -231,9 +231,10 @@ def _up(
         refused = isinstance(exc, ConfigError) and current is None
         try:
             left: list[NodeInfo] | None = prov.describe(spec.name, spec.cluster_id)
-        except Exception:  # cannot tell what exists: keep the record, so `down` can clean
+        except Exception as listing:  # cannot tell what exists: keep the record for `down`
             if not refused:
                 log.warning("could not list what the failed up of %s left", spec.name)
+            log.debug("listing what the failed up of %s left: %s", spec.name, listing)
             left = [] if refused else None
         if left and current is None and all(n.state == UNREACHABLE for n in left):
             # hosts this `up` could not reach (a refused host key, a host that is down) hold

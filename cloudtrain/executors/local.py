@@ -57,6 +57,33 @@ class LocalExecutor:
         except OSError as exc:
             raise CommandError(127, args, str(exc)) from None
 
+    def _start(
+        self,
+        args: tuple[str, ...],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        stdin: str | None,
+        *,
+        stderr: int,
+        bufsize: int = -1,
+    ) -> subprocess.Popen[str]:
+        """Start `args` in a process group of its own (as a node's command: the terminal's
+        Ctrl-C is not for it), its stdout piped, tracked for `close`."""
+        proc = subprocess.Popen(
+            args,
+            env=self._env(env),
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            text=True,
+            bufsize=bufsize,
+            process_group=0,
+        )
+        with self._lock:
+            self._running.add(proc)
+        return proc
+
     def _capture(
         self,
         args: tuple[str, ...],
@@ -65,18 +92,7 @@ class LocalExecutor:
         timeout: float | None,
         stdin: str | None,
     ) -> RunResult:
-        proc = subprocess.Popen(
-            args,
-            env=self._env(env),
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
-            text=True,
-            process_group=0,  # as a node's: the terminal's Ctrl-C is not for it
-        )
-        with self._lock:
-            self._running.add(proc)
+        proc = self._start(args, env, cwd, stdin, stderr=subprocess.PIPE)
         try:
             out, err = proc.communicate(stdin, timeout=timeout)
         finally:
@@ -96,19 +112,7 @@ class LocalExecutor:
         on_output: Callable[[str], None],
         stdin: str | None = None,
     ) -> RunResult:
-        proc = subprocess.Popen(
-            args,
-            env=self._env(env),
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
-            text=True,
-            bufsize=1,
-            process_group=0,  # as a node's: the terminal's Ctrl-C is not for it
-        )
-        with self._lock:
-            self._running.add(proc)
+        proc = self._start(args, env, cwd, stdin, stderr=subprocess.STDOUT, bufsize=1)
         if proc.stdin is not None:
             try:
                 with proc.stdin:
