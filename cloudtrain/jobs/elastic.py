@@ -24,8 +24,12 @@ The coordinator starts it through `cloudtrain.jobs.warm`, whose node server fork
 with torch already imported (or which runs it in its own process when there is none).
 
 Forking is safe only before CUDA is initialised in the agent (`import torch` does not
-initialise it; nothing here touches it): if it was, the job falls back to ``spawn`` with a
-warning. ``--start-method spawn``, a command (``--no-python``) and torchrun's own
+initialise it): if it was, the job falls back to ``spawn`` with a warning. Asking CUDA's device
+count is enough to spoil every fork (torch's "Cannot re-initialize CUDA in forked subprocess"),
+and torch's own ``LaunchConfig`` asks ``torch.cuda.is_available()`` (seen on an H200 with torch
+2.11): the agent asks it through NVML instead (``PYTORCH_NVML_BASED_CUDA_CHECK=1``, which torch
+offers for this), and each worker gets the variable back as the job had it.
+``--start-method spawn``, a command (``--no-python``) and torchrun's own
 ``--run-path`` are handed to torchrun unchanged.
 """
 
@@ -55,6 +59,11 @@ START_METHODS = ("fork", "spawn")
 #: DDP's constructor imports ``torch._dynamo`` (about 1.5 s of CPU; it touches no device).
 PRELOAD = ("torch._dynamo",)
 
+#: torch's switch that makes ``torch.cuda.is_available()`` ask NVML, which leaves fork usable.
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+#: The job's own value of `NVML_CHECK` (None: unset), which the forked workers get back.
+_job_nvml_check: str | None = None
+
 
 def run_target(module: bool, target: str, *args: str) -> None:
     """A forked worker's body: `target` (a script's path, or a module's name when `module`)
@@ -65,6 +74,7 @@ def run_target(module: bool, target: str, *args: str) -> None:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)  # as `python -u` (the log follows it live)
     atexit._clear()  # the agent's exit handlers are not this worker's
+    _restore_nvml_check()
     reseed()
     launched.guard_imports()  # `import horovod.torch` here would be a world of one: refused
     sys.argv = [target, *args]
@@ -80,6 +90,21 @@ def run_target(module: bool, target: str, *args: str) -> None:
         raise
     finally:
         atexit._run_exitfuncs()  # the fork's child ends with os._exit, which runs none
+
+
+def _fork_safe_cuda_checks() -> None:
+    """From now on this agent's ``torch.cuda.is_available()`` asks NVML, not the CUDA runtime,
+    which would spoil every fork (`_restore_nvml_check` undoes it in each worker)."""
+    global _job_nvml_check
+    _job_nvml_check = os.environ.get(NVML_CHECK)
+    os.environ[NVML_CHECK] = "1"
+
+
+def _restore_nvml_check() -> None:
+    if _job_nvml_check is None:
+        os.environ.pop(NVML_CHECK, None)
+    else:
+        os.environ[NVML_CHECK] = _job_nvml_check
 
 
 def reseed() -> None:
@@ -155,6 +180,7 @@ def launch(argv: Sequence[str]) -> Any:
         args.start_method = "spawn"
     if args.start_method != "fork" or args.no_python or args.run_path:
         return torchrun.run(args)
+    _fork_safe_cuda_checks()  # before torch's LaunchConfig asks is_available()
     _rendezvous_defaults(torchrun, args)
     config, _, cmd_args = torchrun.config_from_args(args)
     from torch.distributed.launcher.api import elastic_launch

@@ -4,10 +4,13 @@ touches no GPU (forking after CUDA's initialisation would break the workers)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 
 def python(code: str, cwd: Path) -> str:
@@ -83,3 +86,45 @@ def test_a_fork_made_by_the_preload_itself_does_not_wait_for_itself(tmp_path: Pa
         tmp_path,
     )
     assert out.strip() == "child sees 1"
+
+
+def test_the_agent_asks_cuda_only_through_nvml_and_the_worker_gets_the_jobs_value(
+    tmp_path: Path,
+) -> None:
+    """torch's own LaunchConfig asks ``torch.cuda.is_available()``, which (by the CUDA runtime's
+    device count) spoils every fork on a GPU node: seen on an H200 as "Cannot re-initialize
+    CUDA in forked subprocess" in every fork job. The agent's asks go through NVML; the worker
+    sees the job's own value of the switch again (unset here; a set value: the next test)."""
+    (tmp_path / "worker.py").write_text(
+        "import os\nprint('worker sees', os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK'))\n"
+    )
+    out = python(
+        """
+        import os
+        from torch import cuda
+        agent, asked = os.getpid(), []
+        real = cuda.is_available
+        def watched():
+            if os.getpid() == agent:
+                asked.append(os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"))
+            return real()
+        cuda.is_available = watched
+        from cloudtrain.jobs import elastic
+        elastic.main(["--standalone", "--nproc-per-node", "1", "--start-method", "fork",
+                      "worker.py"])
+        print("agent asked", asked, flush=True)
+        """,
+        tmp_path,
+    )
+    assert "worker sees None" in out
+    assert "agent asked ['1']" in out or "agent asked ['1', '1']" in out, out
+
+
+def test_a_worker_gets_back_the_jobs_own_nvml_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cloudtrain.jobs import elastic
+
+    monkeypatch.setenv(elastic.NVML_CHECK, "0")
+    elastic._fork_safe_cuda_checks()
+    assert os.environ[elastic.NVML_CHECK] == "1"
+    elastic._restore_nvml_check()
+    assert os.environ[elastic.NVML_CHECK] == "0"
