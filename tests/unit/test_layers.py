@@ -105,6 +105,8 @@ def test_no_module_imports_itself_back() -> None:
                     "spawn",
                     "runtimes",
                     "horovod",
+                    "unattended",
+                    "oom",
                 )
             },
         ),
@@ -115,8 +117,13 @@ def test_no_module_imports_itself_back() -> None:
             {"cloudtrain.node.notices", "cloudtrain.node.procs", "cloudtrain.node.selfstop"},
         ),
         ("cloudtrain.node.selfstop", set()),
+        (
+            "cloudtrain.node.unattended",
+            {"cloudtrain.node." + m for m in ("agent", "notices", "procs", "selfstop")},
+        ),
         ("cloudtrain.node.procs", {"cloudtrain.node.notices"}),
         ("cloudtrain.node.notices", set()),
+        ("cloudtrain.node.oom", set()),
     ],
 )
 def test_the_bottom_layers_import_nothing_above_them(module: str, allowed: set[str]) -> None:
