@@ -14,10 +14,11 @@ again whenever it ends while the job is still open: killed (SIGKILL, the OOM kil
 A process of its own, not a ``try`` around the watcher's loop: a loop does not outlive its own
 process (a SIGKILL, the OOM killer), and after an unexpected exception the process's threads,
 connections and locks are in no known state. A new watcher starts from the job's record, all a
-watcher knows by design. The wait doubles from `RESTART_S` to `MAX_RESTART_S`, and is back to
-`RESTART_S` after a watcher that lived `HEALTHY_S`. After `GIVE_UP` deaths in a row, each
+watcher knows by design. The wait doubles from 1 s to 30 s, and is back to 1 s after
+a watcher that lived a minute. After `GIVE_UP` deaths in a row, each
 sooner than `HEALTHY_S` after its start (a crash on every start), it ends and says so in the
-watch log: the next command (``status``, ``logs``) starts it again.
+watch log: the next command (``status``, ``logs``) starts it again. The loop is the node
+agent's supervisor's too (`cloudtrain.node.restarts`).
 
 One supervisor per job: it holds ``<home>/locks/supervise-<job>.lock`` (`supervisor_pid`).
 SIGTERM stops the watcher and the supervisor. A supervisor killed leaves its watcher going;
@@ -27,22 +28,14 @@ when both are gone (the machine restarted), the next command starts both
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cloudtrain import locks
+from cloudtrain.node import restarts
 from cloudtrain.spec import validate_job_id
 
-#: The first wait before a dead watcher is started again; doubled after each quick death.
-RESTART_S, MAX_RESTART_S = 1.0, 30.0
-#: A watcher that lived this long was working: its death is not counted as a crash loop.
-HEALTHY_S = 60.0
 #: Quick deaths in a row after which the supervisor ends (the next command starts it again).
 GIVE_UP = 10
 
@@ -74,50 +67,6 @@ def supervise(
     with locks.held_if_free(home, _key(job_id)) as mine:
         if not mine:
             return 0
-        stopping = threading.Event()
-        current: list[subprocess.Popen[bytes]] = []
-
-        def on_term(signum: int, frame: object) -> None:
-            stopping.set()
-            for proc in current:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.terminate()
-
-        previous = signal.signal(signal.SIGTERM, on_term)
-        try:
-            return _loop(job_id, child, is_open, say, stopping, current)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _loop(
-    job_id: str,
-    child: Sequence[str],
-    is_open: Callable[[], bool],
-    say: Callable[[str], None],
-    stopping: threading.Event,
-    current: list[subprocess.Popen[bytes]],
-) -> int:
-    delay, quick = RESTART_S, 0
-    while not stopping.is_set():
-        began = time.monotonic()
-        proc = subprocess.Popen(child, stdin=subprocess.DEVNULL)
-        current[:] = [proc]
-        if stopping.is_set():  # a SIGTERM just before it started
-            proc.terminate()
-        code = proc.wait()
-        if stopping.is_set() or code == 0 or not is_open():
-            return 0
-        lived = time.monotonic() - began
-        delay, quick = (RESTART_S, 0) if lived >= HEALTHY_S else (delay, quick + 1)
-        how = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
-        if quick >= GIVE_UP:
-            say(f"the watcher of {job_id} {how}: {quick} deaths in a row, each within "
-                f"{HEALTHY_S:.0f} s of its start; not starting it again (the next "
-                "`cloudtrain status` does)")  # fmt: skip
-            return 1
-        say(f"the watcher of {job_id} {how} after {lived:.0f} s; starting it again "
-            f"in {delay:.0f} s")  # fmt: skip
-        stopping.wait(delay)
-        delay = min(delay * 2, MAX_RESTART_S)
-    return 0
+        return restarts.supervise(child, f"the watcher of {job_id}", say, is_open=is_open,
+                                  give_up=GIVE_UP,
+                                  after_give_up=" (the next `cloudtrain status` does)")  # fmt: skip

@@ -36,13 +36,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.node import notices, procs, selfstop
+from cloudtrain.node import notices, procs, restarts, selfstop
 
 #: Seconds between two beats; a beat older than `STALE_S` is an agent that is not there.
 BEAT_S = 2.0
 STALE_S = 3 * BEAT_S + 2
-#: How long the supervisor waits before it starts a dead agent again (doubling up to the max).
-RESTART_S, MAX_RESTART_S = 1.0, 30.0
 #: A file present on nodes whose agent runs detached (`ensure`): their heartbeat heals it.
 DETACHED = "detached"
 #: The autostop policy in the agent's folder (`set_policy`).
@@ -277,32 +275,13 @@ def _notices(root: Path, source: str, endpoint: str | None, interval_s: float) -
 
 
 def supervise(child: Sequence[str]) -> int:
-    """Run `child` until it exits 0, starting it again after each death (1 s, doubling up to
-    30 s; back to 1 s after a minute's life). SIGTERM stops the child and this."""
-    stopping = threading.Event()
-    current: list[subprocess.Popen[bytes]] = []
+    """Run `child` until it exits 0, starting it again after each death (`restarts`: 1 s,
+    doubling up to 30 s; back to 1 s after a minute's life). SIGTERM stops the child and this."""
 
-    def on_term(signum: int, frame: object) -> None:
-        stopping.set()
-        for proc in current:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
+    def say(line: str) -> None:
+        print(f"cloudtrain-agent: {line}", file=sys.stderr, flush=True)
 
-    signal.signal(signal.SIGTERM, on_term)
-    delay = RESTART_S
-    while not stopping.is_set():
-        t0 = time.monotonic()
-        proc = subprocess.Popen(child, stdin=subprocess.DEVNULL)
-        current[:] = [proc]
-        code = proc.wait()
-        if stopping.is_set() or code == 0:
-            return 0
-        delay = RESTART_S if time.monotonic() - t0 > 60 else delay
-        print(f"cloudtrain-agent: the agent exited {code}; starting it again in {delay:.0f} s",
-              file=sys.stderr, flush=True)  # fmt: skip
-        stopping.wait(delay)
-        delay = min(delay * 2, MAX_RESTART_S)
-    return 0
+    return restarts.supervise(child, "the agent", say)
 
 
 def beat(root: Path) -> dict[str, Any]:

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.jobs import supervisor
+from cloudtrain.node import restarts
 
 
 @pytest.fixture(autouse=True)
 def fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(supervisor, "RESTART_S", 0.01)
-    monkeypatch.setattr(supervisor, "MAX_RESTART_S", 0.04)
+    monkeypatch.setattr(restarts, "RESTART_S", 0.01)
+    monkeypatch.setattr(restarts, "MAX_RESTART_S", 0.04)
 
 
 def counting_child(tmp_path: Path, exits: list[int]) -> list[str]:
