@@ -2,8 +2,9 @@
 runtime is refused at once with one line naming the runtime to use (no longer N worlds of one
 that "succeed"); `cloudtrain.runtime.hvd` gives Horovod's own numbers for every call of
 `scripts/hvd_checks.py` (collectives, ops, compression, DistributedOptimizer with StepLR,
-backward passes, predivide, join on uneven data); and a script written the way Horovod's
-pytorch_mnist example is trains unchanged."""
+backward passes, predivide, join on uneven data); a script written the way Horovod's
+pytorch_mnist example is trains unchanged; and one written as its elastic examples gives real
+Horovod's numbers (sampler order, losses, parameters), with and without a failed step."""
 
 from __future__ import annotations
 
@@ -120,6 +121,42 @@ def test_an_elastic_script_written_as_horovods_trains_and_recovers_its_last_comm
     assert all("steps 48 executed 49 resets 1" in e for e in again), again
     assert {e.rsplit(" params ", 1)[1] for e in again} == params
     assert sh("down", "el").returncode == 0
+
+
+def elastic_numbers(out: str) -> tuple[list[str], list[float], list[str], list[float]]:
+    """(each rank's dealt order per epoch entered, rank 0's epoch losses, each rank's counters,
+    each rank's two parameter checksums), in rank order, without the node prefixes."""
+    orders = sorted(re.findall(r"^\[node \d\] (rank \d epoch \d order .*)$", out, re.MULTILINE))
+    losses, ends = elastic_run(out)
+    counters = [e.rsplit(" params ", 1)[0] for e in ends]
+    params = [float(v) for e in ends for v in e.rsplit(" params ", 1)[1].split()]
+    return orders, [float(x) for x in losses], counters, params
+
+
+@pytest.mark.parametrize("fail", [[], ["--", "--fail-at-step", "5"]], ids=["plain", "failed"])
+def test_the_elastic_script_gives_horovods_own_numbers(sh: Shell, fail: list[str]) -> None:
+    """Real Horovod's `hvd.elastic` (``--runtime horovod``: horovod.torch, gloo, no elastic
+    driver) and cloudtrain's deal the same indices, undo the same uncommitted step, train the
+    same model."""
+    needs("horovod", "python -m cloudtrain.node horovod build --cache DIR --install")
+    name = f"er{len(fail)}"
+    assert sh("up", "--nodes", "2", "--name", name).returncode == 0
+    script = str(SCRIPTS / "hvd_elastic_style.py")
+    real = sh("train", "-c", name, "--runtime", "horovod", script, *fail)
+    assert real.returncode == 0, real.stdout + real.stderr
+    ours = sh("train", "-c", name, script, *fail)
+    assert ours.returncode == 0, ours.stdout + ours.stderr
+    r_orders, r_losses, r_counters, r_params = elastic_numbers(real.stdout)
+    orders, losses, counters, params = elastic_numbers(ours.stdout)
+    assert len(r_orders) == (8 if fail else 6), real.stdout  # 3 epochs × 2 ranks (+ a redeal)
+    assert len(r_losses) == 3, real.stdout
+    assert orders == r_orders  # ElasticSampler: the same indices dealt, after the reset too
+    assert counters == r_counters, (counters, r_counters)  # the step was undone as often
+    assert ours.stdout.count(": reset, world of 2") == real.stdout.count(": reset, world of 2")
+    assert losses == pytest.approx(r_losses, abs=1e-5), (losses, r_losses)
+    assert len(params) == 4, ours.stdout
+    assert params == pytest.approx(r_params, abs=1e-5), (params, r_params)
+    assert sh("down", name).returncode == 0
 
 
 def test_sync_batch_norm_is_one_batch_norm_over_every_ranks_batch(sh: Shell) -> None:
