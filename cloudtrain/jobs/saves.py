@@ -35,12 +35,15 @@ log = logging.getLogger(__name__)
 
 #: How often the nodes' save markers are read while a job is followed.
 CHECK_S = 1.0
+#: The most of a node's progress.json read (a node's file is untrusted; the real one is tiny).
+MARKER_BYTES = 64 * 1024
 
 
 def marker(ex: Executor, folder: str) -> dict[str, Any] | None:
     """The save marker in the attempt's folder `folder` on a node (None: no save finished
-    there yet, or the node did not answer). Blocks for one command on the node."""
-    done = ex.run(["cat", f"{folder}/progress.json"], timeout=30)
+    there yet, the node did not answer, or its file is no marker). Blocks for one command on
+    the node."""
+    done = ex.run(["head", "-c", str(MARKER_BYTES), f"{folder}/progress.json"], timeout=30)
     if done.returncode != 0:
         return None
     try:
