@@ -367,9 +367,12 @@ def wait_bootstrap(
     nodes: list[NodeInfo],
     on_event: OnEvent,
     timeout_s: float,
+    lost_every_s: float = 5.0,
 ) -> None:
     """Wait for every node's bootstrap to report ready (`cloudtrain.boot.readiness`). Providers that
-    cannot run commands on their nodes yet are skipped with a note."""
+    cannot run commands on their nodes yet are skipped with a note. A node the provider no
+    longer lists (it removed itself at its lifetime, its host is gone) ends the wait within
+    `lost_every_s` (`NodeLostError`), not at the timeout."""
     from cloudtrain.boot import readiness
 
     try:
@@ -379,11 +382,20 @@ def wait_bootstrap(
         return
     from cloudtrain.boot import wheel
 
+    record = state.cluster(cluster)
+    cluster_id = record.spec.cluster_id if record else None
+
+    def lost() -> set[int]:
+        try:
+            listed = {n.index for n in prov.describe(cluster, cluster_id)}
+        except CloudtrainError:  # cannot tell now: asked again at the next check
+            return set()
+        return {n.index for n in nodes} - listed
+
     handoff = readiness.hand_over_wheel(lambda: wheel.build(home))
     try:
-        readiness.wait_ready(
-            nodes, executors, on_event=on_event, timeout_s=timeout_s, handoff=handoff
-        )
+        readiness.wait_ready(nodes, executors, on_event=on_event, timeout_s=timeout_s,
+                             handoff=handoff, lost=lost, lost_every_s=lost_every_s)  # fmt: skip
     except BootstrapError as exc:
         state.set_cluster_status(cluster, "failed")
         state.add_event(cluster, "bootstrap", str(exc))

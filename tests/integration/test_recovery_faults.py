@@ -128,3 +128,26 @@ def test_cancel_during_a_recovery_takes_the_replacement_and_keeps_the_node_that_
     (cluster,) = status["clusters"]
     assert [n["index"] for n in cluster["nodes"]] == [0], cluster
     assert sh("down", "c").returncode == 0
+
+
+def test_an_up_whose_node_is_lost_while_it_boots_ends_at_once(sh: Shell) -> None:
+    """A node gone during `up`'s own bootstrap wait (its lifetime ended and it removed itself,
+    its host died) ends the `up` within a check of the provider's listing, naming the node,
+    instead of the bootstrap's 1800 s timeout."""
+    up = sh.popen("up", "--name", "lo", "--nodes", "2")
+    booting(sh.home, "lo", 1)
+    kill_node(sh.home, "lo", 1)
+    began = time.monotonic()
+    try:
+        out, _ = up.communicate(timeout=90)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    took = time.monotonic() - began
+    assert up.returncode not in (0, None), out
+    assert "node 1 was lost during its bootstrap" in out, out
+    assert "Traceback" not in out
+    assert took < 60, f"up ended {took:.0f} s after the node was lost"
+    assert sh("down", "lo").returncode == 0
+    assert sh.processes() == []
