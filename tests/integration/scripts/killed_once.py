@@ -1,6 +1,6 @@
-"""Counts steps and checkpoints each one; on its first run, the rank `--rank` kills itself
-(or, with `--agent`, its torchrun agent) with SIGKILL at step `--at`, as the kernel's OOM
-killer would; with `--oom` it takes memory until the OOM killer kills it (run it in a cgroup
+"""Counts steps and checkpoints each one; on its first run, the rank on node `--rank` kills
+itself (or, with `--agent`, its torchrun agent) with SIGKILL at step `--at`, as the kernel's
+OOM killer would; with `--oom` it takes memory until the OOM killer kills it (run it in a cgroup
 with a memory limit). The marker file `--marker` says it happened: the next attempt resumes
 from the checkpoint and finishes.
 
@@ -27,6 +27,8 @@ p.add_argument("--oom", action="store_true", help="take memory until the OOM kil
 args = p.parse_args()
 
 rank = int(os.environ["RANK"])
+# the node by its index: torchrun's global ranks follow the rendezvous' order, not the node's
+node = int(os.environ.get("CLOUDTRAIN_NODE_RANK", rank))
 folder = Path(os.environ["CLOUDTRAIN_CHECKPOINT_DIR"])
 saved = folder / "state.json"
 start = json.loads(saved.read_text())["step"] if saved.exists() else 0
@@ -35,13 +37,13 @@ print(f"rank {rank}: resumed from step {start}", flush=True)
 for step in range(start + 1, args.steps + 1):
     time.sleep(0.3)
     runtime.step()
-    if rank == 0:  # the one writer, as a DDP job's rank 0
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # each node's copy, as the runtime writes
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "state.tmp").write_text(json.dumps({"step": step}))
         (folder / "state.tmp").replace(saved)
         progress.write()
     print(f"rank {rank}: step {step}/{args.steps}", flush=True)
-    if rank == args.rank and step == args.at and not args.marker.exists():
+    if node == args.rank and step == args.at and not args.marker.exists():
         args.marker.write_text(f"{os.getpid()}\n")
         if args.oom:
             print(f"rank {rank}: taking memory", flush=True)
