@@ -16,12 +16,11 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Collection
 from pathlib import Path
 from typing import ClassVar
 
 from cloudtrain.boot import bootstrap
-from cloudtrain.errors import ConfigError, ProviderError
+from cloudtrain.errors import ConfigError
 from cloudtrain.executors.local import LocalExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
 from cloudtrain.node import agent as resident
@@ -69,16 +68,6 @@ class LocalProvider:
                 f"{spec.num_nodes} asked for; `cloudtrain down {spec.name}` first"
             )
         have = {n.index for n in existing}
-        try:
-            return self._make(spec, have, on_event)
-        except OSError as exc:  # its folder removed while it was made: the "instance" is lost
-            raise ProviderError("local", "NodeLost", f"a node's folder went away while it was "
-                                f"made ({exc.strerror}: {exc.filename})",
-                                retryable=True) from None  # fmt: skip
-
-    def _make(self, spec: ClusterSpec, have: set[int], on_event: OnEvent) -> list[NodeInfo]:
-        """Make the nodes of `spec` not in `have`; start the bootstrap of every node not
-        ready. An `OSError` when a node's folder goes away meanwhile."""
         for index in range(spec.num_nodes):
             if index in have:
                 continue
@@ -127,9 +116,10 @@ class LocalProvider:
         nodes = []
         for tag_file in sorted(self._cluster_dir(cluster).glob("node-*/node.json")):
             try:
-                index = int(json.loads(tag_file.read_text())["index"])
-            except (OSError, ValueError, KeyError, TypeError):
+                tags = json.loads(tag_file.read_text())
+            except (OSError, ValueError):
                 continue  # a node half-made by a crash: apply makes it again
+            index = int(tags["index"])
             nodes.append(
                 NodeInfo(
                     cluster=cluster,
@@ -154,14 +144,6 @@ class LocalProvider:
         for node_dir in sorted(cdir.glob("node-*")):
             procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node_dir)}, grace_s=5.0)
         shutil.rmtree(cdir, ignore_errors=True)
-
-    def remove_nodes(self, cluster: str, cluster_id: str | None, indices: Collection[int]) -> None:
-        """Stop every process of the nodes `indices` and delete their folders; the cluster's
-        other nodes stay (`RemovesNodes`)."""
-        for index in sorted(indices):
-            node_dir = self._cluster_dir(cluster) / f"node-{int(index)}"
-            procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node_dir)}, grace_s=5.0)
-            shutil.rmtree(node_dir, ignore_errors=True)
 
     def clusters(self) -> list[str]:
         return sorted({p.parent.parent.name for p in self._root.glob("*/node-*/node.json")})

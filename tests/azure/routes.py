@@ -207,10 +207,7 @@ class Routes:
         location = str(body.get("location", "")).lower()
         if rtype.lower() == "microsoft.compute/virtualmachines":
             op = self.store.create_vm(rid, body, group)
-            if self.store.omit_identity:
-                (self.store.get(rid) or {}).pop("identity", None)
-            else:
-                identity.assign(self.store.get(rid) or {})
+            identity.assign(self.store.get(rid) or {})
             return 201, self._async(op, location), self.store.get(rid)
         if rtype.lower() == identity.ASSIGNMENTS:
             identity.check_assignment(self.store, rid, body)
