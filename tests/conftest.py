@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 from click.testing import CliRunner, Result
@@ -20,6 +20,30 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for child in multiprocessing.active_children():
         child.kill()
         child.join(5)
+
+
+#: The tests of real processes: jobs of torch processes that take a core or two each, timed
+#: against their clocks, and the ssh hosts' one home.
+PROCESSES = "tests/integration/"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests of real processes first: under xdist they are the longest piece of work."""
+    items.sort(key=lambda item: not item.nodeid.startswith(PROCESSES))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under xdist (`-n 2`, pyproject's addopts) the tests of real processes run one at a time
+    on one worker, in order, while the other worker runs everything else: two of them at once
+    on 2 cores only slow each other past their clocks. (xdist's own `loadgroup` would say
+    the same with a marker, but its group never reaches the scheduler under pytest 9.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ProcessesOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return PROCESSES if nodeid.startswith(PROCESSES) else nodeid
+
+    return ProcessesOnOneWorker(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,9 @@ def free_port(host: str) -> int:
 class SshHost:
     """One sshd on `host` presenting `host_key`, letting `authorized` log in as root."""
 
-    def __init__(self, folder: Path, host: str, host_key: Path, authorized: str) -> None:
+    def __init__(
+        self, folder: Path, host: str, host_key: Path, authorized: str, home: Path | None = None
+    ) -> None:
         sshd = require_tool("/usr/sbin/sshd")
         if os.geteuid() != 0:
             unavailable("sshd on a test address needs root (CI runs as root)")
@@ -37,7 +39,9 @@ class SshHost:
             f"AuthorizedKeysFile {folder / 'authorized_keys'}\nPidFile {folder / 'pid'}\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nMaxSessions 100\n"
-            "MaxStartups 100\n"
+            "MaxStartups 100\n" + (f"SetEnv HOME={home}\n" if home is not None else "")
+            # a home of the lab's own: its sessions' ~ (and what a provider keeps there) is no
+            # other test's, so tests that list what is there can run at once
         )
         self._argv = [sshd, "-D", "-e", "-f", str(config)]
         self.start()
@@ -103,8 +107,13 @@ def keygen(path: Path) -> str:
 class Lab:
     """Two hosts, the user's key, a known_hosts pinning both host keys."""
 
-    def __init__(self, folder: Path, addresses: tuple[int, ...] = (2, 3)) -> None:
+    def __init__(
+        self, folder: Path, addresses: tuple[int, ...] = (2, 3), *, own_home: bool = False
+    ) -> None:
+        """With `own_home`, every host's sessions have `home` as their ~ (else root's own)."""
         folder.mkdir(parents=True)
+        self.home = folder / "home" if own_home else Path.home()
+        self.home.mkdir(exist_ok=True)
         self.identity = folder / "id_user"
         user_public = keygen(self.identity)
         self.hosts: list[SshHost] = []
@@ -112,7 +121,8 @@ class Lab:
         for i in addresses:
             host_key = folder / f"host{i}"
             public = keygen(host_key)
-            host = SshHost(folder / f"h{i}", f"127.0.0.{i}", host_key, user_public)
+            host = SshHost(folder / f"h{i}", f"127.0.0.{i}", host_key, user_public,
+                           self.home if own_home else None)  # fmt: skip
             self.hosts.append(host)
             lines.append(f"{host.address} {' '.join(public.split()[:2])}\n")
         self.known_hosts = folder / "known_hosts"

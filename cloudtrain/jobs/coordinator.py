@@ -554,6 +554,7 @@ class Coordinator:
         """Copy home the new lines of the current attempt's metrics from `nodes` (default: the
         job's); a node that does not answer is logged and tried again next time."""
         attempt = attempt_of(rec)
+        closes = self._closes
 
         def pull(node: NodeInfo) -> None:
             folder = job_dir(node, rec.id, attempt)
@@ -562,6 +563,8 @@ class Coordinator:
                              lambda offset: self._agent(node, "metrics", folder, "--offset",
                                                         str(offset)).check().stdout)  # fmt: skip
             except (CommandError, ProviderError, OSError) as exc:
+                if self._closes != closes:  # ended by `close` (Ctrl-C): not the node's fault
+                    return
                 log.warning("could not copy the metrics of %s from node %d: %s", rec.id,
                             node.index, exc)  # fmt: skip
 

@@ -104,7 +104,7 @@ def ssh_harness(home: Path, request: pytest.FixtureRequest) -> Harness:
         "bootstrap_phases": "python cloudtrain",
     }  # fmt: skip  (torch: the CLI tests)
     provider = SshProvider(ProviderContext(home=home, options=options))
-    base = Path.home() / ".cloudtrain"
+    base = lab.home / ".cloudtrain"
 
     def remove_node(cluster: str, index: int) -> None:
         (base / cluster / f"node-{index}" / "node.json").unlink()
@@ -142,7 +142,7 @@ HARNESSES = {
 def ssh_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from tests.sshd import Lab
 
-    lab = Lab(tmp_path_factory.mktemp("contract-ssh") / "lab", addresses=(4, 5, 6))
+    lab = Lab(tmp_path_factory.mktemp("contract-ssh") / "lab", addresses=(4, 5, 6), own_home=True)
     yield lab
     lab.stop()
 

@@ -112,21 +112,22 @@ def test_autostop_on_a_node_that_went_away_says_so_and_makes_nothing_again(sh: S
 
 
 def test_a_budget_deletes_the_cluster_and_the_next_command_removes_the_rest(sh: Shell) -> None:
-    """$36/h for 2 nodes is 1 cent a second: a $0.25 budget ends 25 s after `up`, with this
-    side off; the next `status` removes what the nodes left and says why; the cost shown is
-    price × hours to the cent all along."""
-    up = sh("up", "--name", "budget", "--nodes", "2", "--node-price", "18", "--max-cost", "0.25")
+    """$18/h for 2 nodes is half a cent a second: a $0.25 budget ends 50 s after `up` (time
+    for `up` and two `status` on a slow machine), with this side off; the next `status`
+    removes what the nodes left and says why; the cost shown is price × hours to the cent all
+    along."""
+    up = sh("up", "--name", "budget", "--nodes", "2", "--node-price", "9", "--max-cost", "0.25")
     assert up.returncode == 0, up.stderr
     assert "budget stops itself at " in up.stderr
     assert "when its budget ends" in up.stderr
     record = sh.status()["clusters"][0]
     ends_at = record["spec"]["limits"]["ends_at"]
-    assert ends_at == pytest.approx(record["created_at"] + 25, abs=0.01)
-    assert record["price_per_hour"] == 36.0
+    assert ends_at == pytest.approx(record["created_at"] + 50, abs=0.01)
+    assert record["price_per_hour"] == 18.0
     shown = sh("status")
     now = time.time()
     assert "budget ends in" in shown.stdout
-    cost = 36.0 * (now - record["created_at"]) / 3600
+    cost = 18.0 * (now - record["created_at"]) / 3600
     assert f"{cost:.2f}" in shown.stdout or f"{cost - 0.01:.2f}" in shown.stdout
     assert sh.strays() == [], "nothing of cloudtrain runs on this side"
     wait_for(lambda: gone(sh, "budget"), timeout=90, what="the nodes to remove themselves")
@@ -145,14 +146,15 @@ def test_a_budget_deletes_the_cluster_and_the_next_command_removes_the_rest(sh: 
 
 
 def test_a_lifetime_ends_a_busy_cluster_and_the_cost_stops_with_it(sh: Shell) -> None:
-    up = sh("up", "--name", "life", "--nodes", "1", "--node-price", "3.6", "--max-hours",
-            "0.004")  # fmt: skip
+    up = sh(
+        "up", "--name", "life", "--nodes", "1", "--node-price", "3.6", "--max-hours", "0.008"
+    )  # fmt: skip  (28.8 s: time for `up` and `train` on a slow machine)
     assert up.returncode == 0, up.stderr
     job = sh("train", "-c", "life", "--detach", str(SCRIPTS / "sleeper.py"))
     assert job.returncode == 0, job.stderr
     assert "warning: cluster 'life' ends in " in job.stderr
     assert "(its lifetime, set at `up`); a job still running then is stopped" in job.stderr
-    wait_for(lambda: gone(sh, "life"), timeout=90, what="the lifetime (14.4 s) to end the node")
+    wait_for(lambda: gone(sh, "life"), timeout=90, what="the lifetime (28.8 s) to end the node")
     late = sh("train", "-c", "life", str(SCRIPTS / "sleeper.py"))  # the next command
     assert "life stopped itself (its lifetime ended); removed what was left" in late.stderr
     assert "no cluster named 'life'" in late.stderr

@@ -19,6 +19,9 @@ from tests.integration.conftest import REPO, SCRIPTS, Shell, wait_for
 pytestmark = pytest.mark.integration
 EXAMPLE = REPO / "examples" / "digits_ddp.py"
 FSDP = REPO / "examples" / "digits_fsdp.py"
+#: digits_fsdp's MLP a 64th of its size (its shards, checkpoints and recovery are the same):
+#: these tests are about the recovery, and two jobs of the full one take both cores for minutes
+SMALL = ("--hidden", "256")
 
 
 def kill_node(home: Path, cluster: str, index: int) -> float:
@@ -94,7 +97,7 @@ def test_a_managed_fsdp_job_resumes_from_the_shards_of_a_node_that_is_gone(sh: S
     sh.env["CLOUDTRAIN_CHECKPOINT_PULL_S"] = "1"
     assert sh("up", "--name", "s", "--nodes", "2").returncode == 0
     train = sh.popen("train", "-c", "s", "--managed", "--strategy", "fsdp", str(FSDP), "--",
-                     "--epochs", "6", "--pause", "2")  # fmt: skip
+                     *SMALL, "--epochs", "6", "--pause", "2")  # fmt: skip
     before = read_until(train, r"epoch 3/6")
     kill_node(sh.home, "s", 1)
     rest, _ = train.communicate(timeout=300)
@@ -128,7 +131,8 @@ def test_a_managed_fsdp_job_survives_a_lost_node_at_the_default_settings(sh: She
     every rank, wherever its shards are: here, the one the home kept."""
     assert "CLOUDTRAIN_CHECKPOINT_PULL_S" not in sh.env
     assert sh("up", "--name", "d", "--nodes", "2").returncode == 0
-    args = ["--managed", "--strategy", "fsdp", str(FSDP), "--", "--epochs", "20", "--pause", "1"]
+    args = ["--managed", "--strategy", "fsdp", str(FSDP), "--", *SMALL, "--epochs", "20",
+            "--pause", "1"]  # fmt: skip
     train = sh.popen("train", "-c", "d", *args)
     out = read_until(train, r"epoch 1/20")
     kept = sh.home / "checkpoints" / "d-1"
@@ -157,7 +161,8 @@ def test_a_managed_fsdp_job_lost_before_its_shards_came_home_starts_afresh(sh: S
     failing on the survivor's half of one."""
     assert "CLOUDTRAIN_CHECKPOINT_PULL_S" not in sh.env
     assert sh("up", "--name", "e", "--nodes", "2").returncode == 0
-    args = ["--managed", "--strategy", "fsdp", str(FSDP), "--", "--epochs", "3", "--pause", "1"]
+    args = ["--managed", "--strategy", "fsdp", str(FSDP), "--", *SMALL, "--epochs", "3",
+            "--pause", "1"]  # fmt: skip
     train = sh.popen("train", "-c", "e", *args)
     out = read_until(train, r"epoch 1/3")
     whole = whole_at_home(sh.home / "checkpoints" / "e-1")

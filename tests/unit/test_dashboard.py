@@ -149,12 +149,13 @@ def test_the_state_and_a_jobs_metrics_as_json(board: Dashboard) -> None:
 
 def test_close_ends_the_connections_still_open(board: Dashboard) -> None:
     """A browser's speculative connection that never asks: `close` ends it and its thread."""
+    before = set(threading.enumerate())  # another test's board (xdist) is not this one's
     idle = socket.create_connection(("127.0.0.1", board.port), timeout=5)
     with idle:
         assert get(board, "/api/state", cookie=session(board))[0] == 200  # served meanwhile
         board.close()
         assert idle.recv(1) == b"", "the dashboard closed its end"
-    handlers = [t for t in threading.enumerate() if "process_request" in t.name]
+    handlers = [t for t in threading.enumerate() if "process_request" in t.name and t not in before]
     assert handlers == [], "no handler thread outlives the dashboard"
 
 

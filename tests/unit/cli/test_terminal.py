@@ -35,7 +35,9 @@ def table() -> Table:
 
 
 @pytest.mark.parametrize(
-    "renderable", [HOSTILE, Text(HOSTILE), Panel(Text(HOSTILE)), table()], ids=repr
+    "renderable",
+    [HOSTILE, Text(HOSTILE), Panel(Text(HOSTILE)), table()],
+    ids=["str", "text", "panel", "table"],  # the same on every xdist worker
 )
 def test_no_control_character_of_a_node_reaches_the_terminal(renderable: RenderableType) -> None:
     out = io.StringIO()
