@@ -12,7 +12,7 @@ done. Its phases, in order (each idempotent, timed, logged to ``<log dir>/<phase
 =========  ====================================================================================
 torch      ``pip install CT_TORCH_VERSION --index-url CT_TORCH_INDEX`` unless the installed
            torch matches the pin and the index's CUDA (one of another CUDA is replaced).
-           Check-only (``CT_INSTALL=0``): torch imports (a mismatch is a warning)
+           Check-only (``CT_INSTALL=0``): torch is installed (a mismatch is a warning)
 nccl       ``<root>/nccl.env`` (``KEY='value'`` lines every job on the node gets): the socket
            interface, EFA's settings (no GPUDirect RDMA on Volta), the fabric's; CPU: skipped
 verify     in the node's Python, not here: torch sees the GPUs and has kernels for them, then an
@@ -20,8 +20,8 @@ verify     in the node's Python, not here: torch sees the GPUs and has kernels f
 =========  ====================================================================================
 
 The status file and the records have the format ``bootstrap.sh``'s header gives; this module
-and the script are its two writers. The agent stays stdlib-only: torch is imported only by the
-``check`` and ``allreduce`` commands, which the verify phase runs in the node's Python.
+and the script are its two writers. The agent stays stdlib-only: torch is imported only by
+`cloudtrain.node.verify`, which the verify phase runs in the node's Python.
 """
 
 from __future__ import annotations
@@ -49,8 +49,16 @@ from cloudtrain.node import agent
 ALL_PHASES = ("base", "nvidia-driver", "python", "cloudtrain", "torch", "nccl", "verify")
 PHASES = ("torch", "nccl", "verify")
 MODULE = "cloudtrain.node.bootstrap"
+#: The verify phase's probes, run in the node's Python (which has torch).
+VERIFY = "cloudtrain.node.verify"
 VERIFY_TIMEOUT_S = 300
-TORCH_PROBE = "import torch; print(torch.__version__, torch.version.cuda)"
+#: The installed torch's version and CUDA, read from its ``version.py`` without importing torch
+#: (seconds of CPU on every node at every `up`; the verify phase imports it once).
+TORCH_PROBE = (
+    "import importlib.util, os, runpy; spec = importlib.util.find_spec('torch'); "
+    "info = runpy.run_path(os.path.join(spec.submodule_search_locations[0], 'version.py')); "
+    "print(info['__version__'], info['cuda'])"
+)
 EXIT_LOCKED, EXIT_CONFIG = 69, 78
 SIGNAL_EXITS = {signal.SIGHUP: 129, signal.SIGINT: 130, signal.SIGTERM: 143}
 
@@ -299,7 +307,7 @@ def phase_torch(p: Phase) -> None:
     info = p.probe(TORCH_PROBE)
     if not c.install:
         if not info:
-            raise fail(f"torch is not importable by {py}")
+            raise fail(f"torch is not installed for {py}")
         p.echo(f"torch {info.replace(' ', ', CUDA ', 1)}")
         if not torch_matches(info, req, index):
             p.echo(f"warning: not {req or 'the pinned torch'} from "
@@ -315,7 +323,7 @@ def phase_torch(p: Phase) -> None:
     p.check([py, "-m", "pip", "install", "--no-input", req, "--index-url", index])
     info = p.probe(TORCH_PROBE)
     if not info:
-        raise fail("torch is not importable after pip install")
+        raise fail("torch is not installed after pip install")
     if not torch_matches(info, req, index):
         got = info.replace(" ", " (CUDA ", 1)
         raise fail(f"pip installed torch {got}), not {req} from {index}")
@@ -364,10 +372,10 @@ def phase_nccl(p: Phase) -> None:
 def phase_verify(p: Phase) -> None:
     """CPU: one process checks and all-reduces. GPU: check, then one rank per GPU all-reduces."""
     gpus, py = p.config.gpus, p.config.python
-    p.check([py, "-m", MODULE, "check", str(gpus)], VERIFY_TIMEOUT_S)
+    p.check([py, "-m", VERIFY, "check", str(gpus)], VERIFY_TIMEOUT_S)
     if gpus > 0:
         p.check([py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus),
-                 "-m", MODULE, "allreduce"], VERIFY_TIMEOUT_S)  # fmt: skip
+                 "-m", VERIFY, "allreduce"], VERIFY_TIMEOUT_S)  # fmt: skip
 
 
 PHASE_RUNNERS: dict[str, Callable[[Phase], None]] = {
@@ -525,57 +533,6 @@ def run(config_path: Path, lock_fd: int | None = None, lock_dir: str | None = No
         return Stage2(config).main()
 
 
-# --- the verify probes (run in the node's Python, which has torch) ------------------------------
-
-
-def check(gpus: int) -> None:
-    """torch imports; GPU node: CUDA sees `gpus` GPUs and the build has kernels for them; CPU
-    node: a gloo all_reduce in this process (importing torch is most of the time)."""
-    import torch
-
-    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
-    if gpus == 0:
-        print("CPU node: no GPU to check")
-        allreduce()
-        return
-    if not torch.cuda.is_available():
-        sys.exit(f"torch.cuda.is_available() is False, expected {gpus} GPU(s)")
-    count = torch.cuda.device_count()
-    if count != gpus:
-        sys.exit(f"torch sees {count} GPU(s), expected {gpus}")
-    arches = torch.cuda.get_arch_list()
-    for i in range(count):
-        major, minor = torch.cuda.get_device_capability(i)
-        if f"sm_{major}{minor}" not in arches:
-            sys.exit(f"GPU {i} is sm_{major}{minor}; this torch build has kernels for {arches}")
-    print(f"{count} GPU(s): {torch.cuda.get_device_name(0)}, kernels for {arches}")
-
-
-def allreduce() -> None:
-    """One all_reduce: NCCL across this node's GPUs under torch.distributed.run, else gloo in
-    one process."""
-    import torch
-    import torch.distributed as dist
-
-    with tempfile.TemporaryDirectory() as tmp:
-        if "LOCAL_RANK" in os.environ:
-            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-            dist.init_process_group("nccl")
-            tensor = torch.ones(1, device="cuda")
-        else:
-            store = f"file://{tmp}/store"
-            dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
-            tensor = torch.ones(1)
-        backend, world, rank = dist.get_backend(), dist.get_world_size(), dist.get_rank()
-        dist.all_reduce(tensor)
-        total = tensor.item()
-        dist.destroy_process_group()
-    if total != world:
-        sys.exit(f"{backend} all_reduce gave {total}, expected {world}")
-    if rank == 0:
-        print(f"{backend} all_reduce across {world} process(es): ok")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=f"python -m {MODULE}",
@@ -588,17 +545,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     held = p_run.add_mutually_exclusive_group()
     held.add_argument("--lock-fd", type=int, help="stage 1's lock, held on this descriptor")
     held.add_argument("--lock-dir", help="stage 1's mkdir lock: removed at the end")
-    p_check = sub.add_parser("check", help="verify: torch sees GPUS usable GPUs (needs torch)")
-    p_check.add_argument("gpus", type=int)
-    sub.add_parser("allreduce", help="verify: one rank's all_reduce (needs torch)")
     args = parser.parse_args(argv)
-    if args.command == "check":
-        check(args.gpus)
-    elif args.command == "allreduce":
-        allreduce()
-    else:
-        return run(args.config, args.lock_fd, args.lock_dir)
-    return 0
+    return run(args.config, args.lock_fd, args.lock_dir)
 
 
 if __name__ == "__main__":

@@ -243,8 +243,9 @@ def test_cpu_node_from_scratch(node: Node) -> None:
         "python -m pip install --no-input torch==2.13.0 "
         "--index-url https://download.pytorch.org/whl/cpu",
     ]
-    assert node.calls("python -m cloudtrain.node.bootstrap") == [node.stage2()[1],
-        "python -m cloudtrain.node.bootstrap check 0"]  # fmt: skip
+    assert node.calls("python -m cloudtrain.node.bootstrap") == [node.stage2()[1]]
+    assert node.calls("python -m cloudtrain.node.verify") == [
+        "python -m cloudtrain.node.verify check 0"]  # fmt: skip
     assert node.calls("python -m torch.distributed.run") == []
     assert "gloo all_reduce across 1 process(es): ok" in node.log("verify")
     assert (node.root / "nccl.env").read_text().startswith("# cloudtrain: a CPU node")
@@ -266,7 +267,7 @@ def test_v100_node_gets_the_cu12_index_and_keeps_a_recent_driver(node: Node) -> 
     assert torch_install.endswith("--index-url https://download.pytorch.org/whl/cu126")
     (torchrun,) = node.calls("python -m torch.distributed.run")
     assert "--standalone --nproc-per-node 8 " in torchrun
-    assert torchrun.endswith(" -m cloudtrain.node.bootstrap allreduce")
+    assert torchrun.endswith(" -m cloudtrain.node.verify allreduce")
     assert "8 GPU(s)" in node.log("verify")
 
 
@@ -341,7 +342,7 @@ def test_failed_phase_is_reported_then_resumed(node: Node) -> None:
     assert "resuming at torch" in result.stdout
     assert node.calls("dpkg") == node.calls("apt-get") == node.calls("python -m venv") == []
     assert node.calls()[:2] == node.stage2()
-    assert node.calls()[2].startswith("python -c import torch")
+    assert node.calls()[2].startswith("python -c import importlib.util")
     assert node.status()["state"] == "ready"
     assert {p: node.phase(p) for p in ("base", "python", "cloudtrain")} == before
     assert node.log("torch").count("==== ") == 2  # both attempts, in one log
@@ -508,7 +509,7 @@ def test_check_only_says_what_is_missing(node: Node) -> None:
     result = node.run()
     assert result.returncode == 1
     assert node.states() == {"python": "done", "torch": "failed"}
-    assert "torch is not importable by" in node.log("torch")
+    assert "torch is not installed for" in node.log("torch")
     assert node.work("python -m") == []  # check-only: no venv, no pip
 
 
