@@ -104,6 +104,14 @@ def find_nodes(base: str) -> list[int]:
     return [pid for pid, env in environments() if _names_under(env, prefix)]
 
 
+def find_node(root: str) -> list[int]:
+    """Pids of the one node whose root is `root` (exactly: ``node-1`` is not ``node-10``),
+    whether or not its folder is still there."""
+    exact = os.fsencode(root.rstrip("/"))
+    return [pid for pid, env in environments()
+            if any(env.get(name) == exact for name in NODE_ROOT_NAMES)]  # fmt: skip
+
+
 def _names_under(env: Mapping[bytes, bytes], prefix: bytes) -> bool:
     return any(env.get(name, b"").startswith(prefix) for name in NODE_ROOT_NAMES)
 
@@ -199,16 +207,18 @@ def held_if_free(path: Path) -> Iterator[bool]:
 
 def main(argv: Sequence[str]) -> int:
     """``python -c "$(cat procs.py)" stop-nodes BASE GRACE_S``: `stop` every process of the
-    nodes under BASE (``~`` expanded) and print the counts as one JSON line; exit 1 when
-    one outlived KILL. A host's teardown runs this file as source with the host's own Python:
-    it cannot count on cloudtrain being importable there (in its nodes' venv, or not yet)."""
+    nodes under BASE (``~`` expanded; ``stop-node ROOT GRACE_S``: of the one node whose root
+    is ROOT) and print the counts as one JSON line; exit 1 when one outlived KILL. A host's
+    teardown runs this file as source with the host's own Python: it cannot count on
+    cloudtrain being importable there (in its nodes' venv, or not yet)."""
     import json
 
-    if len(argv) != 3 or argv[0] != "stop-nodes":
-        print("usage: stop-nodes BASE GRACE_S", file=sys.stderr)
+    finders = {"stop-nodes": find_nodes, "stop-node": find_node}
+    if len(argv) != 3 or argv[0] not in finders:
+        print("usage: stop-nodes BASE GRACE_S | stop-node ROOT GRACE_S", file=sys.stderr)
         return 2
-    base = os.path.expanduser(argv[1])
-    counts = stop(lambda: find_nodes(base), float(argv[2]))
+    where, find = os.path.expanduser(argv[1]), finders[argv[0]]
+    counts = stop(lambda: find(where), float(argv[2]))
     print(json.dumps(counts), flush=True)
     return 1 if counts["left"] else 0
 

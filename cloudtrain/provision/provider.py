@@ -40,11 +40,11 @@ SDK errors are mapped to `cloudtrain.errors` at this boundary (`CapacityError`, 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from cloudtrain.errors import ConfigError
 from cloudtrain.model import Capability, Event, NodeInfo, OnEvent, Plan, ignore_event
@@ -165,6 +165,17 @@ class BootsFromUserData(Protocol):
     def user_data(shape: NodeShape, keys: NodeKeys) -> dict[str, bytes]:
         """The bootstrap by the field of the create request that carries it (raw bytes,
         before any encoding the request wraps them in)."""
+        ...
+
+
+@runtime_checkable
+class RemovesNodes(Protocol):
+    """A provider that can remove some nodes of a cluster and keep the rest (what a cancelled
+    recovery does with the nodes it made)."""
+
+    def remove_nodes(self, cluster: str, cluster_id: str | None, indices: Collection[int]) -> None:
+        """Remove the nodes `indices` of the cluster (everything that runs on them too);
+        blocks until gone. Idempotent: an index with no node is nothing to do."""
         ...
 
 

@@ -31,7 +31,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
@@ -83,6 +83,14 @@ NODE_USER = bootstrap.NODE_USER
 
 def _tag(resource: dict[str, Any], key: str) -> str:
     return next((t["Value"] for t in resource.get("Tags", []) if t["Key"] == key), "")
+
+
+def _index(inst: dict[str, Any]) -> int:
+    """The node an instance is: its own tag, or its place in a gang create's range."""
+    tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+    if TAG_NODE in tags:
+        return int(tags[TAG_NODE])
+    return expand(tags.get(TAG_NODES, "0"))[int(inst.get("AmiLaunchIndex", 0))]
 
 
 def client_token(incarnation: str, owner: str, zone: str, indices: Sequence[int]) -> str:
@@ -399,11 +407,7 @@ class AwsProvider(Engine):
         return sorted((n for nodes in found for n in nodes), key=lambda n: n.index)
 
     def _node(self, cluster: str, region: str, inst: dict[str, Any]) -> NodeInfo:
-        tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-        if TAG_NODE in tags:
-            index = int(tags[TAG_NODE])
-        else:
-            index = expand(tags.get(TAG_NODES, "0"))[int(inst.get("AmiLaunchIndex", 0))]
+        index = _index(inst)
         state = str(inst["State"]["Name"])
         primary = [
             n["NetworkInterfaceId"]
@@ -446,9 +450,28 @@ class AwsProvider(Engine):
                 res.delete_all(ec2, scope, timeout_s=self.wait_timeout_s, poll_s=self.poll_s)
         access.forget_key(self.home, cluster)
 
-    def _wait_gone(self, ec2: Any, scope: res.Scope, region: str) -> None:
+    def remove_nodes(self, cluster: str, cluster_id: str | None, indices: Collection[int]) -> None:
+        """Terminate the instances of the nodes `indices` (found by tag in every region) and
+        wait until they are gone; the cluster's groups, key and other nodes stay
+        (`RemovesNodes`). Their volumes and interfaces go with them (DeleteOnTermination)."""
+        scope = self._scope(cluster, cluster_id)
+        wanted = set(indices)
+        for region in self.regions():
+            ec2 = self.clients.ec2(region)
+            with aws_errors(region):
+                ids = {
+                    i["InstanceId"] for i in res.live_instances(ec2, scope) if _index(i) in wanted
+                }
+                if ids:
+                    ec2.terminate_instances(InstanceIds=sorted(ids))
+                    self._wait_gone(ec2, scope, region, ids)
+
+    def _wait_gone(
+        self, ec2: Any, scope: res.Scope, region: str, ids: Collection[str] | None = None
+    ) -> None:
+        """Until no instance of `scope` (of `ids`, if given) is left in `region`."""
         deadline = time.monotonic() + self.wait_timeout_s
-        while res.live_instances(ec2, scope):
+        while [i for i in res.live_instances(ec2, scope) if ids is None or i["InstanceId"] in ids]:
             if time.monotonic() > deadline:
                 raise ProviderError(
                     "aws", "WaitTimeout",

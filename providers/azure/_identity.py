@@ -126,3 +126,14 @@ def revoke(clients: Clients, group: str) -> None:
             auth.role_assignments.delete_by_id(item.id)
     with contextlib.suppress(ResourceNotFoundError):
         auth.role_definitions.delete(scope, role_name(scope))
+
+
+def unassign(clients: Clients, vm_ids: Sequence[str]) -> None:
+    """Delete cloudtrain's role assignment on each VM of `vm_ids` (VMs removed while their
+    cluster stays: the group's role stays for the others). Idempotent."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    auth = clients.authorization()
+    for vm_id in vm_ids:
+        with contextlib.suppress(ResourceNotFoundError):
+            auth.role_assignments.delete(vm_id, assignment_name(vm_id))

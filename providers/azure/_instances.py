@@ -90,6 +90,11 @@ def custom_data(offer: Offer, keys: bootstrap.NodeKeys, limits: Limits | None = 
     return base64.b64encode(user_data(shape, keys)["customData"]).decode()
 
 
+def index_of(vm: Mapping[str, Any]) -> int:
+    """The node a VM is, from its tag."""
+    return int((vm.get("tags") or {}).get(res.NODE, "0"))
+
+
 def vm_name(cluster: str, index: int) -> str:
     return f"{cluster}-{index}"
 
@@ -273,7 +278,7 @@ def node_info(
     zones = vm.get("zones") or []
     return NodeInfo(
         cluster=cluster,
-        index=int((vm.get("tags") or {}).get(res.NODE, "0")),
+        index=index_of(vm),
         node_id=str(vm["name"]),
         private_ip=private,
         public_ip=public,

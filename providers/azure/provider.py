@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
 from cloudtrain import access
@@ -326,6 +326,20 @@ class AzureProvider(Engine):
         if stray:
             self._delete_vms(stray)
         access.forget_key(self.home, cluster)
+
+    def remove_nodes(self, cluster: str, cluster_id: str | None, indices: Collection[int]) -> None:
+        """Delete the VMs of the nodes `indices` (their disk, NIC and address go with them)
+        and their role assignments; the group, its network and the other nodes stay
+        (`RemovesNodes`). Blocks until ARM reports them gone."""
+        wanted = set(indices)
+        vms = [
+            v
+            for v in self._vms(cluster)
+            if res.mine(v, self.owner, cluster_id) and inst.index_of(v) in wanted
+        ]
+        with azure_errors():
+            _identity.unassign(self.clients, [str(v["id"]) for v in vms])
+        self._delete_vms([(res.group_of(v["id"]), str(v["name"])) for v in vms])
 
     def clusters(self) -> list[str]:
         """Clusters of this owner, from the tags of their resource groups."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -109,12 +109,18 @@ class FakeCloud:
                 )
 
     def terminate(
-        self, cluster: str, owner: str | None = None, cluster_id: str | None = None
+        self,
+        cluster: str,
+        owner: str | None = None,
+        cluster_id: str | None = None,
+        indices: Collection[int] | None = None,
     ) -> None:
+        """Terminate the cluster's instances of `owner` (only the nodes `indices`, if given)."""
         with self.lock:
             self.requests.append({"action": "terminate", "cluster": cluster})
             for inst in self.live(cluster):
-                if mine(inst, owner or default_owner(), cluster_id):
+                wanted = indices is None or int(inst.tags[TAG_NODE]) in indices
+                if wanted and mine(inst, owner or default_owner(), cluster_id):
                     inst.state = "terminated"
 
 
@@ -229,6 +235,9 @@ class FakeProvider(Engine):
 
     def terminate(self, cluster: str, cluster_id: str | None = None) -> None:
         self.cloud.terminate(cluster, self.owner, cluster_id)
+
+    def remove_nodes(self, cluster: str, cluster_id: str | None, indices: Collection[int]) -> None:
+        self.cloud.terminate(cluster, self.owner, cluster_id, indices)
 
     def clusters(self) -> list[str]:
         return sorted(

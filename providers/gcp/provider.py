@@ -37,7 +37,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
 from cloudtrain import access
@@ -293,9 +293,31 @@ class GcpProvider(Engine):
         """Delete the instances found by label (their boot disks go with them), wait until they
         are gone, then the firewall rules and placement policy unless someone else holds the
         name (another owner, or another incarnation when `cluster_id` is given). Idempotent."""
-        self._delete(self._instances(cluster, cluster_id))
+        self._delete_and_wait(cluster, cluster_id)
+        if self._only_mine(cluster, cluster_id):  # the rules' names are every incarnation's
+            res.delete_all(self.clients, cluster, timeout_s=self.wait_timeout_s)
+        access.forget_key(self.home, cluster)
+
+    def remove_nodes(self, cluster: str, cluster_id: str | None, indices: Collection[int]) -> None:
+        """Delete the instances of the nodes `indices` (their boot disks go with them) and wait
+        until they are gone; the rules, the policy and the other nodes stay (`RemovesNodes`)."""
+        self._delete_and_wait(cluster, cluster_id, set(indices))
+
+    def _delete_and_wait(
+        self, cluster: str, cluster_id: str | None, indices: Collection[int] | None = None
+    ) -> None:
+        """Delete the cluster's instances (those of the nodes `indices`, if given) and wait
+        until none of them is listed."""
+
+        def chosen() -> list[Any]:
+            found = self._instances(cluster, cluster_id)
+            if indices is None:
+                return found
+            return [i for i in found if res.index_of(cluster, i.name) in indices]
+
+        self._delete(chosen())
         deadline = time.monotonic() + self.wait_timeout_s
-        while self._instances(cluster, cluster_id):
+        while chosen():
             if time.monotonic() > deadline:
                 raise ProviderError(
                     "gcp",
@@ -304,9 +326,6 @@ class GcpProvider(Engine):
                     f"{self.wait_timeout_s:.0f} s; run `cloudtrain down {cluster}` again",
                 )
             time.sleep(self.poll_s)
-        if self._only_mine(cluster, cluster_id):  # the rules' names are every incarnation's
-            res.delete_all(self.clients, cluster, timeout_s=self.wait_timeout_s)
-        access.forget_key(self.home, cluster)
 
     def _delete(self, instances: Sequence[Any]) -> None:
         """Delete `instances` (all calls first, then the waits); one already gone is fine."""

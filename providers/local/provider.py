@@ -16,6 +16,8 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Collection
+from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
@@ -144,6 +146,14 @@ class LocalProvider:
         for node_dir in sorted(cdir.glob("node-*")):
             procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node_dir)}, grace_s=5.0)
         shutil.rmtree(cdir, ignore_errors=True)
+
+    def remove_nodes(self, cluster: str, cluster_id: str | None, indices: Collection[int]) -> None:
+        """Stop every process of the nodes `indices` and delete their folders; the cluster's
+        other nodes stay (`RemovesNodes`)."""
+        for index in sorted(indices):
+            node_dir = self._cluster_dir(cluster) / f"node-{int(index)}"
+            procs.stop(partial(procs.find_node, str(node_dir)), 5.0)  # its warm client too
+            shutil.rmtree(node_dir, ignore_errors=True)
 
     def clusters(self) -> list[str]:
         return sorted({p.parent.parent.name for p in self._root.glob("*/node-*/node.json")})

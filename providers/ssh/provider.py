@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -272,6 +272,33 @@ class SshProvider:
                 ex.release()
 
         fan_out(clean, self.hosts)
+        if failed:
+            raise ProviderError("ssh", "NotCleaned", "could not clean " + ", ".join(failed))
+
+    def remove_nodes(self, cluster: str, cluster_id: str | None, indices: Collection[int]) -> None:
+        """Stop every process of the nodes `indices` on their hosts and remove their folders;
+        the cluster's other nodes, on the same hosts or not, stay (`RemovesNodes`). Raises
+        naming the hosts it could not clean, as `terminate` does."""
+        failed: list[str] = []
+        finder = Path(procs.__file__).read_text()
+
+        def clean(index: int) -> None:
+            host = self.hosts[index]
+            ex = self._executor(host)
+            root = f"~/.cloudtrain/{cluster}/node-{index}"
+            try:
+                done = ex.run([self.python, "-c", finder, "stop-node", root, str(STOP_GRACE_S)],
+                              timeout=STOP_GRACE_S + 60)  # fmt: skip
+                if done.returncode != 0:
+                    failed.append(f"{host} ({_not_stopped(done.stdout, done.returncode)})")
+                    return
+                ex.run(["sh", "-c", f'rm -rf "$HOME/.cloudtrain/{cluster}/node-{index}"']).check()
+            except ProviderError as exc:
+                failed.append(f"{host} ({exc.code})")
+            finally:
+                ex.release()
+
+        fan_out(clean, sorted(i for i in set(indices) if 0 <= i < len(self.hosts)))
         if failed:
             raise ProviderError("ssh", "NotCleaned", "could not clean " + ", ".join(failed))
 

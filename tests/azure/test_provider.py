@@ -20,6 +20,7 @@ from cloudtrain.providers.azure.provider import AzureProvider
 from cloudtrain.provision.engine import Engine
 from cloudtrain.provision.provider import ProviderContext
 from cloudtrain.spec import ClusterSpec, Resources
+from cloudtrain.spec.limits import Limits
 from tests.azure.standin import CLIENT_ID, CLIENT_SECRET, TENANT, StandIn
 
 CIDR = "203.0.113.7/32"
@@ -378,6 +379,30 @@ def test_describe_terminate_and_clusters_work_from_tags_alone(make: Make, azure:
     assert fresh.clusters() == []
     fresh.terminate("exp1")
     fresh.terminate("never-existed")
+
+
+def test_a_removed_node_takes_its_disk_nic_address_and_role_assignment(
+    make: Make, azure: StandIn
+) -> None:
+    """`remove_nodes` (a cancelled recovery's): the VM and everything made for it alone go,
+    its role assignment too (it would outlive the VM); the other node, the group, its network
+    and the cluster's self-stop role stay."""
+    prov = make()
+    prov.apply(prov.plan(dataclasses.replace(spec("A100-80GB:1"), limits=Limits(idle_minutes=5))))
+    before = azure.leftovers()
+    assert len(before["roleAssignments"]) == 2
+    prov.remove_nodes("exp1", None, [1])
+    assert [n.index for n in prov.describe("exp1")] == [0]
+    after = azure.leftovers()
+    gone = {kind: sorted(set(names) - set(after.get(kind, []))) for kind, names in before.items()}
+    assert {kind: len(names) for kind, names in gone.items() if names} == {
+        "virtualMachines": 1, "disks": 1, "networkInterfaces": 1, "publicIPAddresses": 1,
+        "roleAssignments": 1,
+    }  # fmt: skip
+    assert all("exp1-1" in name for kind, names in gone.items() if kind != "roleAssignments"
+               for name in names)  # fmt: skip
+    prov.terminate("exp1")
+    assert azure.leftovers() == {}
 
 
 def test_every_request_goes_to_the_configured_endpoint(make: Make, azure: StandIn) -> None:

@@ -20,7 +20,7 @@ from cloudtrain.node import procs
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 from cloudtrain.providers.local.provider import LocalProvider
 from cloudtrain.provision.engine import Engine
-from cloudtrain.provision.provider import Provider, ProviderContext
+from cloudtrain.provision.provider import Provider, ProviderContext, RemovesNodes
 from cloudtrain.spec import ClusterSpec, Resources
 
 
@@ -273,6 +273,27 @@ def test_a_recorded_incarnation_acts_only_on_itself(harness: Harness) -> None:
     assert prov.describe("c1") == nodes, "the refused apply made nothing"
     prov.terminate("c1", "aaaaaaaaaaaa")
     assert prov.describe("c1") == []
+    assert harness.is_empty()
+
+
+def test_some_nodes_are_removed_and_the_others_stay(harness: Harness) -> None:
+    """What a cancelled recovery does with the nodes it made (`RemovesNodes`, every provider):
+    the nodes named go with everything of theirs and the others stay as they were; a node
+    already gone is nothing to do, and another incarnation's nodes are never touched."""
+    prov = harness.provider
+    assert isinstance(prov, RemovesNodes)
+    before = prov.apply(prov.plan(harness.spec("c1", 3)))
+    prov.remove_nodes("c1", None, [1])
+    after = prov.describe("c1")
+    assert [(n.index, n.node_id) for n in after] == [(0, before[0].node_id),
+                                                     (2, before[2].node_id)]  # fmt: skip
+    prov.remove_nodes("c1", None, [1])
+    if isinstance(prov, Engine):  # clouds hold incarnations of a name apart
+        prov.remove_nodes("c1", "bbbbbbbbbbbb", [0, 2])
+        assert [n.index for n in prov.describe("c1")] == [0, 2], "another id's nodes stay"
+    prov.remove_nodes("c1", None, [0, 2])
+    assert prov.describe("c1") == []
+    prov.terminate("c1")
     assert harness.is_empty()
 
 

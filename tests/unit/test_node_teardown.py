@@ -65,3 +65,31 @@ def test_the_teardown_stops_every_process_of_the_clusters_nodes(tmp_path: Path) 
             if proc.stdout is not None:
                 proc.stdout.close()
         procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": f"{base}/node-1"}, grace_s=0)
+
+
+def test_one_node_is_stopped_and_its_neighbours_are_not(tmp_path: Path) -> None:
+    """``stop-node ROOT``, a cancelled recovery's removal of the node it made: that node's
+    processes (its warm client's hidden marker too) and no other node's, ``node-10`` included."""
+    base = tmp_path / "lab"
+    plain = {"PATH": os.environ["PATH"]}
+    roots = [
+        ("CLOUDTRAIN_NODE_ROOT", "node-1"),
+        ("_LOUDTRAIN_NODE_ROOT", "node-1"),
+        ("CLOUDTRAIN_NODE_ROOT", "node-10"),
+        ("CLOUDTRAIN_NODE_ROOT", "node-0"),
+    ]
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    started = [subprocess.Popen(sleep, env={**plain, k: f"{base}/{n}"}) for k, n in roots]
+    try:
+        assert sorted(procs.find_node(f"{base}/node-1/")) == sorted(p.pid for p in started[:2])
+        source = Path(procs.__file__).read_text()
+        argv = [sys.executable, "-S", "-c", source, "stop-node", f"{base}/node-1", "1"]
+        done = subprocess.run(argv, env=plain, cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"terminated": 2, "killed": 0, "left": 0}
+        assert [p.wait(timeout=5) for p in started[:2]] == [-15, -15]
+        assert all(procs.alive(p.pid) for p in started[2:]), "node-10 and node-0 stay"
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
