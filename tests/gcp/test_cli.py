@@ -5,6 +5,7 @@ provider finds the stand-in through CLOUDTRAIN_GCP_ENDPOINT."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,11 +61,16 @@ def test_up_status_down_leave_the_cloud_empty(
     assert gcp.leftovers("exp1") == {"instances": [], "disks": [], "firewalls": [], "policies": []}
 
     made = cli(*up(gpus), "--max-hours", "6")
+    after = time.time()
     assert made.returncode == 0, made.stdout + made.stderr
     assert f"cluster exp1 is up: 2 node(s), {price}" in made.stdout
     assert f"us-central1/us-central1-a: creating 2 × {machine}" in made.stderr
     scheduling = gcp.calls("instances.bulkInsert")[0].body["instanceProperties"]["scheduling"]
-    assert scheduling["maxRunDuration"] == {"seconds": "21600"}
+    # what is left of the 6 hours `up` resolved into a moment, when the request went out
+    record = cli.status()["clusters"][0]
+    ends_at = record["spec"]["limits"]["ends_at"]
+    assert ends_at == pytest.approx(record["created_at"] + 6 * 3600, abs=0.01)
+    assert ends_at - after <= int(scheduling["maxRunDuration"]["seconds"]) <= 6 * 3600
     status = cli("status", "--json", "--refresh")
     cluster = json.loads(status.stdout)["clusters"][0]
     assert [n["index"] for n in cluster["nodes"]] == [0, 1]
