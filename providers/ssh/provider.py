@@ -251,54 +251,42 @@ class SshProvider:
         KILL after `STOP_GRACE_S`, bounded), then remove its files; the machines stay. Blocks;
         idempotent. Raises naming the hosts it could not clean (their files are kept, so that
         `down` again finds what runs there)."""
-        failed: list[str] = []
-        # the hosts' own Python runs the finder from its source: the nodes' venv (with
-        # cloudtrain) may not be there yet, or any more
-        finder = Path(procs.__file__).read_text()
-
-        def clean(host: Host) -> None:
-            ex = self._executor(host)
-            base = f"~/.cloudtrain/{cluster}"
-            try:
-                argv = [self.python, "-c", finder, "stop-nodes", base, str(STOP_GRACE_S)]
-                done = ex.run(argv, timeout=STOP_GRACE_S + 60)
-                if done.returncode != 0:
-                    failed.append(f"{host} ({_not_stopped(done.stdout, done.returncode)})")
-                    return
-                ex.run(["sh", "-c", f'rm -rf "$HOME/.cloudtrain/{cluster}"']).check()
-            except ProviderError as exc:
-                failed.append(f"{host} ({exc.code})")
-            finally:
-                ex.release()
-
-        fan_out(clean, self.hosts)
-        if failed:
-            raise ProviderError("ssh", "NotCleaned", "could not clean " + ", ".join(failed))
+        self._clean([(host, "stop-nodes", cluster) for host in self.hosts])
 
     def remove_nodes(self, cluster: str, cluster_id: str | None, indices: Collection[int]) -> None:
         """Stop every process of the nodes `indices` on their hosts and remove their folders;
         the cluster's other nodes, on the same hosts or not, stay (`RemovesNodes`). Raises
         naming the hosts it could not clean, as `terminate` does."""
+        chosen = sorted(i for i in set(indices) if 0 <= i < len(self.hosts))
+        self._clean([(self.hosts[i], "stop-node", f"{cluster}/node-{i}") for i in chosen])
+
+    def _clean(self, places: Sequence[tuple[Host, str, str]]) -> None:
+        """On each (host, how, folder): stop every process of the nodes under
+        ``~/.cloudtrain/FOLDER`` (procs' ``stop-nodes``, or ``stop-node`` for one node's root),
+        then remove the folder; at once on every host. Raises naming the hosts it could not
+        clean (their files are kept, so that `down` again finds what runs there)."""
         failed: list[str] = []
+        # the hosts' own Python runs the finder from its source: the nodes' venv (with
+        # cloudtrain) may not be there yet, or any more
         finder = Path(procs.__file__).read_text()
 
-        def clean(index: int) -> None:
-            host = self.hosts[index]
+        def clean(place: tuple[Host, str, str]) -> None:
+            host, how, folder = place
             ex = self._executor(host)
-            root = f"~/.cloudtrain/{cluster}/node-{index}"
             try:
-                done = ex.run([self.python, "-c", finder, "stop-node", root, str(STOP_GRACE_S)],
-                              timeout=STOP_GRACE_S + 60)  # fmt: skip
+                where = f"~/.cloudtrain/{folder}"
+                argv = [self.python, "-c", finder, how, where, str(STOP_GRACE_S)]
+                done = ex.run(argv, timeout=STOP_GRACE_S + 60)
                 if done.returncode != 0:
                     failed.append(f"{host} ({_not_stopped(done.stdout, done.returncode)})")
                     return
-                ex.run(["sh", "-c", f'rm -rf "$HOME/.cloudtrain/{cluster}/node-{index}"']).check()
+                ex.run(["sh", "-c", f'rm -rf "$HOME/.cloudtrain/{folder}"']).check()
             except ProviderError as exc:
                 failed.append(f"{host} ({exc.code})")
             finally:
                 ex.release()
 
-        fan_out(clean, sorted(i for i in set(indices) if 0 <= i < len(self.hosts)))
+        fan_out(clean, places)
         if failed:
             raise ProviderError("ssh", "NotCleaned", "could not clean " + ", ".join(failed))
 
