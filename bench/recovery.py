@@ -1,20 +1,27 @@
-"""What does a lost node cost? A managed job's recovery beside a restart by hand.
+"""What does a lost node cost? A managed job's recovery from each kind of loss, beside a restart by
+hand.
 
-    python bench/recovery.py [--rounds 3] [--epochs 8] [--kill-after 3]
+    python bench/recovery.py [--rounds 3] [--epochs 8] [--kill-after 3] [--case NAME]...
 
 Each round trains `examples/digits_ddp.py` on two local nodes (a checkpoint per epoch, a
-one-second pause after each so that the kill lands mid-job) and, once epoch `--kill-after` is
-printed, kills node 1 the way a machine is lost (every process at once, its folder gone):
+one-second pause after each so that the kill lands mid-job) at the defaults (no faster copy of
+checkpoints home) and, once epoch `--kill-after` is printed, breaks it one way:
 
-  (a) managed: `cloudtrain train --managed`; its watcher notices, replaces the node, restores
-      the newest checkpoint and starts again, with no one at the keyboard;
-  (b) by hand: a plain `cloudtrain train` fails; then, as fast as a script can, `cloudtrain up`
-      completes the cluster and `cloudtrain train --resume-from JOB` starts from the newest
-      checkpoint kept (a person takes longer: this is the peer's best case).
+  worker lost     node 1 is lost the way a machine is (every process at once, its folder gone);
+  head lost       node 0, the rendezvous host, is lost;
+  rank killed     node 1's training process alone is SIGKILLed (as the OOM killer does);
+  all lost        both nodes are lost at once: only the checkpoints at home are left;
+  lost again      node 1 is lost, and its replacement is lost too while it boots;
+  by hand         node 1 is lost under a plain `cloudtrain train`, which fails; then, as fast as
+                  a script can, `cloudtrain up` completes the cluster and `cloudtrain train
+                  --resume-from JOB` starts from the newest checkpoint kept (a person takes
+                  longer: this is the peer's best case).
 
-It prints medians of the time from the kill to the first optimizer step after it (the example
-prints "cloudtrain: first step" once per start), the epochs done again (trained before the
-kill, trained again after), and managed's ratio to the restart by hand.
+Every case but the last runs `cloudtrain train --managed`, whose watcher notices, replaces
+what was lost, restores the newest checkpoint and starts again, with no one at the keyboard.
+It prints, per case, medians of the time from the kill to the first optimizer step after it
+(the example prints "cloudtrain: first step" once per start) and of the epochs trained again
+(trained before the kill, trained again after) against the checkpoint interval (one epoch).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -45,8 +53,7 @@ class Home:
 
     def __init__(self, home: Path) -> None:
         self.home = home
-        self.env = {**os.environ, "CLOUDTRAIN_HOME": str(home),
-                    "CLOUDTRAIN_CHECKPOINT_PULL_S": "1"}  # fmt: skip
+        self.env = {**os.environ, "CLOUDTRAIN_HOME": str(home)}
 
     def run(self, *args: str) -> str:
         done = subprocess.run([sys.executable, "-m", "cloudtrain.cli", *args], env=self.env,
@@ -60,12 +67,55 @@ class Home:
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)  # fmt: skip
 
+    def root(self, cluster: str, index: int) -> Path:
+        return self.home / "local" / cluster / f"node-{index}"
+
     def kill_node(self, cluster: str, index: int) -> float:
-        root = self.home / "local" / cluster / f"node-{index}"
+        root = self.root(cluster, index)
         killed = time.perf_counter()
         procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(root)}, grace_s=0)
-        shutil.rmtree(root)
+        shutil.rmtree(root, ignore_errors=True)
         return killed
+
+    def kill_rank(self, cluster: str, index: int) -> float:
+        """SIGKILL the node's training processes alone: the node's processes that have no
+        child among them and are not its agent (a forked worker's command line is its
+        agent's, so the tree tells them apart)."""
+        mine = set(procs.find_processes({"CLOUDTRAIN_NODE_ROOT": str(self.root(cluster, index))}))
+        parents = {pid: _parent(pid) for pid in mine}
+        ranks = [pid for pid in mine if pid not in parents.values()
+                 and b"cloudtrain.node" not in _cmdline(pid)]  # fmt: skip
+        if not ranks:
+            raise SystemExit(f"no training process on node {index}")
+        killed = time.perf_counter()
+        for pid in ranks:
+            os.kill(pid, signal.SIGKILL)
+        return killed
+
+    def kill_replacement(self, cluster: str, index: int, timeout: float = 120.0) -> None:
+        """Wait until node `index` is being made again (a process of it runs), then lose it."""
+        root, deadline = self.root(cluster, index), time.monotonic() + timeout
+        while not procs.find_processes({"CLOUDTRAIN_NODE_ROOT": str(root)}):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no replacement of node {index} within {timeout:.0f} s")
+            time.sleep(0.05)
+        self.kill_node(cluster, index)
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def train_args(epochs: int) -> list[str]:
@@ -102,20 +152,39 @@ def redone(before: list[str], after: list[str]) -> int:
     return len(done & again)
 
 
-def managed(sh: Home, epochs: int, kill_after: int) -> tuple[float, int]:
+def break_job(sh: Home, case: str) -> float:
+    """Break cluster bm's job the way `case` says; when (perf_counter)."""
+    if case == "worker lost":
+        return sh.kill_node("bm", 1)
+    if case == "head lost":
+        return sh.kill_node("bm", 0)
+    if case == "rank killed":
+        return sh.kill_rank("bm", 1)
+    if case == "all lost":
+        killed = sh.kill_node("bm", 0)
+        sh.kill_node("bm", 1)
+        return killed
+    if case == "lost again":
+        killed = sh.kill_node("bm", 1)
+        sh.kill_replacement("bm", 1)
+        return killed
+    raise ValueError(case)
+
+
+def managed(sh: Home, epochs: int, kill_after: int, case: str) -> tuple[float, int]:
     sh.run("up", "--name", "bm", "--nodes", "2")
     proc = sh.popen("train", "-c", "bm", "--managed", *train_args(epochs))
     before = until_epoch(proc, kill_after)
-    killed = sh.kill_node("bm", 1)
+    killed = break_job(sh, case)
     after: list[str] = []
     seconds = after_kill(after, killed, proc)
     if proc.returncode != 0 or "final test accuracy" not in "".join(after):
-        raise SystemExit("the managed job did not finish:\n" + "".join(after[-40:]))
+        raise SystemExit(f"{case}: the managed job did not finish:\n" + "".join(after[-40:]))
     sh.run("down", "bm")
     return seconds, redone(before, after)
 
 
-def by_hand(sh: Home, epochs: int, kill_after: int) -> tuple[float, int]:
+def by_hand(sh: Home, epochs: int, kill_after: int, case: str = "by hand") -> tuple[float, int]:
     sh.run("up", "--name", "bh", "--nodes", "2")
     proc = sh.popen("train", "-c", "bh", *train_args(epochs))
     before = until_epoch(proc, kill_after)
@@ -136,32 +205,40 @@ def by_hand(sh: Home, epochs: int, kill_after: int) -> tuple[float, int]:
     return seconds, redone(before, after)
 
 
+CASES = ("worker lost", "head lost", "rank killed", "all lost", "lost again", "by hand")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--kill-after", type=int, default=3, metavar="EPOCH")
+    parser.add_argument("--case", action="append", choices=CASES, help="default: every case")
     parser.add_argument("--quick", action="store_true", help="one round of 5 epochs (CI)")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.epochs, args.kill_after = 1, 5, 2
-    results: dict[str, list[tuple[float, int]]] = {"managed": [], "by hand": []}
+    cases = args.case or list(CASES)
+    results: dict[str, list[tuple[float, int]]] = {case: [] for case in cases}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            order = [("managed", managed), ("by hand", by_hand)]
-            for name, fn in order if r % 2 == 0 else order[::-1]:
-                sh = Home(Path(tmp) / f"{name.replace(' ', '-')}-{r}")
-                results[name].append(fn(sh, args.epochs, args.kill_after))
-                print(f"round {r + 1} {name}: {results[name][-1][0]:.2f} s, "
-                      f"{results[name][-1][1]} epoch(s) redone", flush=True)  # fmt: skip
-    med = {k: statistics.median(s for s, _ in v) for k, v in results.items()}
-    lost = {k: statistics.median(e for _, e in v) for k, v in results.items()}
-    print(f"\nmedians over {args.rounds} round(s), 2 local nodes, node 1 killed after epoch "
-          f"{args.kill_after} of {args.epochs}:")  # fmt: skip
-    print(f"{'':34}{'managed':>9}{'by hand':>9}{'ratio':>7}")
-    print(f"{'kill to first step after it (s)':>34}{med['managed']:9.2f}{med['by hand']:9.2f}"
-          f"{med['managed'] / med['by hand']:7.2f}")  # fmt: skip
-    print(f"{'epochs trained again':>34}{lost['managed']:9.0f}{lost['by hand']:9.0f}")
+            for case in cases if r % 2 == 0 else cases[::-1]:
+                sh = Home(Path(tmp) / f"{case.replace(' ', '-')}-{r}")
+                fn = by_hand if case == "by hand" else managed
+                results[case].append(fn(sh, args.epochs, args.kill_after, case))
+                print(f"round {r + 1} {case}: {results[case][-1][0]:.2f} s, "
+                      f"{results[case][-1][1]} epoch(s) redone", flush=True)  # fmt: skip
+    print(f"\nmedians over {args.rounds} round(s), 2 local nodes, broken after epoch "
+          f"{args.kill_after} of {args.epochs}, a checkpoint every epoch:")  # fmt: skip
+    print(f"{'':14}{'kill to first step (s)':>24}{'epochs trained again':>22}")
+    for case, runs in results.items():
+        seconds = statistics.median(s for s, _ in runs)
+        epochs = statistics.median(e for _, e in runs)
+        print(f"{case:14}{seconds:24.2f}{epochs:22.0f}")
+    if "worker lost" in results and "by hand" in results:
+        ratio = (statistics.median(s for s, _ in results["worker lost"])
+                 / statistics.median(s for s, _ in results["by hand"]))  # fmt: skip
+        print(f"managed recovery of a lost worker / a restart by hand: {ratio:.2f}")
 
 
 if __name__ == "__main__":

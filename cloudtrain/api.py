@@ -35,6 +35,7 @@ from cloudtrain.provision import registry
 from cloudtrain.provision.engine import Engine
 from cloudtrain.provision.provider import Provider, ProviderContext
 from cloudtrain.spec import ClusterSpec
+from cloudtrain.spec.limits import refuse_spent_budget
 from cloudtrain.state import State
 
 log = logging.getLogger(__name__)
@@ -317,14 +318,29 @@ def in_regions(the_plan: Plan, regions: Sequence[str]) -> Plan:
 def with_limits(the_plan: Plan, created_at: float) -> Plan:
     """`the_plan` with its spec's lifetime and budget resolved into one moment (from
     `created_at`, at the plan's price); `ConfigError` for a budget of a cluster whose price is
-    not known (nothing is made yet)."""
+    not known, or that buys less than a minute of it, and for a lifetime or budget already
+    over (an `up` of a cluster that ended: a node made now would stop at once). Nothing is
+    made yet."""
     spec = the_plan.spec
     if spec.limits.max_cost is not None and the_plan.price_per_hour <= 0:
         raise ConfigError(
             f"--max-cost {spec.limits.max_cost:g}: a {spec.provider} cluster has no price to "
             "count it with; give what a node costs per hour (--node-price USD)"
         )
+    if spec.limits.max_cost is not None:
+        each = the_plan.price_per_hour / spec.num_nodes
+        refuse_spent_budget(spec.limits.max_cost, the_plan.price_per_hour,
+                            f"{spec.num_nodes} node(s) at ${each:.2f}/h")  # fmt: skip
     limits = spec.limits.resolved(created_at, the_plan.price_per_hour)
+    if limits.ends_at is not None and limits.ends_at <= time.time():  # a node made now stops
+        flag, value = (("--max-hours", limits.max_hours) if limits.ends_why == "lifetime"
+                       else ("--max-cost", limits.max_cost))  # fmt: skip
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(limits.ends_at))
+        raise ConfigError(
+            f"{flag} {value:g}: the {limits.ends_why} of cluster {spec.name!r} ended at {when} "
+            f"(it counts from its first `up`); no node is made for it again: `cloudtrain down "
+            f"{spec.name}`, or give a longer one"
+        )
     return dataclasses.replace(the_plan, spec=dataclasses.replace(spec, limits=limits))
 
 
@@ -351,9 +367,12 @@ def wait_bootstrap(
     nodes: list[NodeInfo],
     on_event: OnEvent,
     timeout_s: float,
+    lost_every_s: float = 5.0,
 ) -> None:
     """Wait for every node's bootstrap to report ready (`cloudtrain.boot.readiness`). Providers that
-    cannot run commands on their nodes yet are skipped with a note."""
+    cannot run commands on their nodes yet are skipped with a note. A node the provider no
+    longer lists (it removed itself at its lifetime, its host is gone) ends the wait within
+    `lost_every_s` (`NodeLostError`), not at the timeout."""
     from cloudtrain.boot import readiness
 
     try:
@@ -363,11 +382,20 @@ def wait_bootstrap(
         return
     from cloudtrain.boot import wheel
 
+    record = state.cluster(cluster)
+    cluster_id = record.spec.cluster_id if record else None
+
+    def lost() -> set[int]:
+        try:
+            listed = {n.index for n in prov.describe(cluster, cluster_id)}
+        except CloudtrainError:  # cannot tell now: asked again at the next check
+            return set()
+        return {n.index for n in nodes} - listed
+
     handoff = readiness.hand_over_wheel(lambda: wheel.build(home))
     try:
-        readiness.wait_ready(
-            nodes, executors, on_event=on_event, timeout_s=timeout_s, handoff=handoff
-        )
+        readiness.wait_ready(nodes, executors, on_event=on_event, timeout_s=timeout_s,
+                             handoff=handoff, lost=lost, lost_every_s=lost_every_s)  # fmt: skip
     except BootstrapError as exc:
         state.set_cluster_status(cluster, "failed")
         state.add_event(cluster, "bootstrap", str(exc))
@@ -434,7 +462,10 @@ def _ask_agents(state: State, home: Path, name: str, policy: list[str]) -> list[
                            *policy], timeout=60).check()  # fmt: skip
         finally:
             ex.close()
-        return {"node": node.index, **json.loads(done.stdout)}
+        beat = {"node": node.index, **json.loads(done.stdout)}
+        if beat.get("stops_in") is not None:  # on this machine's clock: the node's may be off
+            beat["stops_at"] = time.time() + float(beat["stops_in"])
+        return beat
 
     return fan_out(one, state.nodes(name))
 

@@ -10,6 +10,7 @@ CloudtrainError
 │   ├── CapacityError        the zone/region has no capacity now; the next may
 │   └── NodeDataError        what a node sent is refused (more than the bound allows)
 ├── BootstrapError           a node failed a bootstrap phase (node, phase)
+│   └── NodeLostError        the provider no longer runs the node it was waited for
 ├── CommandError             a command on a node exited non-zero (returncode, argv, stderr_tail)
 ├── JobError                 a training job failed or was cancelled
 ├── NotFoundError            a cluster or job that does not exist
@@ -128,6 +129,20 @@ class BootstrapError(CloudtrainError):
 
     def __init__(self, node: str, phase: str, message: str) -> None:
         super().__init__(f"node {node}: phase {phase!r} failed: {message}")
+        self.node = node
+        self.phase = phase
+
+
+class NodeLostError(BootstrapError):
+    """A node gone while its bootstrap was waited for (the provider no longer runs it): a new
+    loss, never a wait for the bootstrap's timeout."""
+
+    def __init__(self, node: str, phase: str) -> None:
+        CloudtrainError.__init__(
+            self,
+            f"node {node} was lost during its bootstrap (phase {phase!r}): the provider "
+            "no longer runs it",
+        )
         self.node = node
         self.phase = phase
 

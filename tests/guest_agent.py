@@ -36,6 +36,14 @@ def unit_of_b64(user_data: str) -> str:
     return unit_of(base64.b64decode(user_data))
 
 
+def backstop_of_b64(user_data: str) -> list[str] | None:
+    """The ``shutdown`` command a node's cloud-config runs at its first boot, if any."""
+    raw = base64.b64decode(user_data)
+    doc = yaml.safe_load(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    found = [c for c in doc["runcmd"] if isinstance(c, list) and c[:1] == ["shutdown"]]
+    return [str(w) for w in found[0]] if found else None
+
+
 def agent_flags(unit: str) -> list[str]:
     """The flags of the unit's ``agent`` command, without ``--root``."""
     line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))

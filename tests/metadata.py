@@ -25,6 +25,7 @@ class Metadata:
         self.gcp_preempted = False
         self.gcp_version = 1
         self.azure_events: list[dict[str, Any]] = []
+        self.azure_vm = "vm-0"  # the name Azure's instance/compute gives the node's VM
         self.changed = threading.Condition()
         self.requests: list[tuple[str, str]] = []
 
@@ -96,6 +97,12 @@ def _handler(meta: Metadata) -> type[BaseHTTPRequestHandler]:
                     return self._answer(400, json.dumps({"error": "Bad request"}))
                 doc = {"DocumentIncarnation": len(meta.azure_events), "Events": meta.azure_events}
                 return self._answer(200, json.dumps(doc))
+            if url.path == "/metadata/instance/compute":
+                if self.headers.get("Metadata") != "true":
+                    return self._answer(400, json.dumps({"error": "Bad request"}))
+                vm_id = str(uuid.uuid5(uuid.NAMESPACE_DNS, meta.azure_vm))
+                compute = {"name": meta.azure_vm, "vmId": vm_id, "location": "eastus"}
+                return self._answer(200, json.dumps(compute))
             return self._answer(404)
 
     return Handler

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import base64
 import gzip
+import math
 import shlex
+import time
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain import __version__
 from cloudtrain.node.selfstop import POWEROFF
@@ -80,6 +82,9 @@ class NodeShape:
     #: (`cloudtrain.node.selfstop`)
     limits: Limits = field(default_factory=Limits)
     halt: str = POWEROFF
+    #: minutes after its first boot when the guest powers itself off whatever runs on it, no
+    #: process of cloudtrain needed (`backstop_minutes`: EC2 then terminates it); None: never
+    backstop_min: int | None = None
 
     @classmethod
     def of(
@@ -150,14 +155,45 @@ def config(
     return "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
 
 
-def agent_policy(limits: Limits, sessions: bool = True) -> list[str]:
-    """`limits` as the flags of the node's ``agent`` and ``autostop`` commands (numbers and
-    words only: they go into a systemd unit as they are). `sessions`: a user's SSH session
-    counts as work (not on the user's own machine)."""
-    flags = ["--idle-s", repr(limits.idle_minutes * 60)] if limits.idle_minutes else ["--off"]
+def agent_fields(limits: Limits, sessions: bool = True, now: float | None = None) -> dict[str, Any]:
+    """`limits` as the fields of the node agent's policy (`cloudtrain.node.agent.set_policy`).
+    `sessions`: a user's SSH session counts as work (not on the user's own machine). The
+    lifetime or budget travels as the seconds left at `now` (default: this machine's clock
+    now; both ends on this machine's clock): a node whose clock is off counts them on its own
+    boot clock from when they come."""
+    fields: dict[str, Any] = {
+        "idle_s": limits.idle_minutes * 60 if limits.idle_minutes else None,
+        "sessions": sessions,
+    }
     if limits.ends_at is not None:
-        flags += ["--deadline", repr(float(limits.ends_at)), "--why", str(limits.ends_why)]
+        left = float(limits.ends_at) - (time.time() if now is None else now)
+        fields.update(ends_in=round(max(0.0, left), 3), why=limits.ends_why)
+    return fields
+
+
+def agent_policy(limits: Limits, sessions: bool = True, now: float | None = None) -> list[str]:
+    """`limits` as the flags of the node's ``agent`` and ``autostop`` commands (`agent_fields`;
+    numbers and words only: they go into a systemd unit as they are)."""
+    fields = agent_fields(limits, sessions, now)
+    flags = ["--idle-s", repr(fields["idle_s"])] if fields["idle_s"] else ["--off"]
+    if "ends_in" in fields:
+        flags += ["--ends-in", repr(fields["ends_in"]), "--why", str(fields["why"])]
     return [*flags, "--sessions" if sessions else "--no-sessions"]
+
+
+#: How many minutes after its deadline a guest's own backstop powers it off: its agent stops
+#: it at the deadline; this is for when no agent is left to.
+BACKSTOP_MARGIN_MIN = 2
+
+
+def backstop_minutes(limits: Limits, now: float | None = None) -> int | None:
+    """The ``shutdown -h +N`` of a node of a cluster with a lifetime or budget (`Limits.ends_at`):
+    the minutes left at `now` (default: this machine's clock), rounded up, plus
+    `BACKSTOP_MARGIN_MIN`; None without one."""
+    if limits.ends_at is None:
+        return None
+    left = float(limits.ends_at) - (time.time() if now is None else now)
+    return math.ceil(max(0.0, left) / 60) + BACKSTOP_MARGIN_MIN
 
 
 def agent_unit(notices: str | None, limits: Limits | None = None, halt: str = POWEROFF) -> str:
@@ -203,6 +239,7 @@ def _values(shape: NodeShape, keys: NodeKeys) -> dict[str, object]:
         "config": config(shape).rstrip("\n"),
         "script_gz_b64": packed,
         "agent_unit": agent_unit(shape.notices, shape.limits, shape.halt).rstrip("\n"),
+        "backstop_min": shape.backstop_min,
     }
 
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from cloudtrain.boot import bootstrap
-from cloudtrain.errors import BootstrapError
+from cloudtrain.errors import BootstrapError, NodeLostError
 from cloudtrain.executors.base import Executor, fan_out
 from cloudtrain.model import Event, NodeInfo, OnEvent, ignore_event
 
@@ -141,18 +141,28 @@ def wait_ready(
     timeout_s: float = 1800,
     poll_s: float = 0.5,
     handoff: Handoff | None = None,
+    lost: Callable[[], Collection[int]] | None = None,
+    lost_every_s: float = 5.0,
 ) -> None:
     """Block until every node's bootstrap is ready. A node waiting for the cloudtrain wheel
     gets it through `handoff` (once). Raises `BootstrapError` for the first node whose
     bootstrap failed, that waits for the wheel with no `handoff` or again after it, or when
-    `timeout_s` passes (naming the slowest phase)."""
+    `timeout_s` passes (naming the slowest phase). `lost`, asked every `lost_every_s`: the
+    indices of the nodes the provider no longer runs; one of `nodes` among them is
+    `NodeLostError` at once (what `lost` raises ends the wait too)."""
     seen: dict[int, str] = {}
     handed: dict[int, dict[str, Any]] = {}  # node → its status when the wheel was handed over
     passed: dict[int, dict[str, tuple[str, float | None]]] = {}  # node → its phases over
     told: set[str] = set()  # the phases said to be over on every node
     deadline = time.monotonic() + timeout_s
+    next_lost = time.monotonic() + lost_every_s
     pairs = list(zip(nodes, executors, strict=True))
     while True:
+        if lost is not None and time.monotonic() >= next_lost:
+            gone = sorted(set(lost()) & {n.index for n in nodes})
+            if gone:
+                raise NodeLostError(str(gone[0]), seen.get(gone[0], "not started").split(":")[0])
+            next_lost = time.monotonic() + lost_every_s
         statuses = fan_out(lambda pair: read_status(pair[1], pair[0]), pairs)
         for (node, executor), status in zip(pairs, statuses, strict=True):
             if status is None or status == handed.get(node.index):

@@ -551,7 +551,14 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
     idle = [c for c in clusters if c.spec.limits.idle_minutes and c.status in ("up", "partial")]
     told = [c for c in clusters if c.name == cluster and _stops_itself(c)]
     beats = _agent_beats(app, [c for c in clusters if c in idle or c in told])
-    stops = {c.name: render.stops_text(c.spec, beats[c.name], now) for c in idle if c.name in beats}
+    acted = [c for c in clusters if any(b.get("stopped") for b in beats.get(c.name, []))]
+    if acted:  # a node with no agent, due, was stopped by that ask: its cluster settles now
+        reconcile(app, acted, others=False)
+        clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
+        nodes = {c.name: state.nodes(c.name) for c in clusters}
+        events = state.events(cluster, limit=EVENTS_SHOWN)
+    stops = {c.name: render.stops_text(c.spec, beats[c.name], now) for c in idle
+             if c.name in beats and c not in acted}  # fmt: skip
     counts = {k: len(v) for k, v in nodes.items()}
     app.out.print(render.clusters_table(clusters, counts, stops, now, spent))
     if jobs:
@@ -639,10 +646,14 @@ def reconcile(app: App, clusters: list[ClusterRecord], others: bool = True) -> N
         live = sum(n.state == "running" for n in found)
         status = "up" if live >= c.spec.num_nodes else "partial" if found else "gone"
         left = [] if found else prov.leftovers(c.name, c.spec.cluster_id)
+        if autostop.overdue(c.spec, found) and autostop.may_have_stopped(state, c):
+            app.note(autostop.expire(state, app.home, c, found))  # its end passed: it goes
+            continue
         if autostop.stopped_itself(c.spec, found) and autostop.may_have_stopped(state, c):
             # its agents acted: what they could not remove is removed here
             left += [f"node {n.index} ({n.node_id}, {n.state})" for n in found]
-            app.note(autostop.settle(state, app.home, c, left, halted=len(found)))
+            gone = [n for i, n in known.items() if i not in after]  # its jobs' folders: home
+            app.note(autostop.settle(state, app.home, c, left, halted=len(found), was=gone))
             continue
         if left:
             status = "leftovers"

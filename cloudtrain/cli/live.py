@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 PLAIN_EVERY_S = 10.0
 REFRESH_S = 0.5
 #: The node states shown, and their colour.
-STYLES = {"running": "green", "exited": "cyan", "cancelled": "yellow", "vanished": "red",
-          "unreachable": "red"}  # fmt: skip
+STYLES = {"running": "green", "exited": "cyan", "cancelled": "yellow", "stopped": "yellow",
+          "vanished": "red", "unreachable": "red"}  # fmt: skip
 
 
 def _number(value: Any) -> str:

@@ -165,11 +165,13 @@ def money_text(figure: Figure | None) -> str:
 
 
 def lifetime_left(spec: ClusterSpec, now: float) -> str:
-    """``budget ends in 1h02m`` / ``-``."""
+    """``budget ends in 1h02m`` / ``lifetime ended 12s ago`` / ``-``."""
     at = spec.limits.ends_at
     if at is None:
         return "-"
-    return f"{spec.limits.ends_why} ends in {span(max(0.0, at - now))}"
+    if at <= now:
+        return f"{spec.limits.ends_why} ended {span(now - at)} ago"
+    return f"{spec.limits.ends_why} ends in {span(at - now)}"
 
 
 def span(seconds: float) -> str:
@@ -231,6 +233,12 @@ def events_table(events: Sequence[EventRecord]) -> Table:
 def agent_line(beat: dict[str, Any], now: float | None = None) -> str:
     """``node 0: agent up, idle 2m, removes itself in 3m`` from a node's beat."""
     now = time.time() if now is None else now
+    if beat.get("stopped"):
+        failed = " (the stop failed: it is tried again)" if beat.get("stop_failed") else ""
+        return f"node {beat.get('node')}: stopped now, {beat['stopped']}{failed}"
+    if beat.get("restarted"):
+        return (f"node {beat.get('node')}: its agent was not running ({beat['restarted']}); "
+                "started it again")  # fmt: skip
     if not beat.get("resident"):
         return f"node {beat.get('node')}: its agent is not running"
     jobs, sessions = beat.get("jobs") or [], beat.get("sessions") or 0
@@ -265,11 +273,13 @@ def recoveries(job: JobRecord) -> str:
 
 
 def node_states(job: JobRecord) -> str:
-    """``0 running, 1 exited 1`` from the states the last refresh read on the nodes."""
-    states = job.detail.get("nodes") or []
+    """``0 running, 1 exited 1`` from the states the last refresh read on the nodes (a record
+    written by another version may lack a field: ``?``, never a crash)."""
+    states = [s for s in job.detail.get("nodes") or [] if isinstance(s, dict)]
     return (
         ", ".join(
-            f"{i} {s['state']}" + (f" {s['exit_code']}" if s["state"] == "exited" else "")
+            f"{i} {s.get('state', '?')}"
+            + (f" {s.get('exit_code')}" if s.get("state") == "exited" else "")
             for i, s in enumerate(states)
         )
         or "-"

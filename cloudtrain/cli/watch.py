@@ -120,12 +120,16 @@ def jobs() -> None:
 
 @jobs.command()
 @click.argument("job_id", callback=job_id_arg)
+@click.option("--supervise", is_flag=True,
+              help="Run the watcher as a child, and start it again whenever it dies while the "
+                   "job is open (what `train --managed` starts in the background).")  # fmt: skip
 @pass_app
-def watch(app: App, job_id: str) -> None:
+def watch(app: App, job_id: str, supervise: bool) -> None:
     """Watch JOB_ID and recover it until it ends, in the foreground.
 
-    `train --managed` starts this in the background; run it when a job's watcher died (the
-    next `status` or `logs` starts it too). A job already watched is left to its watcher.
+    `train --managed` starts this in the background, under a supervisor that starts it again
+    when it dies; run it when both died (the next `status` or `logs` starts them too). A job
+    already watched is left to its watcher.
     """
     from cloudtrain.errors import NotFoundError
     from cloudtrain.jobs import managed
@@ -135,6 +139,9 @@ def watch(app: App, job_id: str) -> None:
         raise NotFoundError(f"no job {job_id!r}; `cloudtrain status` lists jobs")
     if managed.Policy.of(rec) is None:
         raise NotFoundError(f"job {job_id} is not a managed job (`train --managed`)")
+    if supervise:
+        _supervise(app, job_id)
+        return
     with managed.watching(app.home, job_id) as mine:
         if not mine:
             pid = managed.watcher_pid(app.home, job_id)
@@ -152,6 +159,21 @@ def watch(app: App, job_id: str) -> None:
         )
         rec = watcher.run(job_id)
     app.note(f"{time.strftime('%H:%M:%S')} job {job_id} {rec.status}")
+
+
+def _supervise(app: App, job_id: str) -> None:
+    from cloudtrain.jobs import supervisor
+
+    def is_open() -> bool:
+        rec = app.state.job(job_id)
+        return rec is not None and not rec.finished
+
+    def say(message: str) -> None:
+        app.note(f"{time.strftime('%H:%M:%S')} {message}")
+
+    code = supervisor.supervise(app.home, job_id, supervisor.watch_argv(job_id), is_open, say)
+    if code:
+        raise click.exceptions.Exit(code)
 
 
 COMMANDS = (jobs,)

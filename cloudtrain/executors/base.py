@@ -61,11 +61,21 @@ STREAM_TAIL = 200
 #: JOB_DIR/node.log; writes JOB_DIR/pid now and, when it ends, JOB_DIR/ended_at (the node's
 #: clock, epoch seconds) then JOB_DIR/exit_code (each atomically); prints the pid. Run as
 #: ``sh -c DETACH_SCRIPT NAME JOB_DIR ARGV...``; executors run the same script locally and over
-#: SSH so a job's files look the same on every node.
+#: SSH so a job's files look the same on every node. Before "$@" starts and once it ended, it
+#: writes the OOM killer's count in its memory cgroup, v2 or v1 (JOB_DIR/oom_kill.start and
+#: .end, read by `cloudtrain.node.oom`: whether a rank killed by SIGKILL ran out of memory).
 DETACH_SCRIPT = """\
 d=$1; shift
-( "$@" > "$d/node.log" 2>&1 < /dev/null
+oom() {
+  sed -n -e 's|^0::|/sys/fs/cgroup|p' \\
+    -e 's|^[0-9]*:\\([^:]*,\\)\\{0,1\\}memory\\(,[^:]*\\)\\{0,1\\}:|/sys/fs/cgroup/memory|p' \\
+    /proc/self/cgroup 2>/dev/null | while read -r g; do
+      cat "$g/memory.events" "$g/memory.oom_control" 2>/dev/null | grep '^oom_kill '; done
+}
+( oom > "$d/oom_kill.start"
+  "$@" > "$d/node.log" 2>&1 < /dev/null
   c=$?
+  oom > "$d/oom_kill.end"
   date +%s.%N > "$d/ended_at.tmp" && mv "$d/ended_at.tmp" "$d/ended_at"
   printf '%s\\n' "$c" > "$d/exit_code.tmp" && mv "$d/exit_code.tmp" "$d/exit_code"
 ) > /dev/null 2>&1 < /dev/null &

@@ -153,17 +153,20 @@ class LocalExecutor:
     def start_detached(
         self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, job_dir: str
     ) -> int:
-        Path(job_dir).mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(
-            ["/bin/sh", "-c", DETACH_SCRIPT, "cloudtrain-detach", job_dir, *argv],
-            env=self._env(env),
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            check=False,
-        )
+        try:
+            Path(job_dir).mkdir(parents=True, exist_ok=True)
+            done = subprocess.run(
+                ["/bin/sh", "-c", DETACH_SCRIPT, "cloudtrain-detach", job_dir, *argv],
+                env=self._env(env),
+                cwd=cwd,
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                check=False,
+            )
+        except OSError as exc:  # its folder gone (a node removed meanwhile), as `run` says it
+            raise CommandError(127, argv, str(exc)) from None
         if done.returncode != 0 or not done.stdout.strip().isdigit():
             raise CommandError(done.returncode, argv, done.stderr or done.stdout)
         return int(done.stdout.strip())

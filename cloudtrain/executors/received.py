@@ -14,6 +14,8 @@ a symlink              nothing: never kept, never followed (``creds -> ../../../
                        would otherwise make the user's own files part of a snapshot, which
                        ``--resume-from`` and a managed recovery upload to the nodes)
 a device, FIFO, socket nothing (opening one could block or read a device)
+a save in progress     nothing: a file or folder named as `IN_PROGRESS` says (a save's temp,
+                       renamed into place once whole): only whole checkpoints travel
 more than `limit`      the copy is stopped and refused (`NodeDataError`): the copy and the
 bytes in all           snapshots made before it stand
 =====================  =====================================================================
@@ -25,6 +27,7 @@ files only. ``$CLOUDTRAIN_MAX_PULL_GB`` sets the bound (default 256 GB).
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import shutil
 import stat
@@ -43,6 +46,10 @@ DEFAULT_LIMIT_GB = 256
 #: How often a running copy's size is read while it runs.
 POLL_S = 0.2
 _CHUNK = 1 << 20
+#: What a node is still writing, never copied from it: a save's temp file or folder (the
+#: runtime's ``.digits.pt.XXXX.tmp`` and ``.ckpt-N.tmp/``, torch's and most tools' ``*.tmp``)
+#: and a copy's own (`copy_if_changed`). Matched against each name, as rsync's ``--exclude``.
+IN_PROGRESS = ("*.tmp", "*.cloudtrain-tmp")
 #: Open a node's file to read it: never through a link, never blocking on a FIFO.
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -60,6 +67,11 @@ def limit() -> int:
     if not 0 < gb < 1e9:
         raise ConfigError(f"{LIMIT_ENV}={text!r}: use a positive number of GB, e.g. 500")
     return int(gb * 10**9)
+
+
+def in_progress(name: str) -> bool:
+    """Whether the file or folder `name` is a save still being written (`IN_PROGRESS`)."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in IN_PROGRESS)
 
 
 def regular_files(tree: Path) -> Iterator[tuple[str, os.stat_result]]:
@@ -160,8 +172,8 @@ def copy_tree(source: Path, target: Path) -> bool:
     """Make `target` a copy of the folder `source` (a node's folder on this machine): only
     regular files and folders, a file copied only when its size or mtime differ (rsync's
     quick check) and as a new file (a hard link to the old one keeps it), what `source` no
-    longer has removed. False, and nothing done, when `source` is no folder or is a link.
-    `NodeDataError` past `limit()` bytes."""
+    longer has removed; nothing `in_progress`. False, and nothing done, when `source` is no
+    folder or is a link. `NodeDataError` past `limit()` bytes."""
     try:
         if not stat.S_ISDIR(os.lstat(source).st_mode):
             return False
@@ -170,11 +182,14 @@ def copy_tree(source: Path, target: Path) -> bool:
     bound, total = limit(), 0
     wanted: set[str] = {"."}
     target.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for dirpath, _, filenames, dirfd in os.fwalk(source, follow_symlinks=False):
+    for dirpath, dirnames, filenames, dirfd in os.fwalk(source, follow_symlinks=False):
         rel_dir = Path(dirpath).relative_to(source)
         (target / rel_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         wanted.add(rel_dir.as_posix())
+        dirnames[:] = [d for d in dirnames if not in_progress(d)]
         for name in filenames:
+            if in_progress(name):
+                continue
             try:
                 fd = os.open(name, _READ, dir_fd=dirfd)
             except OSError:  # a symlink (ELOOP), gone, or unreadable: not copied

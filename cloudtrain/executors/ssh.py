@@ -236,8 +236,9 @@ class SshExecutor:
         """rsync from the node over the same connection (its temp-file-then-rename writes
         leave hard links to the old files as they were). What the node sends is untrusted
         (`cloudtrain.executors.received`): regular files and folders only (rsync is asked for
-        no links, devices, owners or modes; what arrives anyway is removed), private, and
-        at most ``received.limit()`` bytes (`NodeDataError`)."""
+        no links, devices, owners or modes; what arrives anyway is removed), private, no
+        save in progress (`received.IN_PROGRESS`), and at most ``received.limit()`` bytes
+        (`NodeDataError`)."""
         if not self.run(["test", "-d", remote]).ok:
             return False
         local.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -245,7 +246,8 @@ class SshExecutor:
         ssh = shlex.join(["ssh", *self._options])
         source = f"{self.target}:{shlex.quote(remote.rstrip('/') + '/')}"
         argv = ["rsync", "-rt", "--perms", "--chmod=D700,F600", "--delete", "-e", ssh]
-        argv += ["--", source, f"{local}/"]
+        argv += [f"--exclude={p}" for p in received.IN_PROGRESS]  # only whole checkpoints
+        argv += ["--delete-excluded", "--", source, f"{local}/"]
         try:
             code, output = received.run_bounded(argv, local, timeout=3600)
         except subprocess.TimeoutExpired:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,9 +61,12 @@ def checkpoint_pull_s() -> float:
 @dataclass(frozen=True)
 class Verdict:
     """How one attempt of a job ended. `cause`: ``ok``, ``cancelled``, ``exit`` (a rank's own
-    non-zero exit), or a node's loss: ``vanished`` (its processes were killed with no exit
-    recorded), ``lost`` (its host stopped answering), ``preempted`` (its cloud said so),
-    ``hardware`` (a rank died of what the machine did: an ECC error, a GPU off the bus ...)."""
+    non-zero exit, a signal it raised itself included: SIGSEGV, SIGABRT ...), ``killed`` (a
+    rank or its launcher killed by SIGKILL from outside the script: the kernel's OOM killer
+    most often, which `reason` names when the node could tell), or a node's loss:
+    ``vanished`` (its processes were killed with no exit recorded), ``lost`` (its host stopped
+    answering), ``preempted`` (its cloud said so), ``hardware`` (a rank died of what the
+    machine did: an ECC error, a GPU off the bus ...)."""
 
     status: str  # succeeded | failed | cancelled
     cause: str
@@ -75,6 +79,13 @@ class Verdict:
     def lost_node(self) -> bool:
         """The attempt ended because a node went away, not because of what the script did."""
         return self.cause in ("vanished", "lost", "preempted", "hardware")
+
+    @property
+    def recoverable(self) -> bool:
+        """A managed job starts again after it by default (no ``--retry-on-failure``): a lost
+        node, or a process killed under the script. A SIGSEGV or SIGABRT is not: the same code
+        on the same checkpoint most often crashes again, spending the budget."""
+        return self.lost_node or self.cause == "killed"
 
 
 @dataclass(frozen=True)
@@ -201,9 +212,13 @@ def judge(
     failure = failure_of(node) if code is not None else None
     if failure is not None and failure.hardware:
         cause = "hardware"
+    elif failure is not None and failure.killed_by(code) == signal.SIGKILL:
+        cause = "killed"
     if preempted:
         cause = "preempted"
-    reason = failure.reason(code) if failure else "its processes vanished"
+    said = {n.index: s for n, s in zip(nodes, statuses, strict=True)}[node.index]
+    oom_kills = _count(said.get("oom_kills"))
+    reason = failure.reason(code, oom_kills=oom_kills) if failure else "its processes vanished"
     return Verdict("failed", cause, node.index, code, reason, failure.tail if failure else "")
 
 
@@ -239,18 +254,27 @@ def last_end(statuses: Sequence[Mapping[str, Any]]) -> float | None:
     return max(ends, default=None)
 
 
+def _count(value: object) -> int | None:
+    """A count a node said (untrusted): a whole number >= 0, else None (not known)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
 def _finite(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def node_state(status: Mapping[str, Any]) -> dict[str, Any]:
     """One node's part in a job, for `status`: ``running``, ``exited`` (with its code),
-    ``cancelled``, ``vanished`` (no process and no exit code) or ``unreachable``."""
+    ``cancelled``, ``stopped`` (no exit code: cloudtrain stopped it, after another node failed),
+    ``vanished`` (no process and no exit code) or ``unreachable``."""
     if "unreachable" in status:
         return {"state": "unreachable", "exit_code": None, "why": status["unreachable"]}
     code = status["exit_code"]
     if code is None:
-        state = "running" if status["alive"] else "vanished"
+        # no exit code: killed under it, or by cloudtrain's own stop after another node failed
+        state = "running" if status["alive"] else "stopped" if status.get("stopped") else "vanished"
     else:
         state = "cancelled" if status["cancelled"] else "exited"
     found = {"state": state, "exit_code": code}

@@ -34,20 +34,28 @@ import shlex
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from cloudtrain.errors import CommandError, ConfigError, JobError, NotFoundError, ProviderError
 from cloudtrain.executors import received
 from cloudtrain.executors.base import SSH_FAILED, Executor, RunResult, fan_out
-from cloudtrain.jobs import checkpoints, metrics, shards, workers
+from cloudtrain.jobs import (
+    checkpoints,
+    logtail,
+    metrics,
+    preemptions,
+    rehost,
+    saves,
+    shards,
+    workers,
+)
 from cloudtrain.jobs.attempts import (
     HEARTBEAT_S,
     JobSpec,
     Verdict,
     attempt_of,
-    checkpoint_pull_s,
     elastic,
     heartbeat_timeout_s,
     job_dir,
@@ -246,9 +254,15 @@ class Coordinator:
             raise
 
     def relaunch(
-        self, job_id: str, resume: Path | None, on_line: OnLine | None = None
+        self,
+        job_id: str,
+        resume: Path | None,
+        on_line: OnLine | None = None,
+        *,
+        on: Collection[int] | None = None,
     ) -> JobRecord:
-        """Start the recorded job `job_id` again on its cluster's live nodes, as its next
+        """Start the recorded job `job_id` again on its cluster's live nodes (or those of
+        them in `on`: an elastic job's survivors, `cloudtrain.jobs.rehost`), as its next
         attempt (a managed job's recovery), every node first given the snapshot `resume`.
         Holds the cluster's lock; on any failure the ranks started are stopped and the error
         raised, the job's record left to the caller."""
@@ -259,8 +273,12 @@ class Coordinator:
             rec = self._job(job_id)
             if rec.finished or rec.detail.get("cancel_requested"):
                 return rec  # cancelled while it was being recovered: start nothing
-            nodes = rendezvous_first(self._live_nodes(rec.cluster, rec.num_nodes))
+            live = self._live_nodes(rec.cluster, rec.num_nodes if on is None else len(on))
+            nodes = rendezvous_first([n for n in live if on is None or n.index in on])
             nodes = nodes[: rec.num_nodes]
+            if not nodes:
+                raise NotFoundError(f"none of the nodes {sorted(on or ())} of {rec.cluster!r} "
+                                    "runs")  # fmt: skip
             job = JobSpec.from_dict(rec.detail.get("spec") or {})
             return self._launch(rec, nodes, job, resume, on_line, attempt=attempt_of(rec) + 1)
 
@@ -317,8 +335,9 @@ class Coordinator:
             raise
         detail = {
             "head": f"{head.private_ip}:{port}",
-            "nodes": [
-                {"index": n.index, "node_id": n.node_id, "pid": p}
+            rehost.HEAD_KEY: head.index,
+            "nodes": [  # the shape every refresh writes (`node_state`), and where it started
+                {"state": "running", "exit_code": None, "index": n.index, "pid": p}
                 for n, p in zip(nodes, pids, strict=True)
             ],
         }
@@ -501,22 +520,9 @@ class Coordinator:
         self, rec: JobRecord, nodes: Sequence[NodeInfo], statuses: Sequence[Mapping[str, Any]]
     ) -> None:
         """A node whose cloud announced its preemption (its agent recorded the notice) is an
-        event of the job, once per node."""
-        rec = self._job(rec.id)
-        known = dict(rec.detail.get("preemptions") or {})
-        for node, status in zip(nodes, statuses, strict=True):
-            notice = status.get("preemption")
-            if not notice or str(node.index) in known:
-                continue
-            known[str(node.index)] = notice
-            when = f" at {notice['not_before']}" if notice.get("not_before") else ""
-            self.state.add_event(
-                rec.cluster, "preemption",
-                f"job {rec.id}: node {node.index}'s cloud will {notice.get('action')} it{when} "
-                f"({notice.get('source')} notice); the job was told to checkpoint",
-                job_id=rec.id,
-            )  # fmt: skip
-            self.state.update_job(rec.id, detail={"preemptions": known})
+        event of the job, once per notice, recorded at the heartbeat that sees it
+        (`cloudtrain.jobs.preemptions`)."""
+        preemptions.note(self.state, self._job(rec.id), nodes, statuses)
 
     def _note_agents(
         self, rec: JobRecord, nodes: Sequence[NodeInfo], statuses: Sequence[Mapping[str, Any]]
@@ -606,6 +612,7 @@ class Coordinator:
         self._note_preemptions(rec, nodes, statuses)
         self._note_agents(rec, nodes, statuses)
         self._note_progress(rec, statuses)
+        statuses = preemptions.remembered(self._job(rec.id), nodes, statuses)  # node gone since
         return judge(rec, nodes, statuses, lost or {},
                      lambda node: read_failure(self._read_log(node, rec, tail=80)))  # fmt: skip
 
@@ -663,16 +670,19 @@ class Coordinator:
         on_line: OnLine,
         *,
         append: bool = False,
-        regrow: Callable[[NodeInfo], bool] | None = None,
+        regrow: Callable[[int], bool] | None = None,
+        absent: Collection[int] = (),
     ) -> Verdict | None:
         """Follow the job's current attempt to its end (see `follow`) and say how it ended,
         recording nothing but the nodes' states. Every `HEARTBEAT_S` each node is asked for
         its part: one that has not answered for `heartbeat_timeout_s()` is lost, and the
         others are stopped. With `append`, the log copies grow (a managed job's attempts).
 
-        An elastic job's survivors go on without a lost node; with `regrow` (a managed elastic
-        job's watcher), `regrow(node)` runs in a thread of its own for each one, making it
-        again while they train. Once it says the node is back, the attempt is stopped and its
+        An elastic job's survivors go on without a lost node but its head (the rendezvous
+        host: its loss ends the attempt, `cloudtrain.jobs.rehost`); with `regrow` (a managed
+        elastic job's watcher), `regrow(index)` runs in a thread of its own for each one (and
+        from the start for those `absent`, lost before this attempt), making it again while
+        they train. Once it says the node is back, the attempt is stopped and its
         verdict is ``regrow``: the watcher starts the next one on every node. (A replacement
         that joins the running attempt instead, at torchrun's next round, deadlocked in
         torch 2.13's rank assignment when it came while the survivors re-formed; a restart
@@ -689,11 +699,15 @@ class Coordinator:
         back: list[int] = []  # the nodes made again (filled by the regrow threads)
         restart: int | None = None  # the node whose return stopped the attempt
         regrowing: dict[int, threading.Thread] = {}
+        head = rehost.head_of(rec)
 
-        def stop_others(node: NodeInfo, why: str) -> None:
+        def goes_on(index: int) -> bool:  # the others go on without this node
+            return elastic(rec) and index != head
+
+        def stop_others(node: NodeInfo, why: str, *, itself: bool = False) -> None:
             if stop_once.acquire(blocking=False):
                 log.info("job %s: node %d %s; stopping the others", job_id, node.index, why)
-                others = [n for n in nodes if n is not node and n.index not in lost]
+                others = [n for n in nodes if (itself or n is not node) and n.index not in lost]
                 self._stop(rec, others, mark=False)
 
         def watch(node: NodeInfo) -> None:
@@ -719,21 +733,29 @@ class Coordinator:
             code = status["exit_code"]
             if code == 0 or status["cancelled"]:
                 return
-            if code is not None or not elastic(rec):  # an elastic job's survivors go on
-                stop_others(node, node_state(status)["state"])
+            if code is not None or not goes_on(node.index):  # an elastic job's survivors go on
+                # a node that exited answers: what its launcher left (its ranks, when the
+                # launcher was killed) stops too
+                stop_others(node, node_state(status)["state"], itself=code is not None)
 
-        def make_again(node: NodeInfo) -> None:
+        def make_again(index: int) -> None:
             assert regrow is not None
             with contextlib.suppress(Exception):  # `regrow` says why; the survivors go on
-                if regrow(node):
-                    back.append(node.index)
+                if regrow(index):
+                    back.append(index)
+
+        for index in absent if regrow is not None else ():
+            regrowing[index] = threading.Thread(target=make_again, args=(index,), daemon=True)
+            regrowing[index].start()
 
         threads = {n.index: threading.Thread(target=watch, args=(n,), daemon=True) for n in nodes}
         for t in threads.values():
             t.start()
         silent: dict[int, float] = {}  # node → when it first did not answer
         vanished: dict[int, int] = {}  # node → heartbeats that found its processes gone
-        next_pull = time.monotonic() + checkpoint_pull_s()
+        copies = saves.HomeCopies(  # each save that completes comes home at once
+            rec, nodes, self._executor, lambda: self.pull_checkpoints(job_id), lost=lost
+        )
         next_beat = time.monotonic() + HEARTBEAT_S
         next_metrics = 0.0
 
@@ -753,6 +775,7 @@ class Coordinator:
                 self.pull_metrics(rec, [n for n in nodes if n.index not in lost])
                 self.state.update_job(rec.id, detail={"nodes": [node_state(b) for b in beats]})
                 self._note_agents(rec, nodes, beats)
+                self._note_preemptions(rec, nodes, beats)  # before the node goes with it
                 self._note_progress(rec, beats)
                 for node, status in zip(nodes, beats, strict=True):
                     state = node_state(status)["state"]
@@ -761,30 +784,29 @@ class Coordinator:
                     elif now - silent.setdefault(node.index, now) > heartbeat_timeout_s():
                         why = status["unreachable"]
                         lost[node.index] = f"no answer for {now - silent[node.index]:.0f} s: {why}"
-                        if not elastic(rec):
+                        if not goes_on(node.index):
                             stop_others(node, "stopped answering")
                     if state == "vanished":  # its follower may wait on files that are gone
                         vanished[node.index] = vanished.get(node.index, 0) + 1
-                        if not elastic(rec):
+                        if not goes_on(node.index):
                             stop_others(node, state)
                 if regrow is not None and elastic(rec):
                     for node, status in zip(nodes, beats, strict=True):
                         gone = not followed(node.index) or not threads[node.index].is_alive()
                         ended = node_state(status)["state"] in ("vanished", "unreachable")
-                        if gone and ended and node.index not in regrowing:
+                        if gone and ended and goes_on(node.index) and node.index not in regrowing:
                             regrowing[node.index] = threading.Thread(
-                                target=make_again, args=(node,), daemon=True
+                                target=make_again, args=(node.index,), daemon=True
                             )
                             regrowing[node.index].start()
                 next_beat = time.monotonic() + HEARTBEAT_S
             if now > next_metrics and now - heard[0] < 2 * METRICS_S:  # it prints: keep pace
                 self.pull_metrics(rec, [n for n in nodes if n.index not in lost])
                 next_metrics = time.monotonic() + METRICS_S
-            if now > next_pull:  # brought up to date while the job runs
-                self.pull_checkpoints(job_id)
-                next_pull = time.monotonic() + checkpoint_pull_s()
+            copies.tick()  # each save that completes comes home at once (and every 30 s)
         for thread in regrowing.values():  # a node made again is the next attempt's
             thread.join()
+        copies.close()
         self.pull_metrics(rec, [n for n in nodes if n.index not in lost])
         self.pull_checkpoints(job_id)
         if self._job(job_id).finished:
@@ -796,14 +818,21 @@ class Coordinator:
 
     def logs(self, job_id: str, on_line: OnLine, *, follow: bool = False) -> JobRecord:
         """Print a job's logs from its nodes (or the copy kept when its cluster is gone, and
-        for a managed job, whose copy holds every attempt)."""
+        for a managed job, whose copy holds every attempt): the tail of each, bounded
+        (`logtail`), with a line saying what was left out."""
         rec = self._job(job_id)
         if follow and not rec.finished:
             return self.follow(job_id, on_line)
         nodes = ran_on(rec, self.state.nodes(rec.cluster))
         if nodes and rec.status != "pending" and not rec.detail.get("managed"):
             for node in nodes:
-                for line in self._read_log(node, rec).splitlines():
+                folder = run_dir(node, rec)
+                done = self._agent(
+                    node, "follow", "--once", "--tail", str(logtail.LINES), folder, timeout=300
+                )
+                if cut := logtail.skipped(done.stderr):
+                    on_line(node.index, logtail.left_out(cut, f"{folder}/node.log on the node"))
+                for line in done.stdout.splitlines():
                     on_line(node.index, line)
             return self.refresh(job_id)
         copies = sorted((self.home / "logs" / job_id).glob("node-*.log"))
@@ -811,11 +840,16 @@ class Coordinator:
             raise NotFoundError(f"job {job_id}: no logs left (its cluster {rec.cluster!r} is gone)")
         for copy in copies:
             index = int(copy.stem.split("-")[1])
-            for line in copy.read_text().splitlines():
+            text, cut = logtail.read(copy)
+            if cut:
+                on_line(index, logtail.left_out(cut, str(copy)))
+            for line in text.splitlines():
                 on_line(index, line)
         return rec
 
-    def pull_checkpoints(self, job_id: str, *, lost: int | None = None) -> Path | None:
+    def pull_checkpoints(
+        self, job_id: str, *, lost: int | None = None, nodes: Sequence[NodeInfo] | None = None
+    ) -> Path | None:
         """Copy the checkpoint folder of `job_id` on its first node (or, when node `lost` is
         the first, on the next one: every node's local rank 0 writes its own copy; an fsdp
         job's shards from every node, `Kept.pull_sharded`) to the user's machine
@@ -828,7 +862,8 @@ class Coordinator:
         rec = self._job(job_id)
         keep = rec.detail.get("checkpoint_keep") or checkpoints.KEEP
         kept = checkpoints.Kept(self.home, job_id, keep=keep)
-        nodes = [n for n in ran_on(rec, self.state.nodes(rec.cluster)) if n.index != lost]
+        found = self.state.nodes(rec.cluster) if nodes is None else nodes  # or where they went
+        nodes = [n for n in ran_on(rec, found) if n.index != lost]
         newest = kept.newest()
 
         def warn(index: int, exc: Exception) -> None:
@@ -861,9 +896,10 @@ class Coordinator:
             return shards.newest_usable(kept.snapshots())
         return newest
 
-    def archive_logs(self, cluster: str) -> None:
-        """Copy every job's node logs of `cluster` to ``<home>/logs`` (before a teardown)."""
-        nodes = self.state.nodes(cluster)
+    def archive_logs(self, cluster: str, nodes: Sequence[NodeInfo] | None = None) -> None:
+        """Copy every job's node logs of `cluster` to ``<home>/logs`` (before a teardown), from
+        `nodes` when given (a self-stopped cluster's folders, `cloudtrain.jobs.selfstopped`)."""
+        nodes = self.state.nodes(cluster) if nodes is None else nodes
         for rec in self.state.jobs(cluster):
             self.pull_metrics(rec, nodes)
             if rec.detail.get("managed"):
@@ -881,7 +917,7 @@ class Coordinator:
                     )
         jobs = self.state.jobs(cluster)
         if jobs:  # the nodes' checkpoint folders hold the newest job's last checkpoint
-            self.pull_checkpoints(max(jobs, key=lambda r: r.seq).id)
+            self.pull_checkpoints(max(jobs, key=lambda r: r.seq).id, nodes=nodes)
 
     # -- stopping ---------------------------------------------------------------------------
 

@@ -82,7 +82,7 @@ def run_target(module: bool, target: str, *args: str) -> None:
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            _run_script(target)
+            run_script(target)
     except SystemExit:
         raise
     except BaseException:
@@ -117,7 +117,7 @@ def reseed() -> None:
         numpy_random.seed()
 
 
-def _run_script(target: str) -> None:
+def run_script(target: str) -> None:
     """`target` as ``python target`` runs it: a new ``__main__`` module with the absolute
     ``__file__``, ``sys.argv[0]`` as given, the script's folder first on ``sys.path``."""
     path = os.path.abspath(target)

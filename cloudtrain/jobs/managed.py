@@ -5,12 +5,14 @@ A managed job (``train --managed``) is watched by a process of its own on the us
 the job. No cloud credential ever goes to a node: replacing a node is the watcher's business,
 through the same provider (and the same provisioning engine) as ``up``. One watcher per job: it
 holds ``<home>/locks/watch-<job>.lock`` while it runs (the kernel lets go when it dies). All it
-knows is in the job's record, so a watcher that died is started again by the next ``status``,
-``logs`` or ``jobs watch`` and goes on from where the record says::
+knows is in the job's record, so a watcher that died is started again by its supervisor
+(`cloudtrain.jobs.supervisor`, at once, with no command), or when both are gone by the next
+``status``, ``logs`` or ``jobs watch``, and goes on from where the record says::
 
     running ──► the attempt ends ──► succeeded / cancelled                     (recorded once)
        ▲                │
        │                ├─ a node lost (vanished, stopped answering, preempted)  ─┐ budget left
+       │                ├─ a rank or launcher killed by SIGKILL (OOM killer)     ─┤
        │                ├─ the script's own exit, with --retry-on-failure        ─┤
        │                └─ otherwise, or the budget spent ──► failed              │
        │                                                                          ▼
@@ -27,7 +29,9 @@ attempt reports where it resumed (`cloudtrain.runtime.progress`), the steps it r
 An elastic job (``--nodes MIN:MAX``) is not stopped by a lost node: its survivors go on, and
 the watcher makes the node again meanwhile (`_regrow`, a counted recovery); once it is back,
 the attempt is stopped and the next starts on every node (`_grow`), from the newest checkpoint,
-which `runtime.load_checkpoint` hands every rank alike.
+which `runtime.load_checkpoint` hands every rank alike. A lost head takes the rendezvous
+with it: the survivors start again on one of their own while it is made again (`_rehost`,
+one recovery; `cloudtrain.jobs.rehost` says why it moves).
 
 A cancel (``cloudtrain cancel``) asks first, in the record, then stops what runs: a watcher in
 the middle of a recovery starts nothing more. With ``--down`` the watcher tears the cluster
@@ -47,7 +51,6 @@ import dataclasses
 import logging
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
@@ -55,7 +58,8 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain import locks
-from cloudtrain.errors import CloudtrainError, NotFoundError
+from cloudtrain.errors import CloudtrainError, JobError, NodeLostError, NotFoundError
+from cloudtrain.jobs import preemptions, rehost, replacing, supervisor
 from cloudtrain.jobs.attempts import HEARTBEAT_S, Verdict, attempt_of, elastic
 from cloudtrain.jobs.coordinator import Coordinator
 from cloudtrain.model import Event, NodeInfo
@@ -118,13 +122,15 @@ def watcher_pid(home: Path, job_id: str) -> int | None:
 
 
 def start_watcher(home: Path, job_id: str) -> int:
-    """Start ``cloudtrain jobs watch JOB`` detached (its own session, no terminal), with its
-    output in ``<home>/logs/<job>/watch.log``; its pid."""
+    """Start ``cloudtrain jobs watch JOB --supervise`` detached (its own session, no
+    terminal): the watcher under its supervisor, which starts it again when it dies
+    (`cloudtrain.jobs.supervisor`), their output in ``<home>/logs/<job>/watch.log``; the
+    supervisor's pid."""
     folder = home / "logs" / job_id
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(folder / WATCH_LOG, "a") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cloudtrain.cli", "jobs", "watch", job_id],
+            [*supervisor.watch_argv(job_id), "--supervise"],
             env={**os.environ, "CLOUDTRAIN_HOME": str(home)},
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -135,8 +141,8 @@ def start_watcher(home: Path, job_id: str) -> int:
 
 
 def unwatched(state: State, home: Path) -> list[str]:
-    """The managed jobs still open that no watcher watches (it died, or the machine
-    restarted)."""
+    """The managed jobs still open that no watcher watches and no supervisor restarts (both
+    died, or the machine restarted)."""
     return [
         rec.id
         for rec in state.jobs()
@@ -144,6 +150,7 @@ def unwatched(state: State, home: Path) -> list[str]:
         and rec.status != "pending"
         and Policy.of(rec)
         and watcher_pid(home, rec.id) is None
+        and supervisor.supervisor_pid(home, rec.id) is None
     ]
 
 
@@ -204,10 +211,10 @@ class Watcher:
             if rec.status == "recovering":  # an earlier watcher died mid-recovery, or it failed
                 verdict = Verdict("failed", str(rec.detail.get("recovering_cause") or "lost"))
             else:
-                regrow = (lambda node: self._regrow(rec, node, policy)) if elastic(
+                regrow = (lambda index: self._regrow(rec, index, policy)) if elastic(
                     rec) else None  # fmt: skip
                 verdict = coord.watch_attempt(rec.id, lambda i, line: None, append=True,
-                                              regrow=regrow)  # fmt: skip
+                                              regrow=regrow, absent=rehost.absent(rec))  # fmt: skip
             rec = self._job(rec.id)
             if rec.finished:
                 return
@@ -223,17 +230,35 @@ class Watcher:
                 coord.record(rec, verdict)
                 return
             used = len(rec.detail.get("recoveries") or [])
-            if not (verdict.lost_node or policy.retry_on_failure):
+            if not (verdict.recoverable or policy.retry_on_failure):
                 coord.record(rec, verdict)
+                return
+            over = self._over(rec)
+            if over:  # its lifetime or budget ended (and took its nodes): nothing is made
+                reason = f"{verdict.reason or verdict.cause}; {over}"
+                coord.record(rec, dataclasses.replace(verdict, reason=reason))
                 return
             if used >= policy.max_recoveries:
                 spent = f"its {policy.max_recoveries} recoveries are spent"
                 reason = f"{verdict.reason or verdict.cause}; {spent}"
                 coord.record(rec, dataclasses.replace(verdict, reason=reason))
                 return
+            left = rehost.survivors(rec, self.state.nodes(rec.cluster), verdict)
+            if left:  # the rendezvous host was lost: the others start again on their own
+                self._rehost(coord, rec, verdict, used + 1, policy, left)
+                return
             self._recover(coord, rec, verdict, used + 1, policy)
         finally:
             coord.close()
+
+    def _over(self, rec: JobRecord) -> str | None:
+        """Why no recovery may make a node for `rec`'s cluster: its lifetime or budget ended
+        (`up` refuses such a cluster too); None when it may."""
+        from cloudtrain import autostop
+
+        record = self.state.cluster(rec.cluster)
+        ended = autostop.end_text(record.spec) if record is not None else None
+        return f"cluster {rec.cluster!r}: {ended}; no node is made for it again" if ended else None
 
     def _recover(
         self, coord: Coordinator, rec: JobRecord, verdict: Verdict, number: int, policy: Policy
@@ -248,6 +273,7 @@ class Watcher:
         )
         self._say(rec, "recovery",
                   f"job {rec.id}: recovery {number}/{policy.max_recoveries}: {what}")  # fmt: skip
+        made: list[int] = []  # the nodes this recovery makes: a cancel takes them with it
         try:
             with contextlib.suppress(CloudtrainError):  # what still answers stops
                 coord.stop(rec.id, [n for n in self.state.nodes(rec.cluster)
@@ -257,16 +283,23 @@ class Watcher:
                 n.zone
                 for n in self.state.nodes(rec.cluster)
                 if n.index == verdict.node and n.zone and verdict.cause == "preempted"
-            }
-            replaced = self.complete_cluster(rec, zones_last=preempted)
-            if self._job(rec.id).detail.get("cancel_requested"):
+            } | preemptions.zones(self._job(rec.id))  # the notices this attempt's beats saw
+            replaced = self.complete_cluster(rec, zones_last=preempted, made=made)
+            if self._cancelled(rec, made):
                 return
             rec = coord.relaunch(rec.id, snapshot)
             if self._job(rec.id).detail.get("cancel_requested"):  # asked while it started
                 coord.stop(rec.id, mark=True)
+                self._cancelled(rec, made)
                 return
         except CloudtrainError as exc:
+            if self._cancelled(rec, made):  # a cancel (or a `down`) ended it
+                return
             self._count(rec, verdict, began, None, error=str(exc))
+            if isinstance(exc, NodeLostError):  # a new loss: its replacement is made at once
+                self._say(rec, "recovery", f"job {rec.id}: recovery {number} failed: {exc}; "
+                          "it is made again")  # fmt: skip
+                return
             self._say(rec, "recovery", f"job {rec.id}: recovery {number} failed: {exc}")
             time.sleep(RETRY_PAUSE_S)
             return
@@ -276,29 +309,89 @@ class Watcher:
         self._say(rec, "recovery", f"job {rec.id} recovered in {time.time() - began:.1f} s "
                   f"(attempt {attempt_of(rec) + 1}), from {restored}")  # fmt: skip
 
-    def _regrow(self, rec: JobRecord, node: NodeInfo, policy: Policy) -> bool:
-        """An elastic job goes on without `node`: make it again meanwhile (a recovery, counted;
-        the cluster back to its size). Whether it is back (not: budget spent, cancelled, or an
-        error, which an event names)."""
+    def _regrow(self, rec: JobRecord, index: int, policy: Policy) -> bool:
+        """An elastic job goes on without node `index`: make it again meanwhile (a recovery,
+        counted, unless it is the head whose loss `_rehost` counted; the cluster back to its
+        size). Whether it is back (not: budget spent, cancelled, or an error, which an event
+        names)."""
+        counted = index in rehost.absent(self._job(rec.id))
         used = len(self._job(rec.id).detail.get("recoveries") or [])
-        if used >= policy.max_recoveries or self._job(rec.id).detail.get("cancel_requested"):
+        if self._job(rec.id).detail.get("cancel_requested") or (
+            not counted and used >= policy.max_recoveries
+        ):
             return False
         began = time.time()
-        verdict = Verdict("failed", "lost", node=node.index, reason="was lost")
-        self._say(rec, "recovery", f"job {rec.id}: recovery {used + 1}/{policy.max_recoveries}: "
-                  f"node {node.index} was lost; the others go on (elastic) while it is "
-                  "made again")  # fmt: skip
+        verdict = Verdict("failed", "lost", node=index, reason="was lost")
+        if not counted:
+            self._say(rec, "recovery", f"job {rec.id}: recovery {used + 1}/"
+                      f"{policy.max_recoveries}: node {index} was lost; the others go on "
+                      "(elastic) while it is made again")  # fmt: skip
         try:
             replaced = self.complete_cluster(rec)
         except CloudtrainError as exc:
-            self._count(rec, verdict, began, None, error=str(exc))
-            self._say(rec, "recovery", f"job {rec.id}: node {node.index} not made again: {exc}")
+            if not counted:
+                self._count(rec, verdict, began, None, error=str(exc))
+            self._say(rec, "recovery", f"job {rec.id}: node {index} not made again: {exc}")
             return False
-        self._count(rec, verdict, began, None, replaced=replaced)
+        if counted:  # the recovery that moved the rendezvous made it again
+            self._replaced(rec, index, replaced)
+        else:
+            self._count(rec, verdict, began, None, replaced=replaced)
         took = time.time() - began
-        self._say(rec, "recovery", f"job {rec.id}: node {node.index} is back after {took:.1f} s; "
+        self._say(rec, "recovery", f"job {rec.id}: node {index} is back after {took:.1f} s; "
                   "the job starts again on all its nodes")  # fmt: skip
         return True
+
+    def _rehost(
+        self,
+        coord: Coordinator,
+        rec: JobRecord,
+        verdict: Verdict,
+        number: int,
+        policy: Policy,
+        left: list[NodeInfo],
+    ) -> None:
+        """The head of an elastic job, its rendezvous host, was lost (`cloudtrain.jobs.rehost`):
+        the nodes `left` start again at once on a rendezvous of their own, from the newest
+        checkpoint, and the head is made again while they train (one recovery, counted once)."""
+        began = time.time()
+        names = ", ".join(str(n.index) for n in left)
+        self.state.update_job(rec.id, status="recovering",
+                              detail={"recovering_cause": verdict.cause})  # fmt: skip
+        self._say(rec, "recovery", f"job {rec.id}: recovery {number}/{policy.max_recoveries}: "
+                  f"node {verdict.node}, the rendezvous host, {verdict.reason}; node(s) {names} "
+                  "lost their rendezvous with it and start again on one of their own while it "
+                  "is made again")  # fmt: skip
+        try:
+            with contextlib.suppress(CloudtrainError):  # stopped already, unless they hang
+                coord.stop(rec.id, left)
+            snapshot = coord.pull_checkpoints(rec.id, lost=verdict.node)
+            rec = coord.relaunch(rec.id, snapshot, on=[n.index for n in left])
+            if self._job(rec.id).detail.get("cancel_requested"):  # asked while it started
+                coord.stop(rec.id, mark=True)
+                return
+        except CloudtrainError as exc:  # the next step recovers it as any lost attempt
+            self._count(rec, verdict, began, None, error=str(exc))
+            self._say(rec, "recovery", f"job {rec.id}: recovery {number} failed: {exc}")
+            time.sleep(RETRY_PAUSE_S)
+            return
+        age = began - int(snapshot.name) / 1000 if snapshot is not None else None
+        self._count(rec, verdict, began, age)
+        self.state.update_job(rec.id, detail={rehost.ABSENT_KEY: [verdict.node]})
+        restored = f"the checkpoint kept {age:.0f} s before" if age is not None else "no checkpoint"
+        self._say(rec, "recovery", f"job {rec.id} runs on node(s) {names} again in "
+                  f"{time.time() - began:.1f} s (attempt {attempt_of(rec) + 1}), rendezvous on "
+                  f"node {rehost.head_of(rec)}, from {restored}; node {verdict.node} is being "
+                  "made again")  # fmt: skip
+
+    def _replaced(self, rec: JobRecord, index: int, replaced: list[int]) -> None:
+        """Record `replaced` on the recovery that counted node `index`'s loss."""
+        recoveries = list(self._job(rec.id).detail.get("recoveries") or [])
+        for entry in reversed(recoveries):
+            if entry.get("node") == index:
+                entry["replaced"] = sorted({*entry.get("replaced", ()), *replaced})
+                break
+        self.state.update_job(rec.id, detail={"recoveries": recoveries})
 
     def _grow(self, coord: Coordinator, rec: JobRecord) -> None:
         """Start the next attempt on every node, from the newest checkpoint (the nodes made
@@ -346,14 +439,19 @@ class Watcher:
         recoveries.append(entry)
         self.state.update_job(rec.id, detail={"recoveries": recoveries})
 
-    def complete_cluster(self, rec: JobRecord, zones_last: Collection[str] = ()) -> list[int]:
+    def complete_cluster(
+        self, rec: JobRecord, zones_last: Collection[str] = (), made: list[int] | None = None
+    ) -> list[int]:
         """Make again the nodes of `rec`'s cluster that the cloud no longer runs (``up`` of the
         recorded spec, through the engine: in the zone of the others, failing over as any
         ``up`` does, a zone in `zones_last` (one that just preempted a node) tried last when no
-        node is left to pin the zone; it waits for their bootstrap); the indices replaced.
+        node is left to pin the zone; it waits for their bootstrap); the indices replaced,
+        added to `made` as soon as they are asked for.
 
         The nodes found gone are recorded gone first, under the cluster's lock: their spans
-        end now, not when the replacements are recorded (which may take many minutes)."""
+        end now, not when the replacements are recorded (which may take many minutes). The
+        bootstrap is waited for with the lock free (`replacing.wait_booted`): a replacement
+        lost meanwhile is `NodeLostError` within a heartbeat, a cancel ends the wait."""
         from cloudtrain import api
 
         def wait(message: str) -> None:
@@ -373,10 +471,36 @@ class Watcher:
         if missing:
             self._say(rec, "recovery", f"job {rec.id}: replacing node(s) "
                       f"{', '.join(map(str, missing))} of {rec.cluster}")  # fmt: skip
-            api.up(self.state, self.home, record.spec, self._on_event,
-                   bootstrap_timeout_s=self.bootstrap_timeout_s, prov=prov,
-                   complete_only=True, zones_last=zones_last)  # fmt: skip
+            if made is not None:
+                made.extend(missing)
+            nodes = api.up(self.state, self.home, record.spec, self._on_event,
+                           bootstrap_timeout_s=None, prov=prov, complete_only=True,
+                           zones_last=zones_last)  # fmt: skip
+            if self.bootstrap_timeout_s is not None:
+
+                def check() -> None:
+                    if self._job(rec.id).detail.get("cancel_requested"):
+                        raise JobError(rec.id, "cancelled", cancelled=True)
+
+                replacing.wait_booted(self.state, self.home, prov, rec.cluster, nodes,
+                                      self._on_event, self.bootstrap_timeout_s,
+                                      check=check)  # fmt: skip
         return missing
+
+    def _cancelled(self, rec: JobRecord, made: list[int]) -> bool:
+        """Whether the job was asked to stop; if so, the nodes its recovery `made` go with it
+        (the others stay), and an event says so."""
+        if not self._job(rec.id).detail.get("cancel_requested"):
+            return False
+        record = self.state.cluster(rec.cluster)
+        if made and record is not None:
+            from cloudtrain import api
+
+            prov = (self._provider or (lambda s: api.provider_for(s, self.home)))(record.spec)
+            done = replacing.drop(self.state, self.home, prov, rec.cluster, made,
+                                  self._on_event)  # fmt: skip
+            self._say(rec, "recovery", f"job {rec.id}: cancelled during its recovery; {done}")
+        return True
 
     def _teardown(self, rec: JobRecord) -> None:
         from cloudtrain import api

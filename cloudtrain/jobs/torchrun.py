@@ -13,11 +13,12 @@ from the hostname and hang.
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cloudtrain.errors import ConfigError
-from cloudtrain.jobs import rendezvous
+from cloudtrain.jobs import rendezvous, spawned
 from cloudtrain.model import NodeInfo
 
 _PYTHON = re.compile(r"(.*/)?python(3(\.\d+)?)?")
@@ -84,9 +85,13 @@ class Launch:
             nnodes = f"{self.min_nodes}:{self.num_nodes}"
             # the survivors of a lost node form the next round after this many seconds
             conf += f",last_call_timeout={ELASTIC_LAST_CALL_S}"
-        forked = self.start_method == "fork" and self.args[:1] != ["--no-python"]
+        python = self.args[:1] != ["--no-python"]
+        forked = self.start_method == "fork" and python
         launcher = ["cloudtrain.jobs.warm", "--start-method", "fork"] if forked else [
             "torch.distributed.run"]  # fmt: skip
+        args = list(self.args)
+        if python and not forked:  # spawned workers run the script through the import guard
+            args = ["-m", spawned.__name__, *args]
         return [
             self.python, "-m", *launcher,
             "--nnodes", nnodes,
@@ -97,7 +102,7 @@ class Launch:
             "--rdzv-conf", conf,
             "--local-addr", self.local_addr,
             "--max-restarts", str(self.max_restarts),
-            *self.args,
+            *args,
         ]  # fmt: skip
 
 
@@ -123,12 +128,48 @@ class Failure:
     worker_exit: int | None = None
     hardware: bool = False
 
-    def reason(self, agent_exit: int | None) -> str:
+    def killed_by(self, agent_exit: int | None) -> int | None:
+        """The signal that ended the attempt on this node, if one did: the rank's (torchrun
+        reports ``exitcode: -N``), else the launcher's own (the node's shell records 128+N for
+        it, and no rank is reported: it did not get to report). None for an exit of its own."""
+        if self.worker_exit is not None:
+            return -self.worker_exit if self.worker_exit < 0 else None
+        if agent_exit is not None and 128 < agent_exit < 128 + signal.NSIG:
+            return agent_exit - 128
+        return None
+
+    def reason(self, agent_exit: int | None, *, oom_kills: int | None = None) -> str:
+        """What ended the node's part, for the job's record: `agent_exit`, the launcher's code,
+        and a signal that killed a rank or the launcher by name; for SIGKILL, whether the
+        kernel's OOM killer did it, as far as `oom_kills` (the node's count of them while the
+        attempt ran, `cloudtrain.node.oom`; None: not known) tells."""
         if agent_exit is None:
             return "its processes vanished"
+        number = self.killed_by(agent_exit)
+        if number is not None:
+            who = "its launcher" if self.worker_exit is None else (
+                f"rank {self.rank}" if self.rank is not None else "a rank")  # fmt: skip
+            why = _why_killed(oom_kills) if number == signal.SIGKILL else ""
+            return f"exited {agent_exit}: {who} was killed by {signal_name(number)}{why}"
         if self.worker_exit is not None and self.rank is not None:
             return f"exited {agent_exit} (rank {self.rank} exited {self.worker_exit})"
         return f"exited {agent_exit}"
+
+
+def signal_name(number: int) -> str:
+    """``SIGKILL`` for 9; ``signal 64`` for a number with no name here."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _why_killed(oom_kills: int | None) -> str:
+    if oom_kills is None:
+        return " (out of memory, or another process: the node's memory cgroup does not say)"
+    if oom_kills > 0:
+        return " (out of memory: the kernel's OOM killer)"
+    return " (not by the OOM killer, which counted no kill in the node's memory cgroup)"
 
 
 def read_failure(log_tail: str, lines: int = 20) -> Failure:

@@ -22,14 +22,18 @@ Stdlib only and quick to start, because it runs on every node for every job::
     python -m cloudtrain.node horovod build|rendezvous  Horovod's wheel, built once per torch,
                                                       and its rendezvous (`.horovod`)
     python -m cloudtrain.node autostop --root ROOT    the node stops itself after S idle seconds
-        [--idle-s S | --off] [--deadline T --why W]   (--off: never when idle), or at T (epoch
-        [--sessions | --no-sessions]                  seconds) because W (lifetime, budget);
-                                                      prints the beat (alone: only prints it)
+        [--idle-s S | --off] [--ends-in T --why W]    (--off: never when idle), or T seconds
+        [--sessions | --no-sessions]                  from now, on the node's boot clock (its
+                                                      wall clock may be off), because W
+                                                      (lifetime, budget); prints the beat
+                                                      (alone: only prints it); with no agent
+                                                      running, stops the node if due, else
+                                                      starts the agent again (`.unattended`)
 
 The agent's own flags: ``--halt [poweroff|azure]`` (a cloud node: how it stops itself,
 `cloudtrain.node.selfstop`; ``--arm URL`` for Azure's) and its boot policy
-(``--idle-s``, ``--deadline``, ``--why``, ``--sessions``: what `up` asked, set once at the first
-start, kept when a later `autostop` changed it).
+(``--idle-s``, ``--ends-in``, ``--why``, ``--sessions``: what `up` asked, set once at the first
+start, kept when a later `autostop` changed it: the deadline counts from then, not again).
 
 `status` answers the coordinator's heartbeat for the job and for the node's agent (a detached
 agent that is not there is started again).
@@ -72,7 +76,7 @@ def free_ports(count: int) -> list[int]:
 
 def job_status(job_dir: Path) -> dict[str, object]:
     """The state of the job's process on this node, from its files."""
-    from cloudtrain.node import notices
+    from cloudtrain.node import notices, oom
 
     code_text = _read(job_dir / "exit_code")
     pid_text = _read(job_dir / "pid")
@@ -83,6 +87,7 @@ def job_status(job_dir: Path) -> dict[str, object]:
         "ended": _ended(job_dir) if code_text is not None else None,
         "now": time.time(),  # the node's clock, which `ended` is read on
         "cancelled": (job_dir / "cancelled").exists(),
+        "stopped": (job_dir / "stopped").exists(),  # by cloudtrain's `kill` (another cause)
         "alive": pid is not None and alive(pid),
         "pid": pid,
         "log_bytes": log.stat().st_size if log.exists() else 0,
@@ -90,6 +95,8 @@ def job_status(job_dir: Path) -> dict[str, object]:
         "preemption": notices.read(job_dir.parent.parent),
         # the steps the job counted (`cloudtrain.runtime.progress`), if it counts them
         "progress": _json(job_dir / "progress.json"),
+        # the kernel's OOM kills in the job's memory cgroup while it ran (`.oom`), once it ended
+        "oom_kills": oom.kills(job_dir),
     }
 
 
@@ -139,6 +146,10 @@ def whole_lines(path: Path, offset: int, limit: int = METRICS_CHUNK) -> bytes:
     return data[: data.rfind(b"\n") + 1]
 
 
+#: The most of node.log that ``follow --tail`` goes back.
+TAIL_BYTES = 1 << 20
+
+
 def follow(job_dir: Path, *, once: bool = False, tail: int | None = None) -> int:
     """Copy node.log to stdout as it grows, until the job ended and the log is drained.
     Returns 0, or 3 when the job's process vanished without an exit code. With `tail`, start
@@ -147,6 +158,8 @@ def follow(job_dir: Path, *, once: bool = False, tail: int | None = None) -> int
     log, offset, delay = job_dir / "node.log", 0, POLL_S
     if tail is not None and log.exists():
         offset = _tail_offset(log, tail)
+        if offset and once:  # said apart from the log's text, which a script writes
+            print(f"cloudtrain: left out {offset} bytes of node.log", file=sys.stderr)
     parent = os.getppid()
     while True:
         ended = (job_dir / "exit_code").exists() or (job_dir / "cancelled").exists()
@@ -182,17 +195,18 @@ def follow(job_dir: Path, *, once: bool = False, tail: int | None = None) -> int
 
 
 def _tail_offset(log: Path, lines: int) -> int:
-    """The offset where the last `lines` lines of `log` start (reads at most 1 MiB back)."""
+    """The offset where the last `lines` lines of `log` start (reads at most 1 MiB back: then
+    where the first whole line in that MiB starts)."""
     size = log.stat().st_size
-    start = max(0, size - (1 << 20))
+    start = max(0, size - TAIL_BYTES)
     with open(log, "rb") as f:
         f.seek(start)
-        data = f.read()
+        data = f.read(TAIL_BYTES)
     cut = len(data)
     for _ in range(lines + 1):
         cut = data.rfind(b"\n", 0, cut)
         if cut < 0:
-            return start
+            return start if start == 0 else start + data.find(b"\n") + 1
     return start + cut + 1
 
 
@@ -200,7 +214,9 @@ def _policy_args(parser: argparse.ArgumentParser) -> None:
     from cloudtrain.node import agent
 
     parser.add_argument("--idle-s", type=float, help="stop after this many seconds idle")
-    parser.add_argument("--deadline", type=float, help="stop at this time (epoch seconds)")
+    parser.add_argument(
+        "--ends-in", type=float, metavar="SECONDS", help="stop this many seconds from now"
+    )
     parser.add_argument("--why", choices=agent.ENDS, help="what the deadline is")
     parser.add_argument("--sessions", action=argparse.BooleanOptionalAction,
                         help="an SSH session of the user is work (not idle)")  # fmt: skip
@@ -230,7 +246,7 @@ def _agent(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     # here, not at the top: `cloudtrain.locks` imports `procs` on every command of the CLI,
     # which needs none of the agent's modules
-    from cloudtrain.node import agent, notices, selfstop
+    from cloudtrain.node import agent, notices, selfstop, unattended
 
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["bootstrap"]:  # stage 2, with its own arguments and --help
@@ -318,13 +334,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             changes["idle_s"] = None
         if changes:
             agent.set_policy(root, **changes)
-        print(json.dumps(agent.view(root)))
+        print(json.dumps(unattended.tend(root)))  # a node with no agent: acted on
     else:
         match = dict(item.split("=", 1) for item in args.match)
         spare = None
         if args.job_dir is not None and args.job_dir.is_dir():
             if args.mark:
                 (args.job_dir / "cancelled").write_text(f"{time.time()}\n")
+            # a wrapper this stop kills writes no exit code: it was stopped, it did not vanish
+            (args.job_dir / "stopped").write_text(f"{time.time()}\n")
             pid_text = _read(args.job_dir / "pid")
             spare = int(pid_text) if pid_text and pid_text.isdigit() else None
         print(json.dumps(kill_matching(match, args.grace, spare)))

@@ -36,13 +36,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.node import notices, procs, selfstop
+from cloudtrain.node import notices, procs, restarts, selfstop
 
 #: Seconds between two beats; a beat older than `STALE_S` is an agent that is not there.
 BEAT_S = 2.0
 STALE_S = 3 * BEAT_S + 2
-#: How long the supervisor waits before it starts a dead agent again (doubling up to the max).
-RESTART_S, MAX_RESTART_S = 1.0, 30.0
 #: A file present on nodes whose agent runs detached (`ensure`): their heartbeat heals it.
 DETACHED = "detached"
 #: The autostop policy in the agent's folder (`set_policy`).
@@ -75,12 +73,42 @@ def _held(root: Path) -> contextlib.AbstractContextManager[bool]:
 
 
 #: The policy's fields: seconds without a job (or a user's SSH session) before the node stops;
-#: when it stops in any case (epoch seconds) and why (`ENDS`: which of the cluster's limits that
-#: is); whether SSH sessions of the user
-#: count as work (not on the user's own machine: the local provider).
-POLICY_FIELDS = ("idle_s", "deadline", "why", "sessions")
+#: in how many seconds from now it stops in any case (``ends_in``) and why (`ENDS`: which of
+#: the cluster's limits that is); whether SSH sessions of the user count as work (not on the
+#: user's own machine: the local provider).
+POLICY_FIELDS = ("idle_s", "ends_in", "why", "sessions")
 #: What a deadline may be: the cluster's lifetime (``--max-hours``) or its budget (``--max-cost``).
 ENDS = ("lifetime", "budget")
+#: The clock a deadline is kept on: seconds since this boot, suspend included, whatever the
+#: wall clock says or is set to (a node's clock off by minutes must not move its lifetime).
+BOOT_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+#: How the policy keeps a deadline (`_ends`).
+DEADLINE = ("ends_boot", "boot_id", "ends_wall")
+
+
+def boot_id() -> str | None:
+    """This boot's id (Linux); the boot clock starts again at 0 with another."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _ends(left_s: float) -> dict[str, Any]:
+    """A deadline `left_s` seconds from now, as the policy keeps it: on the boot clock
+    (``ends_boot``, with the boot's id), and on this node's wall clock (``ends_wall``: used
+    only after a reboot, when the boot clock started again)."""
+    return {"ends_boot": time.clock_gettime(BOOT_CLOCK) + left_s, "boot_id": boot_id(),
+            "ends_wall": time.time() + left_s}  # fmt: skip
+
+
+def ends_in(policy: dict[str, Any]) -> float | None:
+    """Seconds until the policy's deadline (negative: past), on this node's boot clock."""
+    if policy.get("ends_boot") is None:
+        return None
+    if policy.get("boot_id") == boot_id():
+        return float(policy["ends_boot"]) - time.clock_gettime(BOOT_CLOCK)
+    return float(policy.get("ends_wall") or 0) - time.time()  # rebooted since: its own clock
 
 
 def read_policy(root: Path) -> dict[str, Any] | None:
@@ -101,6 +129,9 @@ def set_policy(root: Path, **changes: Any) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"not a policy field: {sorted(unknown)}")
     policy = {**dict.fromkeys(POLICY_FIELDS), **(read_policy(root) or {}), **changes}
+    left = policy.pop("ends_in", None)  # kept as a deadline, from the moment it came
+    if "ends_in" in changes:
+        policy.update(_ends(float(left)) if left is not None else dict.fromkeys(DEADLINE))
     if "idle_s" in changes or "set_at" not in policy:
         policy["set_at"] = time.time()
     agent_dir(root).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -114,16 +145,21 @@ def boot_policy(root: Path, **given: Any) -> None:
         set_policy(root, **given)
 
 
-def stops_at(policy: dict[str, Any], idle_since: float | None) -> tuple[float, str] | None:
-    """When the node stops itself if nothing changes, and why; None: not while it works."""
+def stops_in(
+    policy: dict[str, Any], idle_since: float | None, now: float
+) -> tuple[float, str] | None:
+    """In how many seconds from `now` (this node's wall clock, which the idle clock runs on)
+    the node stops itself if nothing changes (0 or less: due), and why; None: not while it
+    works. The deadline is on the boot clock (`ends_in`)."""
     due: list[tuple[float, str]] = []
-    if policy.get("deadline") is not None:
+    left = ends_in(policy)
+    if left is not None:
         why = policy.get("why") if policy.get("why") in ENDS else "time"
-        due.append((float(policy["deadline"]), f"its {why} ended"))
+        due.append((left, f"its {why} ended"))
     if policy.get("idle_s") is not None and idle_since is not None:
         idle_s = float(policy["idle_s"])
         start = max(idle_since, float(policy.get("set_at") or 0))
-        due.append((start + idle_s, f"idle for {idle_s:g} s"))
+        due.append((start + idle_s - now, f"idle for {idle_s:g} s"))
     return min(due) if due else None
 
 
@@ -157,12 +193,14 @@ def said_when_stopped(node: str, text: str) -> str:
 def _stop_node(root: Path, why: str, halt: str | None, metadata: str | None,
                arm: str | None) -> bool:  # fmt: skip
     """The node stops: its jobs stopped, the reason left beside its folder; then either the
-    folder deleted (ssh, local: the machines are the user's) or, with `halt`, the machine
+    folder deleted (ssh, local: the machines are the user's; its jobs' folders and checkpoints
+    moved beside it first, `selfstop.keep`) or, with `halt`, the machine
     stopped the cloud's way (`cloudtrain.node.selfstop`). False when that failed (it is tried
     again a minute later)."""
     _write_atomic(stopped_record(root), json.dumps({"at": time.time(), "why": why}) + "\n")
     procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(root)}, grace_s=10)  # not this agent
     if halt is None:
+        selfstop.keep(root)  # for the next command at home to bring home
         shutil.rmtree(root, ignore_errors=True)
         return True
     failed = selfstop.stop(halt, metadata, arm)
@@ -205,15 +243,17 @@ def resident(
             policy = read_policy(root) or {}
             sessions = procs.ssh_sessions(sshd) if policy.get("sessions") else []
             idle_since = None if jobs or sessions else (idle_since or now)
-            due = stops_at(policy, idle_since)
-            if due is not None and due[0] <= now and now - halt_tried > 60:
+            due = stops_in(policy, idle_since, now)
+            if due is not None and due[0] <= 0 and now - halt_tried > 60:
                 halt_tried = now
                 if _stop_node(root, due[1], halt, endpoint, arm) and halt is None:
                     return 0
             beat = {"pid": os.getpid(), "since": since, "beat": now, "source": source,
-                    "endpoint": endpoint, "halt": halt, "notice": notices.read(root) is not None,
+                    "endpoint": endpoint, "halt": halt, "arm": arm,
+                    "notice": notices.read(root) is not None,
                     "jobs": jobs, "sessions": len(sessions), "idle_since": idle_since,
-                    "autostop": policy or None, "stops_at": due[0] if due else None}  # fmt: skip
+                    "autostop": policy or None, "stops_in": due[0] if due else None,
+                    "stops_at": now + due[0] if due else None}  # fmt: skip
             with contextlib.suppress(FileNotFoundError):  # the folder went away meanwhile
                 _write_atomic(agent_dir(root) / "beat.json", json.dumps(beat) + "\n")
             stop.wait(beat_s)
@@ -235,32 +275,13 @@ def _notices(root: Path, source: str, endpoint: str | None, interval_s: float) -
 
 
 def supervise(child: Sequence[str]) -> int:
-    """Run `child` until it exits 0, starting it again after each death (1 s, doubling up to
-    30 s; back to 1 s after a minute's life). SIGTERM stops the child and this."""
-    stopping = threading.Event()
-    current: list[subprocess.Popen[bytes]] = []
+    """Run `child` until it exits 0, starting it again after each death (`restarts`: 1 s,
+    doubling up to 30 s; back to 1 s after a minute's life). SIGTERM stops the child and this."""
 
-    def on_term(signum: int, frame: object) -> None:
-        stopping.set()
-        for proc in current:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
+    def say(line: str) -> None:
+        print(f"cloudtrain-agent: {line}", file=sys.stderr, flush=True)
 
-    signal.signal(signal.SIGTERM, on_term)
-    delay = RESTART_S
-    while not stopping.is_set():
-        t0 = time.monotonic()
-        proc = subprocess.Popen(child, stdin=subprocess.DEVNULL)
-        current[:] = [proc]
-        code = proc.wait()
-        if stopping.is_set() or code == 0:
-            return 0
-        delay = RESTART_S if time.monotonic() - t0 > 60 else delay
-        print(f"cloudtrain-agent: the agent exited {code}; starting it again in {delay:.0f} s",
-              file=sys.stderr, flush=True)  # fmt: skip
-        stopping.wait(delay)
-        delay = min(delay * 2, MAX_RESTART_S)
-    return 0
+    return restarts.supervise(child, "the agent", say)
 
 
 def beat(root: Path) -> dict[str, Any]:
@@ -275,12 +296,14 @@ def beat(root: Path) -> dict[str, Any]:
 
 
 def view(root: Path) -> dict[str, Any]:
-    """The agent's beat with its autostop policy as it is now (``autostop``, ``stops_at``:
-    the policy may be newer than the last beat)."""
-    now, policy = beat(root), read_policy(root)
+    """The agent's beat with its autostop policy as it is now (``autostop``; ``stops_in``,
+    seconds from now, and ``stops_at`` by this node's clock: the policy may be newer than the
+    last beat)."""
+    now, policy, clock = beat(root), read_policy(root), time.time()
     idle_since = now.get("idle_since")
-    due = stops_at(policy, idle_since if now["resident"] else None) if policy else None
-    return {**now, "autostop": policy, "stops_at": due[0] if due else None}
+    due = stops_in(policy, idle_since if now["resident"] else None, clock) if policy else None
+    return {**now, "autostop": policy, "stops_in": due[0] if due else None,
+            "stops_at": clock + due[0] if due else None}  # fmt: skip
 
 
 def argv(root: Path, source: str | None, endpoint: str | None) -> list[str]:

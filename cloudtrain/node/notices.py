@@ -10,7 +10,8 @@ Named by the protocol, not the cloud (a provider says which its nodes speak)::
                       (Metadata-Flavor: Google): FALSE, then TRUE; with
                       wait_for_change and the last ETag it hangs until it changes
     scheduled-events  GET /metadata/scheduledevents (Metadata: true): an        at least 30 s
-                      event Preempt for this VM
+                      event Preempt whose Resources name this VM (its name
+                      from GET /metadata/instance/compute)
 
 `watch` asks its source again and again (gce-metadata's request hangs, so it answers at
 once) and hands the first notice to its caller; the agent (`cloudtrain.node`) records it and
@@ -145,10 +146,14 @@ class GceMetadata:
 
 
 class ScheduledEvents:
-    """Scheduled Events: a ``Preempt`` event for this VM (`vm`: its name; None: any event of
-    the document, which lists only this VM's own and its availability set's)."""
+    """Scheduled Events: a ``Preempt`` event whose ``Resources`` name this VM. The document
+    lists the events of every VM of the availability set or scale set, so another VM's
+    preemption is not this one's. `vm`: this VM's name; None: asked once of the metadata
+    server (``instance/compute``'s ``name``, what ``Resources`` lists), and until it answers
+    no event counts (a failed ask is an error: `watch` asks again)."""
 
     API = "2020-07-01"
+    COMPUTE_API = "2021-02-01"
 
     def __init__(
         self,
@@ -158,7 +163,23 @@ class ScheduledEvents:
     ) -> None:
         self.endpoint, self.timeout, self.vm = endpoint.rstrip("/"), timeout, vm
 
+    def _name(self) -> str:
+        if self.vm is None:
+            status, body, _ = _request(
+                f"{self.endpoint}/metadata/instance/compute?api-version={self.COMPUTE_API}"
+                "&format=json", headers={"Metadata": "true"}, timeout=self.timeout,
+            )  # fmt: skip
+            if status != 200:
+                raise OSError(f"instance/compute: HTTP {status}")
+            found = json.loads(body)
+            name = found.get("name") if isinstance(found, dict) else None
+            if not isinstance(name, str) or not name:
+                raise ValueError("instance/compute: no VM name in the answer")
+            self.vm = name
+        return self.vm
+
     def poll(self) -> Notice | None:
+        vm = self._name()
         status, body, _ = _request(
             f"{self.endpoint}/metadata/scheduledevents?api-version={self.API}",
             headers={"Metadata": "true"}, timeout=self.timeout,
@@ -166,7 +187,8 @@ class ScheduledEvents:
         if status != 200:
             raise OSError(f"scheduledevents: HTTP {status}")
         for event in json.loads(body).get("Events", []):
-            mine = self.vm is None or self.vm in event.get("Resources", [])
+            resources = event.get("Resources")
+            mine = isinstance(resources, list) and vm in resources
             if event.get("EventType") == "Preempt" and mine:
                 return Notice(SCHEDULED_EVENTS, "preempt", event.get("NotBefore") or None)
         return None

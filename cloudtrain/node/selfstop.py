@@ -8,6 +8,12 @@ metadata server, and the identity may delete VMs of its own resource group only
 (`cloudtrain.providers.azure._identity`).
 
 ``CLOUDTRAIN_HALT_COMMAND`` (a test hook) replaces the power-off command: a stand-in's guest.
+
+A node that removes its own folder (ssh, local) first moves its jobs' folders (logs, exit codes)
+and checkpoints to `kept_dir`, beside it on the same disk (`keep`: renames, done at once): the
+stop happens on the node, with nothing of the user's side there, so the node leaves them where
+the next command at home takes them from (`cloudtrain.jobs.selfstopped`) before `down`
+removes the cluster's folder with them.
 """
 
 from __future__ import annotations
@@ -15,7 +21,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
+import sys
+from pathlib import Path, PurePath
 
 #: The ways: power the guest off; delete the VM through Azure Resource Manager as itself.
 POWEROFF, ARM_DELETE = "poweroff", "arm"
@@ -26,6 +35,33 @@ HALT_ENV = "CLOUDTRAIN_HALT_COMMAND"
 IMDS = "http://169.254.169.254"
 ARM = "https://management.azure.com"
 VM_API = "2024-07-01"
+
+
+#: What of a node's folder a self-stop keeps (`keep`): its jobs' folders and checkpoints.
+KEPT = ("jobs", "checkpoints")
+
+
+def kept_dir(root: PurePath) -> PurePath:
+    """Where the node at `root` leaves what it keeps when it removes itself (`keep`)."""
+    return root.with_name(f"{root.name}.kept")
+
+
+def keep(root: Path) -> None:
+    """Move `KEPT` of the node's folder to `kept_dir` (what an earlier life left there of the
+    same job is replaced). A move that fails is reported, and the rest still moved."""
+    for part in KEPT:
+        source = root / part
+        if not source.is_dir():
+            continue
+        target = Path(kept_dir(root)) / part
+        for item in sorted(source.iterdir()):
+            try:
+                target.mkdir(mode=0o700, parents=True, exist_ok=True)
+                if (target / item.name).exists():
+                    shutil.rmtree(target / item.name, ignore_errors=True)
+                os.replace(item, target / item.name)
+            except OSError as exc:
+                print(f"cloudtrain-agent: could not keep {item}: {exc}", file=sys.stderr)
 
 
 def stop(kind: str, metadata: str | None = None, arm: str | None = None) -> str | None:

@@ -110,7 +110,7 @@ def save_checkpoint(path: StrPath, state: Mapping[str, Any]) -> None:
     try:
         if local_rank() == 0:
             _write_atomic(target, state)
-            progress.write()
+            progress.saved()  # the marker that brings it home (`cloudtrain.jobs.saves`)
     finally:
         barrier()
 

@@ -7,6 +7,11 @@ Call ``runtime.step()`` once per optimizer step. The count is saved in every che
 folder on the node) at most once a second and at each checkpoint, and ``python -m
 cloudtrain.node status`` returns it: the watcher of a managed job counts the steps a recovery
 redid from it. Without ``CLOUDTRAIN_RUN_DIR`` (not under cloudtrain) nothing is written.
+
+Each finished save (`save_checkpoint`, `save_sharded`: after its rename) calls `saved`, which
+adds ``"saved": {"step", "at", "count"}`` to the file at once: the completion marker the
+coordinator watches to bring that checkpoint home as soon as it is whole
+(`cloudtrain.jobs.saves`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ WRITE_EVERY_S = 1.0
 _step = 0
 _resumed_from: int | None = None
 _written = 0.0
+_saved: dict[str, float | int] | None = None
 
 
 def step() -> int:
@@ -44,6 +50,15 @@ def resume(at: int) -> None:
     write()
 
 
+def saved() -> None:
+    """Say that a checkpoint of the current step is complete on this node (written and
+    renamed into place): written at once, for the coordinator to bring it home."""
+    global _saved
+    count = int(_saved["count"]) + 1 if _saved else 1
+    _saved = {"step": _step, "at": time.time(), "count": count}
+    write()
+
+
 def write() -> None:
     """Write the count where the coordinator reads it (local rank 0 only; atomic)."""
     global _written
@@ -54,8 +69,8 @@ def write() -> None:
     path = Path(folder) / "progress.json"
     tmp = path.with_name(f".progress.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps({"step": _step, "at": time.time(),
-                                   "resumed_from": _resumed_from}))  # fmt: skip
+        now = {"step": _step, "at": time.time(), "resumed_from": _resumed_from, "saved": _saved}
+        tmp.write_text(json.dumps(now))
         os.replace(tmp, path)
     except OSError:  # the job's folder went away (a teardown): nobody reads it any more
         return

@@ -161,7 +161,7 @@ def save_sharded(
     barrier()
     if node_writer:
         _prune(root, keep)
-        progress.write()
+        progress.saved()  # the marker that brings it home (`cloudtrain.jobs.saves`)
         log.info("sharded checkpoint saved: %s (step %d)", final, step)
     barrier()
     return final

@@ -13,6 +13,7 @@ point (``5``, ``0.05``), never ``1e3``, ``nan``, ``inf`` or a trailing newline.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from collections.abc import Mapping
@@ -27,6 +28,10 @@ MAX_IDLE_MINUTES = 7 * 24 * 60
 MAX_HOURS = 120 * 24
 #: The largest budget one cluster may be given, USD.
 MAX_COST = 1_000_000
+#: The least a budget must buy: one minute of the cluster. A started VM is billed at least a
+#: minute (AWS and GCE bill by the second with a one-minute minimum, Azure by the minute), so a
+#: smaller budget is spent by the start itself, before any node could do anything.
+MIN_BUDGET_S = 60
 FIELDS = ("idle_minutes", "down_when_idle", "max_hours", "max_cost")
 _NUMBER = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?")
 
@@ -103,6 +108,17 @@ def validate_max_cost(value: object, field: str = "--max-cost") -> float:
     """The cluster's budget in USD: above 0, at most a million."""
     return _number(value, field, MAX_COST, f"give US dollars above 0 (12.50) and at most "
                    f"{MAX_COST}")  # fmt: skip
+
+
+def refuse_spent_budget(max_cost: float, price_per_hour: float, what: str) -> None:
+    """`SpecError` for a budget that buys less than `MIN_BUDGET_S` of a cluster priced
+    `price_per_hour` (all its nodes; `what` says which, e.g. ``2 node(s) at $999.00/h``)."""
+    least = price_per_hour * MIN_BUDGET_S / 3600
+    if max_cost < least:
+        cents = math.ceil(round(least * 100, 6)) / 100
+        raise SpecError("max_cost", f"--max-cost {max_cost:g}: a budget must pay for at least "
+                        f"one minute of the cluster ({what}: ${least:.4f}), the least a cloud "
+                        f"bills a started node; give at least {cents:.2f}")  # fmt: skip
 
 
 def limits_from_dict(data: Mapping[str, Any]) -> Limits:

@@ -7,6 +7,7 @@ batch tag ``cloudtrain:nodes`` (the indices one call made, e.g. ``0-3``) and its
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -30,8 +31,12 @@ def user_data(shape: bootstrap.NodeShape, keys: bootstrap.NodeKeys) -> dict[str,
 
 
 def boot_data(spec: ClusterSpec, offer: Offer, keys: bootstrap.NodeKeys) -> bytes:
-    """The ``UserData`` of `offer`'s nodes (the same for every zone and index)."""
-    shape = bootstrap.NodeShape.of(offer, notices.IMDSV2, spec.limits)
+    """The ``UserData`` of `offer`'s nodes (the same for every zone and index). A node of a
+    cluster with a lifetime or budget powers itself off a little after it ends even when no
+    process of cloudtrain is left on it (``shutdown -h +N``; its
+    ``InstanceInitiatedShutdownBehavior`` terminates it)."""
+    shape = dataclasses.replace(bootstrap.NodeShape.of(offer, notices.IMDSV2, spec.limits),
+                                backstop_min=bootstrap.backstop_minutes(spec.limits))  # fmt: skip
     return user_data(shape, keys)["UserData"]
 
 

@@ -88,7 +88,16 @@ def grant(
         vm = compute.virtual_machines.get(group, name)
         principal = vm.identity.principal_id if vm.identity else None
         if not principal or not vm.id:
-            raise ProviderError("azure", "NoIdentity", f"VM {name} has no managed identity")
+            raise ProviderError(
+                "azure",
+                "NoIdentity",
+                f"VM {name} came back without a system-assigned managed identity "
+                "(identity.principalId), which a node needs to stop itself: the subscription "
+                "(an Azure Policy, or the Microsoft.ManagedIdentity resource provider not "
+                "registered) does not give VMs one; register Microsoft.ManagedIdentity and allow "
+                "system-assigned identities, or leave out --idle-minutes, --max-hours and "
+                "--max-cost; the VMs made were deleted",
+            )
         params = RoleAssignmentCreateParameters(
             role_definition_id=role.id,
             principal_id=principal,

@@ -19,6 +19,7 @@ another (made by hand, or by an older version) is kept: only this incarnation's 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -200,8 +201,14 @@ class AzureProvider(Engine):
         group = res.group_name(spec.name)
         self._create(group, bodies, f"{offer.region}/{zone}" if zone else offer.region)
         if spec.limits:  # each node may delete itself, and nothing else
-            with azure_errors(offer.region):
-                _identity.grant(self.clients, group, list(bodies), spec.name, spec.cluster_id)
+            try:
+                with azure_errors(offer.region):
+                    _identity.grant(self.clients, group, list(bodies), spec.name, spec.cluster_id)
+            except ProviderError:  # a node that cannot stop itself is not made: none of them
+                with contextlib.suppress(ProviderError), azure_errors():
+                    _identity.revoke(self.clients, group)  # the role outlives the group
+                self._delete_vms([(group, name) for name in bodies])
+                raise
 
     def clean(self, spec: ClusterSpec, offer: Offer) -> None:
         """Delete this incarnation's group unless it holds live VMs (a half-made cluster keeps

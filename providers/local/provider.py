@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from cloudtrain.boot import bootstrap
-from cloudtrain.errors import ConfigError
+from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.local import LocalExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
 from cloudtrain.node import agent as resident
@@ -70,6 +70,16 @@ class LocalProvider:
                 f"{spec.num_nodes} asked for; `cloudtrain down {spec.name}` first"
             )
         have = {n.index for n in existing}
+        try:
+            return self._make(spec, have, on_event)
+        except OSError as exc:  # its folder removed while it was made: the "instance" is lost
+            raise ProviderError("local", "NodeLost", f"a node's folder went away while it was "
+                                f"made ({exc.strerror}: {exc.filename})",
+                                retryable=True) from None  # fmt: skip
+
+    def _make(self, spec: ClusterSpec, have: set[int], on_event: OnEvent) -> list[NodeInfo]:
+        """Make the nodes of `spec` not in `have`; start the bootstrap of every node not
+        ready. An `OSError` when a node's folder goes away meanwhile."""
         for index in range(spec.num_nodes):
             if index in have:
                 continue
@@ -118,10 +128,9 @@ class LocalProvider:
         nodes = []
         for tag_file in sorted(self._cluster_dir(cluster).glob("node-*/node.json")):
             try:
-                tags = json.loads(tag_file.read_text())
-            except (OSError, ValueError):
+                index = int(json.loads(tag_file.read_text())["index"])
+            except (OSError, ValueError, KeyError, TypeError):
                 continue  # a node half-made by a crash: apply makes it again
-            index = int(tags["index"])
             nodes.append(
                 NodeInfo(
                     cluster=cluster,

@@ -199,7 +199,8 @@ class SshProvider:
         folders = [str(Path(root).parent.parent), str(Path(root).parent), root]
         write = (
             f"mkdir -p {shlex.quote(root)}/bootstrap && chmod 700 {shlex.join(folders)} && "
-            f"cd {shlex.quote(root)} && printf '%s\\n' {shlex.quote(tags)} > node.json && "
+            f"cd {shlex.quote(root)} && printf '%s\\n' {shlex.quote(tags)} > node.json.tmp && "
+            "mv node.json.tmp node.json && "
             f"printf '%s' {shlex.quote(config)} > bootstrap/bootstrap.env"
         )
         ex = self._executor(host)
@@ -221,23 +222,25 @@ class SshProvider:
         try:
             done = ex.run(["sh", "-c", f'cat "$HOME/.cloudtrain/{cluster}/node-{index}/node.json"'],
                           timeout=60)  # fmt: skip
-        except ProviderError:
-            return NodeInfo(cluster, index, str(host), host.address, None, "unreachable")
+        except ProviderError:  # what reaches it is known still: the executor needs it
+            return NodeInfo(cluster, index, str(host), host.address, None, "unreachable",
+                            user=host.user, extra=MappingProxyType(_reach(host)))  # fmt: skip
         finally:
             ex.release()
         if done.returncode != 0:
             return None
-        tags = json.loads(done.stdout)
-        root = self._root(tags["home"], cluster, index)
+        try:
+            tags = json.loads(done.stdout)
+            root = self._root(str(tags["home"]), cluster, index)
+        except (ValueError, KeyError, TypeError):  # half-written (the host went down while
+            return None  # `apply` wrote it): no node; `apply` makes it again
         return NodeInfo(
             cluster=cluster, index=index, node_id=str(host), private_ip=host.address,
             public_ip=None, state="running", zone="byo", instance_type="byo",
             root=root, python=tags.get("node_python", self.python), user=host.user,
             ifname=tags.get("ifname") or None,
             bootstrap=(f"{root}/bootstrap/bootstrap.sh", f"{root}/bootstrap/bootstrap.env"),
-            extra=MappingProxyType({
-                "port": host.port, "identity": host.identity, "gpus": tags.get("gpus", 0),
-            }),
+            extra=MappingProxyType({**_reach(host), "gpus": tags.get("gpus", 0)}),
         )  # fmt: skip
 
     def describe(self, cluster: str, cluster_id: str | None = None) -> list[NodeInfo]:
@@ -324,9 +327,26 @@ class SshProvider:
         return sorted({n for found in fan_out(names, self.hosts) for n in found})
 
     def executor(self, node: NodeInfo) -> SshExecutor:
-        key = node.extra.get("identity")
-        return self._executor(Host(str(node.user), str(node.private_ip),
-                                   int(node.extra["port"]), key and str(key)))  # fmt: skip
+        """An executor for `node`, from its record; a record that lacks the port (written by
+        a failed `up` while its host did not answer) is reached as the cluster's host list
+        says. Raises `ProviderError` when neither names the host."""
+        port = node.extra.get("port")
+        if node.user and node.private_ip and port is not None:
+            key = node.extra.get("identity")
+            return self._executor(Host(str(node.user), str(node.private_ip), int(port),
+                                       key and str(key)))  # fmt: skip
+        listed = [h for h in self.hosts if str(h) == node.node_id]
+        if not listed:
+            raise ProviderError("ssh", "UnknownHost", f"node {node.index} ({node.node_id}): "
+                                "its record names no port and the cluster's hosts do not "
+                                f"list it; `cloudtrain status --refresh {node.cluster}` "
+                                "reads it again")  # fmt: skip
+        return self._executor(listed[0])
+
+
+def _reach(host: Host) -> dict[str, Any]:
+    """What a node's record keeps of its host to reach it again (`SshProvider.executor`)."""
+    return {"port": host.port, "identity": host.identity}
 
 
 __all__: Sequence[str] = ["Host", "SshProvider", "parse_hosts"]

@@ -5,6 +5,7 @@ and the next command here removes what only the account can (security group, key
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -56,8 +57,10 @@ def test_an_idle_aws_cluster_ends_itself_and_the_next_command_cleans(
     flags = ["--idle-minutes", "0.05", *(["--down-when-idle"] if down_when_idle else [])]
     up = cli(*UP, "--name", name, *flags)
     assert up.returncode == 0, up.stderr
-    unit = guest_agent.unit_of_b64(aws.app.calls("RunInstances")[-1].params["UserData"])
+    user_data = aws.app.calls("RunInstances")[-1].params["UserData"]
+    unit = guest_agent.unit_of_b64(user_data)
     assert " --halt " in unit
+    assert guest_agent.backstop_of_b64(user_data) is None, "no deadline: no scheduled power-off"
     assert "--idle-s 3.0 --sessions" in unit
     assert not aws.app.calls(service="iam"), "no identity, role or policy: nothing to leak"
     with guest_agent.running(run_agents(aws, tmp_path, name)):
@@ -89,8 +92,14 @@ def test_a_lifetime_on_aws_ends_nodes_with_a_job_running(
     up = cli(*UP, "--name", name, "--max-hours", "0.002")  # 7.2 s
     assert up.returncode == 0, up.stderr
     ends_at = cli.status()["clusters"][0]["spec"]["limits"]["ends_at"]
-    unit = guest_agent.unit_of_b64(aws.app.calls("RunInstances")[-1].params["UserData"])
-    assert f"--deadline {ends_at!r} --why lifetime" in unit
+    user_data = aws.app.calls("RunInstances")[-1].params["UserData"]
+    unit = guest_agent.unit_of_b64(user_data)
+    found = re.search(r"--ends-in ([0-9.]+) --why lifetime", unit)
+    assert found, unit
+    assert 0 < float(found.group(1)) <= 7.2, "the seconds left when it was asked for"
+    # with every process of cloudtrain on it gone, the guest still powers off (and EC2
+    # terminates it): the 7.2 s left, rounded up to a minute, and 2 minutes' margin
+    assert guest_agent.backstop_of_b64(user_data) == ["shutdown", "-h", "+3"]
     with guest_agent.running(run_agents(aws, tmp_path, name)):
         wait_for(lambda: set(instances(aws, name).values()) == {"terminated"}, timeout=60,
                  what="the lifetime to end the nodes")  # fmt: skip
@@ -98,3 +107,20 @@ def test_a_lifetime_on_aws_ends_nodes_with_a_job_running(
     after = cli("status")
     assert f"{name} stopped itself (its lifetime ended); removed what was left" in after.stderr
     assert_empty(aws.client("ec2"), name)
+
+
+def test_a_budget_spent_at_up_is_refused_before_anything_is_made(cli: Shell, aws: StandIn) -> None:
+    """$0.0001 buys 0.06 s of two $3.06/h V100 nodes: less than the minute EC2 bills."""
+    before = len(aws.app.calls(service=None))  # the fixture's own (the AMI's parameter)
+    done = cli(*UP, "--name", "spent-aws", "--max-cost", "0.0001")
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[0].startswith("Bringing up 'spent-aws'"), done.stderr
+    assert len(lines) == 2, "then one line that says why; no traceback"
+    del lines[0]
+    assert "--max-cost 0.0001: a budget must pay for at least one minute of the cluster" in lines[0]
+    made = [c.action for c in aws.app.calls(service=None)[before:]
+            if c.action.startswith(("Run", "Create", "Import", "Allocate", "Put"))]  # fmt: skip
+    assert made == [], "nothing is made: no instance, security group or key pair"
+    assert cli.status()["clusters"] == []
+    assert_empty(aws.client("ec2"), "spent-aws")

@@ -121,6 +121,9 @@ class Store:
     no_accelerated_networking: set[str] = field(default_factory=set)
     #: location → usage name → [current, limit], for what `set_usage` changed (else `USAGES`)
     usages: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    #: a fault mode: VMs are made without the managed identity they ask for, and answered with
+    #: no ``identity`` (an older API version, or a policy that strips it)
+    omit_identity: bool = False
 
     # -- compute usages -----------------------------------------------------------------
 

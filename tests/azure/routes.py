@@ -207,7 +207,10 @@ class Routes:
         location = str(body.get("location", "")).lower()
         if rtype.lower() == "microsoft.compute/virtualmachines":
             op = self.store.create_vm(rid, body, group)
-            identity.assign(self.store.get(rid) or {})
+            if self.store.omit_identity:
+                (self.store.get(rid) or {}).pop("identity", None)
+            else:
+                identity.assign(self.store.get(rid) or {})
             return 201, self._async(op, location), self.store.get(rid)
         if rtype.lower() == identity.ASSIGNMENTS:
             identity.check_assignment(self.store, rid, body)

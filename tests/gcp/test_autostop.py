@@ -47,20 +47,20 @@ def test_an_ended_gcp_cluster_powers_off_and_the_next_command_deletes_it(
     cli: Shell, gcp: StandIn, tmp_path: Path
 ) -> None:
     name = "budget-gcp"
-    up = cli(*UP, "--name", name, "--max-cost", "0.02")  # $5.90/h × 2: ~6 s
+    up = cli(*UP, "--name", name, "--max-cost", "0.1")  # $5.90/h for both: ~61 s, about the least
     assert up.returncode == 0, up.stderr
     record = cli.status()["clusters"][0]
     limits = record["spec"]["limits"]
     assert limits["ends_why"] == "budget"
-    assert limits["ends_at"] == pytest.approx(record["created_at"] + 0.02 / 11.80 * 3600)
+    assert limits["ends_at"] == pytest.approx(record["created_at"] + 0.1 / 5.90 * 3600, abs=1)
     body = gcp.calls("instances.bulkInsert")[-1].body or {}
     scheduling = body["instanceProperties"]["scheduling"]
     assert scheduling["instanceTerminationAction"] == "DELETE"
-    assert int(scheduling["maxRunDuration"]["seconds"]) == 30, "GCE ends them too (30 s at least)"
+    assert 50 <= int(scheduling["maxRunDuration"]["seconds"]) <= 62, "GCE ends them too"
     assert not [c for c in gcp.calls() if "serviceAccount" in json.dumps(c.body or {})]
 
     with guest_agent.running(run_agents(gcp, tmp_path)):
-        wait_for(lambda: set(statuses(gcp).values()) == {"TERMINATED"}, timeout=60,
+        wait_for(lambda: set(statuses(gcp).values()) == {"TERMINATED"}, timeout=120,
                  what="the nodes to power themselves off at the end of the budget")  # fmt: skip
     assert gcp.leftovers(name)["disks"], "a stopped instance keeps its disk (it bills)"
 

@@ -53,9 +53,9 @@ def workdir(tmp_path: Path) -> Path:
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "helpers.py").write_text("WHO = 'a relative import'\n")
-    (package / "main.py").write_text(
+    (package / "main.py").write_text(  # one write per line: the ranks' output interleaves
         "import sys\nfrom .helpers import WHO\nif __name__ == '__main__':\n"
-        "    print('MODULE', __name__, __package__, WHO, sys.argv[1:], flush=True)\n"
+        "    sys.stdout.write(f'MODULE {__name__} {__package__} {WHO} {sys.argv[1:]}\\n')\n"
     )
     return tmp_path
 
@@ -165,3 +165,23 @@ def test_two_standalone_fork_jobs_at_once_each_rendezvous_on_their_own(workdir: 
     for code, out in done:
         assert code == 0, out
         assert len(facts(out)) == 2
+
+
+def test_a_spawned_worker_run_through_the_import_guard_sees_what_a_plain_one_sees(
+    workdir: Path,
+) -> None:
+    """``--start-method spawn`` jobs run their script through `cloudtrain.jobs.spawned` (the
+    guard against ``import horovod.torch``): the script cannot tell."""
+    code, plain = run(workdir, "spawn", "train.py", "--lr", "0.1")
+    assert code == 0, plain
+    code, guarded = run(
+        workdir, "spawn", "-m", "cloudtrain.jobs.spawned", "train.py", "--lr", "0.1"
+    )
+    assert code == 0, guarded
+    assert facts(guarded) == facts(plain)
+    assert len(facts(plain)) == 2
+    code, module = run(
+        workdir, "spawn", "-m", "cloudtrain.jobs.spawned", "--module", "pkg.main", "x"
+    )
+    assert code == 0, module
+    assert module.count("MODULE __main__ pkg a relative import ['x']") == 2

@@ -2,8 +2,9 @@
 runtime is refused at once with one line naming the runtime to use (no longer N worlds of one
 that "succeed"); `cloudtrain.runtime.hvd` gives Horovod's own numbers for every call of
 `scripts/hvd_checks.py` (collectives, ops, compression, DistributedOptimizer with StepLR,
-backward passes, predivide, join on uneven data); and a script written the way Horovod's
-pytorch_mnist example is trains unchanged."""
+backward passes, predivide, join on uneven data); a script written the way Horovod's
+pytorch_mnist example is trains unchanged; and one written as its elastic examples gives real
+Horovod's numbers (sampler order, losses, parameters), with and without a failed step."""
 
 from __future__ import annotations
 
@@ -73,3 +74,100 @@ def test_a_script_written_as_horovods_mnist_example_trains_unchanged(sh: Shell) 
     assert [lr for lr, _ in lrs] == ["0.1400", "0.0980", "0.0686"]  # StepLR stepped it
     assert float(lrs[-1][1]) >= 0.8  # 0.86: held-out writers of the digits set; chance is 0.1
     assert sh("down", "mn").returncode == 0
+
+
+def test_a_spawned_torchrun_worker_that_imports_horovod_is_refused_at_once(sh: Shell) -> None:
+    needs("horovod", "python -m cloudtrain.node horovod build --cache DIR --install")
+    assert sh("up", "--nodes", "2", "--name", "ws").returncode == 0
+    script = str(SCRIPTS / "imports_horovod.py")
+    done = sh("train", "-c", "ws", "--start-method", "spawn", script)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "trained alone" not in done.stdout
+    assert (
+        "cloudtrain: this script imports horovod.torch, but the job's runtime is torch "
+        "(torchrun, 2 workers)"
+    ) in done.stdout
+    assert sh("down", "ws").returncode == 0
+
+
+def elastic_run(out: str) -> tuple[list[str], list[str]]:
+    """(rank 0's epoch losses, each rank's closing line), without the node prefixes."""
+    losses = re.findall(r"^\[node \d\] epoch \d loss ([\d.]+)$", out, re.MULTILINE)
+    ends = sorted(re.findall(r"^\[node \d\] (rank \d of 2: .*)$", out, re.MULTILINE))
+    return losses, ends
+
+
+def test_an_elastic_script_written_as_horovods_trains_and_recovers_its_last_commit(
+    sh: Shell,
+) -> None:
+    assert sh("up", "--nodes", "2", "--name", "el").returncode == 0
+    script = str(SCRIPTS / "hvd_elastic_style.py")
+    plain = sh("train", "-c", "el", script)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    losses, ends = elastic_run(plain.stdout)
+    assert len(losses) == 3, plain.stdout
+    assert float(losses[-1]) < 0.7 * float(losses[0]), plain.stdout
+    params = {e.rsplit(" params ", 1)[1] for e in ends}
+    assert len(ends) == 2, plain.stdout
+    assert len(params) == 1, plain.stdout  # the ranks agree
+    assert all("steps 48 executed 48 resets 0" in e for e in ends), ends  # 3 × 512/(2 × 16)
+
+    failed = sh("train", "-c", "el", script, "--", "--fail-at-step", "5")
+    assert failed.returncode == 0, failed.stdout + failed.stderr
+    assert failed.stdout.count(": reset, world of 2") == 2  # each rank's reset callback ran
+    _, again = elastic_run(failed.stdout)
+    # the uncommitted step was undone and done again: 49 steps ran, 48 count, and the model
+    # is the one trained without the failure
+    assert all("steps 48 executed 49 resets 1" in e for e in again), again
+    assert {e.rsplit(" params ", 1)[1] for e in again} == params
+    assert sh("down", "el").returncode == 0
+
+
+def elastic_numbers(out: str) -> tuple[list[str], list[float], list[str], list[float]]:
+    """(each rank's dealt order per epoch entered, rank 0's epoch losses, each rank's counters,
+    each rank's two parameter checksums), in rank order, without the node prefixes."""
+    orders = sorted(re.findall(r"^\[node \d\] (rank \d epoch \d order .*)$", out, re.MULTILINE))
+    losses, ends = elastic_run(out)
+    counters = [e.rsplit(" params ", 1)[0] for e in ends]
+    params = [float(v) for e in ends for v in e.rsplit(" params ", 1)[1].split()]
+    return orders, [float(x) for x in losses], counters, params
+
+
+@pytest.mark.parametrize("fail", [[], ["--", "--fail-at-step", "5"]], ids=["plain", "failed"])
+def test_the_elastic_script_gives_horovods_own_numbers(sh: Shell, fail: list[str]) -> None:
+    """Real Horovod's `hvd.elastic` (``--runtime horovod``: horovod.torch, gloo, no elastic
+    driver) and cloudtrain's deal the same indices, undo the same uncommitted step, train the
+    same model."""
+    needs("horovod", "python -m cloudtrain.node horovod build --cache DIR --install")
+    name = f"er{len(fail)}"
+    assert sh("up", "--nodes", "2", "--name", name).returncode == 0
+    script = str(SCRIPTS / "hvd_elastic_style.py")
+    real = sh("train", "-c", name, "--runtime", "horovod", script, *fail)
+    assert real.returncode == 0, real.stdout + real.stderr
+    ours = sh("train", "-c", name, script, *fail)
+    assert ours.returncode == 0, ours.stdout + ours.stderr
+    r_orders, r_losses, r_counters, r_params = elastic_numbers(real.stdout)
+    orders, losses, counters, params = elastic_numbers(ours.stdout)
+    assert len(r_orders) == (8 if fail else 6), real.stdout  # 3 epochs × 2 ranks (+ a redeal)
+    assert len(r_losses) == 3, real.stdout
+    assert orders == r_orders  # ElasticSampler: the same indices dealt, after the reset too
+    assert counters == r_counters, (counters, r_counters)  # the step was undone as often
+    assert ours.stdout.count(": reset, world of 2") == real.stdout.count(": reset, world of 2")
+    assert losses == pytest.approx(r_losses, abs=1e-5), (losses, r_losses)
+    assert len(params) == 4, ours.stdout
+    assert params == pytest.approx(r_params, abs=1e-5), (params, r_params)
+    assert sh("down", name).returncode == 0
+
+
+def test_sync_batch_norm_is_one_batch_norm_over_every_ranks_batch(sh: Shell) -> None:
+    assert sh("up", "--nodes", "2", "--name", "bn").returncode == 0
+    done = sh("train", "-c", "bn", str(SCRIPTS / "hvd_sync_bn.py"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    worst = [float(w) for w in re.findall(r"syncbn worst difference (\S+)", done.stdout)]
+    assert len(worst) == 2, done.stdout
+    assert max(worst) < 1e-5, done.stdout
+    trained = re.findall(r"trained loss ([\d.]+) -> ([\d.]+) ranks agree (\w+)", done.stdout)
+    assert len(trained) == 2, done.stdout
+    assert all(agree == "True" for *_, agree in trained), done.stdout
+    assert all(float(last) < 0.5 * float(first) for first, last, _ in trained), done.stdout
+    assert sh("down", "bn").returncode == 0

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain.jobs import managed
 from cloudtrain.node import procs
 from tests.integration.conftest import REPO, SCRIPTS, Shell, wait_for
 
@@ -224,9 +225,13 @@ def test_a_watcher_that_died_is_started_again_by_the_next_command(
     assert "recovers it up to 2 time(s)" in start.stderr
     found = re.search(r"watcher \(pid (\d+)\)", start.stderr)
     assert found, start.stderr
-    pid = int(found.group(1))
-    os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not procs.alive(pid), what="the watcher to die")
+    pid = int(found.group(1))  # its supervisor (which starts a dead watcher again)
+    wait_for(lambda: (managed.watcher_pid(sh.home, "w-1") or -1) > 0, what="the watcher")
+    watcher = managed.watcher_pid(sh.home, "w-1")
+    assert watcher is not None
+    for each in (pid, watcher):  # both gone, as after a restart of the machine
+        os.kill(each, signal.SIGKILL)
+    wait_for(lambda: not procs.alive(pid) and not procs.alive(watcher), what="both to die")
     status = sh("status")
     assert "the watcher of managed job w-1 was not running; started it" in status.stderr
     follow = sh("logs", "w-1", "-f")
@@ -288,6 +293,46 @@ def test_a_managed_elastic_job_gets_its_lost_node_back_while_it_runs(sh: Shell) 
     assert job["status"] == "succeeded"
     assert [r["replaced"] for r in job["detail"]["recoveries"]] == [[1]]
     assert sh("down", "g").returncode == 0
+
+
+def test_a_managed_elastic_job_survives_its_rendezvous_host_and_counts_it_once(
+    sh: Shell,
+) -> None:
+    """`--managed --nodes 1:2`: node 0, which hosts the c10d rendezvous, is killed; node 1
+    starts again at once on a rendezvous of its own and trains while node 0 is made again; then
+    the job runs on both and finishes. One loss: one recovery, and events that say so."""
+    sh.env["CLOUDTRAIN_CHECKPOINT_PULL_S"] = "1"
+    assert sh("up", "--name", "h", "--nodes", "2").returncode == 0
+    train = sh.popen("train", "-c", "h", "--managed", "--nodes", "1:2", str(EXAMPLE), "--",
+                     "--epochs", "8", "--pause", "1")  # fmt: skip
+    before = read_until(train, r"epoch 3/8")
+    assert sh.job("h-1")["detail"]["head_node"] == 0
+    kill_node(sh.home, "h", 0)
+    rest, _ = train.communicate(timeout=300)
+    out = before + rest
+    print(out)
+    assert train.returncode == 0, out
+    assert re.search(r"recovery 1/3: node 0, the rendezvous host, its processes vanished; "
+                     r"node\(s\) 1 lost their rendezvous with it and start again", out)  # fmt: skip
+    moved = r"rendezvous on node 1, from the checkpoint kept \d+ s before"
+    assert re.search(r"job h-1 runs on node\(s\) 1 again in \d+\.\d s \(attempt 2\), " + moved, out)
+    assert re.search(r"node 0 is back after \d+\.\d s; the job starts again on all", rest)
+    if "job h-1 runs on 2 node(s) again" in rest:  # node 0 was back before the job ended
+        grown = rest.split("node 0 is back")[1]
+        assert re.search(r"rank \d/2 on node 0", grown), "both train again"
+        assert re.search(r"rank \d/2 on node 1", grown), "both train again"
+    assert "the others go on" not in out, "they did not: they lost their rendezvous"
+    assert "recovery 2/" not in out
+    resumed = [int(e) for e in re.findall(r"resumed from epoch (\d+)", rest)]
+    assert resumed, out
+    assert resumed == sorted(resumed), "never back to an older checkpoint"
+    assert resumed[0] >= 2, out
+    assert "epoch 8/8" in rest
+    job = sh.job("h-1")
+    assert job["status"] == "succeeded"
+    recoveries = job["detail"]["recoveries"]
+    assert [(r["cause"], r["node"], r["replaced"]) for r in recoveries] == [("vanished", 0, [0])]
+    assert sh("down", "h").returncode == 0
 
 
 def test_a_managed_job_on_ssh_hosts_survives_a_host_that_goes_away_and_comes_back(

@@ -117,3 +117,52 @@ def test_a_metadata_server_that_is_away_is_asked_again(tmp_path: Path) -> None:
     timer.start()
     assert notices.watch(src, interval_s=0.1, stop=stop, on_error=errors.append) is None
     assert len(errors) >= 2
+
+
+def test_an_azure_preempt_event_for_another_vm_is_not_this_nodes(tmp_path: Path) -> None:
+    """Scheduled Events lists every VM of the availability set: an event whose ``Resources``
+    name another VM does not tell this node's job; one naming this VM (the name from the
+    metadata server's ``instance/compute``) does."""
+    root = tmp_path / "node-0"
+    root.mkdir()
+    env = {**os.environ, "CLOUDTRAIN_NODE_ROOT": str(root)}
+    told = tmp_path / "told"
+    job = subprocess.Popen([sys.executable, "-c", JOB, str(told)], env=env,
+                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+    with serving() as (endpoint, meta):
+        meta.azure_vm = "ct-c1-0"
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "cloudtrain.node", "agent", "--root", str(root),
+             "--source", notices.SCHEDULED_EVENTS, "--endpoint", endpoint],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert job.stdout is not None
+            assert job.stdout.readline() == "registered\n"
+            meta.announce(notices.SCHEDULED_EVENTS, vm="ct-c1-1")  # the other node's VM
+            # The watcher asks every second: three asks saw the other VM's event.
+            deadline = time.monotonic() + 30
+            while meta.requests.count(("GET", SCHEDULED)) < 4:
+                assert time.monotonic() < deadline, meta.requests
+                time.sleep(0.05)
+            assert not told.exists(), "another VM's preemption told this node's job"
+            assert notices.read(root) is None
+            announced = meta.announce(notices.SCHEDULED_EVENTS, vm="ct-c1-0")
+            at, _ = wait_for(told).split()
+            print(f"this VM's event told the job {float(at) - announced:.2f} s after it")
+        finally:
+            for proc in (watcher, job):
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+            for stream in (job.stdout, watcher.stdout, watcher.stderr):
+                if stream is not None:
+                    stream.close()
+    recorded = notices.read(root)
+    assert recorded is not None
+    assert recorded["source"] == notices.SCHEDULED_EVENTS
+    assert ("GET", COMPUTE) in meta.requests, "the VM's name came from instance/compute"
+
+
+SCHEDULED = "/metadata/scheduledevents?api-version=2020-07-01"
+COMPUTE = "/metadata/instance/compute?api-version=2021-02-01&format=json"

@@ -49,3 +49,53 @@ def test_an_up_under_way_is_never_taken_for_a_stopped_cluster(
     plain = state.cluster("d")
     assert plain is not None
     assert not autostop.may_have_stopped(state, plain), "no limits: nothing stops by itself"
+
+
+def test_a_budget_must_buy_one_minute_of_the_cluster() -> None:
+    from cloudtrain.errors import SpecError
+    from cloudtrain.spec.limits import refuse_spent_budget
+
+    with pytest.raises(SpecError) as refused:
+        refuse_spent_budget(0.01, 1998.0, "2 node(s) at $999.00/h")
+    assert str(refused.value) == (
+        "--max-cost 0.01: a budget must pay for at least one minute of the cluster (2 node(s) "
+        "at $999.00/h: $33.3000), the least a cloud bills a started node; give at least 33.30"
+    )
+    assert refused.value.field == "max_cost"
+    refuse_spent_budget(33.30, 1998.0, "")  # a minute exactly
+    with pytest.raises(SpecError, match=r"give at least 0\.01$"):
+        refuse_spent_budget(0.0001, 0.5, "")  # under a cent: rounded up to one
+
+
+def test_a_node_keeps_its_deadline_on_its_boot_clock_and_its_own_clock_after_a_reboot(
+    tmp_path: Path,
+) -> None:
+    """`autostop --ends-in` is converted once, when it comes: asking again (an agent that
+    starts again) does not move it; a policy from another boot falls back to the node's own
+    wall clock as it was converted then."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from cloudtrain.node import agent
+
+    def ask(*flags: str) -> dict[str, object]:
+        done = subprocess.run([sys.executable, "-m", "cloudtrain.node", "autostop", "--root",
+                               str(tmp_path), *flags], capture_output=True, text=True,
+                              check=True)  # fmt: skip
+        return dict(json.loads(done.stdout))
+
+    told = ask("--ends-in", "30", "--why", "lifetime")
+    assert 28 < float(str(told["stops_in"])) <= 30
+    time.sleep(1)
+    later = ask()
+    assert float(str(later["stops_in"])) <= float(str(told["stops_in"])) - 1, "not anew"
+    policy = agent.read_policy(tmp_path)
+    assert policy is not None
+    assert policy["boot_id"] == agent.boot_id()
+    policy["boot_id"], policy["ends_boot"] = "another boot", 1e9
+    (tmp_path / "agent" / agent.POLICY).write_text(json.dumps(policy))
+    rebooted = ask()
+    assert 26 < float(str(rebooted["stops_in"])) <= 29, "the wall clock of its own, converted"
+    assert float(str(ask("--ends-in", "0", "--why", "budget")["stops_in"])) <= 0, "due at once"

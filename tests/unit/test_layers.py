@@ -105,6 +105,9 @@ def test_no_module_imports_itself_back() -> None:
                     "spawn",
                     "runtimes",
                     "horovod",
+                    "unattended",
+                    "oom",
+                    "restarts",
                 )
             },
         ),
@@ -112,11 +115,17 @@ def test_no_module_imports_itself_back() -> None:
         ("cloudtrain.node.horovod", set()),
         (
             "cloudtrain.node.agent",
-            {"cloudtrain.node.notices", "cloudtrain.node.procs", "cloudtrain.node.selfstop"},
+            {"cloudtrain.node." + m for m in ("notices", "procs", "restarts", "selfstop")},
         ),
         ("cloudtrain.node.selfstop", set()),
+        (
+            "cloudtrain.node.unattended",
+            {"cloudtrain.node." + m for m in ("agent", "notices", "procs", "restarts", "selfstop")},
+        ),
         ("cloudtrain.node.procs", {"cloudtrain.node.notices"}),
         ("cloudtrain.node.notices", set()),
+        ("cloudtrain.node.oom", set()),
+        ("cloudtrain.node.restarts", set()),
     ],
 )
 def test_the_bottom_layers_import_nothing_above_them(module: str, allowed: set[str]) -> None:

@@ -98,6 +98,33 @@ def test_a_vanished_node_is_recovered_as_the_next_attempt(setup: Setup) -> None:
     assert f"job {job_id}: recovery 1/3: node 1 its processes vanished" in messages
 
 
+def test_an_elastic_job_whose_rendezvous_host_vanished_goes_on_on_its_own_rendezvous(
+    setup: Setup,
+) -> None:
+    """Node 0 hosted the rendezvous and vanished; node 1's agent failed with it (its store was
+    gone). One recovery: node 1 starts again alone, hosting a rendezvous of its own."""
+    watcher, provider, nodes, state = setup
+    nodes.outcomes = {0: {0: "vanished", 1: 1}}
+    coord = Coordinator(state, provider, home=watcher.home)
+    job = JobSpec(entrypoint=("train.py",), num_nodes=2, min_nodes=1)
+    job_id = coord.submit("c1", job, managed=managed.Policy().to_dict()).id
+    assert state.job(job_id).detail["head_node"] == 0  # type: ignore[union-attr]
+    rec = watcher.run(job_id)
+    assert rec.status == "succeeded"
+    (recovery,) = rec.detail["recoveries"]
+    assert (recovery["cause"], recovery["node"]) == ("vanished", 0)
+    starts = [c.argv for ex in provider.executors.values() for c in ex.calls
+              if c.kind == "start_detached" and f"{job_id}.1" in c.argv]  # fmt: skip
+    assert [argv[argv.index("--rdzv-conf") + 1].split(",")[0] for argv in starts] == [
+        "is_host=1"
+    ], "one node started again, hosting the rendezvous"
+    messages = [e.message for e in state.events(job_id=job_id)]
+    assert (f"job {job_id}: recovery 1/3: node 0, the rendezvous host, its processes vanished; "
+            "node(s) 1 lost their rendezvous with it and start again on one of their own while "
+            "it is made again") in messages  # fmt: skip
+    assert not any("the others go on" in m for m in messages)
+
+
 def test_the_budget_bounds_the_recoveries(setup: Setup) -> None:
     watcher, provider, nodes, _ = setup
     nodes.outcomes = {a: {1: "vanished"} for a in range(5)}

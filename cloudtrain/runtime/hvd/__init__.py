@@ -34,17 +34,23 @@ collectives (`ops`)               allreduce, allgather (ragged first dimension),
 `DistributedOptimizer`            a subclass instance of the wrapped optimizer's class (LR
                                   schedulers take it), one flat allreduce per dtype at
                                   ``step()`` (`optimizer`); `Compression` none and fp16
+`SyncBatchNorm`                   batch statistics over every rank's batch together, on the
+                                  CPU too (Horovod's needs CUDA) (`sync_batch_norm`)
+``elastic``                       `TorchState` (commit, restore, sync, reset callbacks), ``run``,
+                                  `ElasticSampler`; membership changes are torchrun's, which
+                                  restarts the workers (`elastic`)
 refused with one line             Adasum, process sets other than the global one, MPI
                                   communicators, timelines
-not provided                      `SyncBatchNorm` (Horovod's needs CUDA), ``elastic``,
-                                  ``sparse_allreduce_async``
+not provided                      ``sparse_allreduce_async``
 ================================  =============================================================
 """
 
+from cloudtrain.runtime.hvd import elastic
 from cloudtrain.runtime.hvd.basics import (
     Adasum,
     Average,
     HorovodInternalError,
+    HostsUpdatedInterrupt,
     Max,
     Min,
     Product,
@@ -110,6 +116,7 @@ from cloudtrain.runtime.hvd.sets import (
     global_process_set,
     remove_process_set,
 )
+from cloudtrain.runtime.hvd.sync_batch_norm import SyncBatchNorm
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
@@ -128,11 +135,13 @@ __all__ = [
     "Compression",
     "DistributedOptimizer",
     "HorovodInternalError",
+    "HostsUpdatedInterrupt",
     "Max",
     "Min",
     "ProcessSet",
     "Product",
     "Sum",
+    "SyncBatchNorm",
     "add_process_set",
     "allgather",
     "allgather_async",
@@ -156,6 +165,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",

@@ -25,6 +25,7 @@ __all__ = [
     "Adasum",
     "Average",
     "HorovodInternalError",
+    "HostsUpdatedInterrupt",
     "Max",
     "Min",
     "Product",
@@ -54,6 +55,15 @@ __all__ = [
 
 class HorovodInternalError(RuntimeError):
     """A collective could not run (Horovod's name: scripts catch it)."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Hosts were added or removed (``hvd.elastic``: `State.check_host_updates` raises it on
+    every rank at once). `skip_sync`: only hosts were removed, the survivors agree already."""
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("the job's hosts were updated")
+        self.skip_sync = skip_sync
 
 
 #: The reduce operations, by Horovod's names. Adasum is named so that scripts that test for it

@@ -14,7 +14,7 @@ from cloudtrain.runtime import progress
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    for name, value in (("_step", 0), ("_resumed_from", None), ("_written", 0.0)):
+    for name, value in (("_step", 0), ("_resumed_from", None), ("_written", 0.0), ("_saved", None)):
         monkeypatch.setattr(progress, name, value)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -31,7 +31,7 @@ def test_steps_are_counted_and_written_at_most_once_a_second(fresh: Path) -> Non
     assert [runtime.step() for _ in range(3)] == [1, 2, 3]
     assert read(fresh)["step"] == 1, "the first is written, the next two within the second"
     progress.write()
-    assert read(fresh) == {"step": 3, "at": read(fresh)["at"], "resumed_from": None}
+    assert read(fresh) == {"step": 3, "at": read(fresh)["at"], "resumed_from": None, "saved": None}
 
 
 def test_a_checkpoint_carries_the_count_and_a_resumed_process_goes_on_from_it(
@@ -42,6 +42,9 @@ def test_a_checkpoint_carries_the_count_and_a_resumed_process_goes_on_from_it(
     path = tmp_path / "ckpt.pt"
     runtime.save_checkpoint(path, {"epoch": 1})
     assert read(fresh)["step"] == 5, "a checkpoint writes the count"
+    saved = read(fresh)["saved"]
+    assert isinstance(saved, dict), "and the marker that brings the checkpoint home"
+    assert (saved["step"], saved["count"]) == (5, 1)
     for _ in range(4):
         runtime.step()  # work after the checkpoint: lost with the node
     progress._step = 0  # a new process (the next attempt)
