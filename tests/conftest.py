@@ -32,15 +32,43 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not item.nodeid.startswith(PROCESSES))
 
 
+#: The tests of real processes that mostly wait (on a clock, an sshd, a stand-in) and start
+#: no torch job of two ranks: they run as one more piece of work, on the other worker, beside
+#: the rest, so that it does not sit idle while the first one runs the jobs.
+BESIDE = frozenset(
+    f"{PROCESSES}test_{name}.py"
+    for name in (
+        "agent_gone",
+        "anywhere",
+        "autostop",
+        "cost_events",
+        "dry_run_offline",
+        "host_keys",
+        "hostile_input",
+        "limits_hold",
+        "logs_tail",
+        "node_data",
+        "preemption_notices",
+        "selfstop_jobs",
+        "ssh_executor",
+        "terminal_safety",
+        "warm_secrets",
+    )
+)
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under xdist (`-n 2`, pyproject's addopts) the tests of real processes run one at a time
-    on one worker, in order, while the other worker runs everything else: two of them at once
-    on 2 cores only slow each other past their clocks. (xdist's own `loadgroup` would say
-    the same with a marker, but its group never reaches the scheduler under pytest 9.)"""
+    on one worker, in order, while the other worker runs `BESIDE`'s, then everything else: two
+    jobs of torch ranks at once on 2 cores only slow each other past their clocks. (xdist's own
+    `loadgroup` would say the same with a marker, but its group never reaches the scheduler
+    under pytest 9.) xdist hands out the largest piece of work first: the jobs, then `BESIDE`."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ProcessesOnOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid.split("::")[0] in BESIDE:
+                return f"{PROCESSES}:beside"
             return PROCESSES if nodeid.startswith(PROCESSES) else nodeid
 
     return ProcessesOnOneWorker(config, log)

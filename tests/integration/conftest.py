@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
+from cloudtrain.jobs import warm
 from cloudtrain.node import procs
+from tests.conftest import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -104,3 +106,45 @@ def require(found: bool, why: str) -> None:
     if os.environ.get("CLOUDTRAIN_TEST_TOOLS") == "required":
         pytest.fail(why)
     pytest.skip(why)
+
+
+def of_cluster(base: Path) -> list[int]:
+    """Every live process whose environment or command line names a node of the cluster
+    under `base` (a marker renamed in place, as the warm client hides its own, included)."""
+    mark = str(base).encode() + b"/node-"
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            seen = [Path(entry.path, f).read_bytes() for f in ("environ", "cmdline")]
+        except OSError:
+            continue
+        if any(mark in text for text in seen) and procs.alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def torch_index(tmp_path: Path) -> str:
+    """A local wheel index serving this machine's torch CPU wheel (as the install test's)."""
+    wheels = sorted(Path("/opt/wheels").glob("torch-2.*+cpu-*.whl"))
+    if not wheels:
+        unavailable("no torch CPU wheel in /opt/wheels to serve the nodes as their torch index")
+    index = tmp_path / "whl" / "cpu"
+    (index / "torch").mkdir(parents=True)
+    (index / "torch" / wheels[-1].name).symlink_to(wheels[-1])
+    return index.as_uri()
+
+
+def down_leaves_nothing(sh: Shell, name: str, base: Path) -> None:
+    """The first fork job's end started each node's warm server (the next job's agent), and
+    the resident agents run: right after `down` returns none of them, nor the folder, is left."""
+    roots = [base / f"node-{i}" for i in range(2)]
+    serving = lambda: all((warm.folder(r) / "sock").exists() for r in roots)  # noqa: E731
+    wait_for(serving, timeout=120, what="each node's warm server")
+    for root in roots:
+        assert procs.find_processes({"CLOUDTRAIN_NODE_ROOT": str(root)})
+    down = sh("down", name)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert of_cluster(base) == []
+    assert not base.exists()

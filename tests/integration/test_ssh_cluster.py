@@ -16,8 +16,15 @@ import pytest
 
 from cloudtrain.node import agent as resident
 from cloudtrain.node import procs
-from tests.conftest import unavailable
-from tests.integration.conftest import REPO, SCRIPTS, Shell, is_agent, wait_for
+from tests.integration.conftest import (
+    REPO,
+    SCRIPTS,
+    Shell,
+    down_leaves_nothing,
+    is_agent,
+    torch_index,
+    wait_for,
+)
 from tests.sshd import Lab, keygen
 
 pytestmark = pytest.mark.integration
@@ -197,12 +204,6 @@ def test_without_python_each_node_gets_a_venv_with_torch_and_this_cloudtrain(
     copied over SSH when the bootstrap asks for it, then the verify phase; `launch` sends the
     workdir and runs the setup on each node once it is past torch, while the bootstrap
     finishes, and the job's start does not run it again; `down` removes it."""
-    wheels = sorted(Path("/opt/wheels").glob("torch-2.*+cpu-*.whl"))
-    if not wheels:  # where this machine's pip (and so .ci/run) gets torch==2.13.0 offline
-        unavailable("no torch CPU wheel in /opt/wheels to serve the nodes as their torch index")
-    index = tmp_path / "whl" / "cpu"
-    (index / "torch").mkdir(parents=True)
-    (index / "torch" / wheels[-1].name).symlink_to(wheels[-1])
     args = [a for a in lab.up_args(name) if a not in ("--python", sys.executable)]
     # a SkyPilot user's first task: `setup: pip install ...`, then a job that imports it
     work = tmp_path / "proj"
@@ -210,7 +211,7 @@ def test_without_python_each_node_gets_a_venv_with_torch_and_this_cloudtrain(
     (work / "uses_it.py").write_text("import tinyct\nprint('tinyct says', tinyct.VALUE)\n")
     task = work / "task.yaml"
     task.write_text(f"workdir: .\nsetup: pip install --no-index {wheel.name}\nrun: uses_it.py\n")
-    launch = sh("launch", str(task), *args[1:], "--torch-index", index.as_uri(), timeout=900)
+    launch = sh("launch", str(task), *args[1:], "--torch-index", torch_index(tmp_path), timeout=900)
     assert launch.returncode == 0, launch.stdout + launch.stderr
     assert "copying the cloudtrain wheel" in launch.stderr
     assert "verify: ready" in launch.stderr
@@ -229,7 +230,7 @@ def test_without_python_each_node_gets_a_venv_with_torch_and_this_cloudtrain(
         assert done.stdout.startswith(str(venv)), "cloudtrain is the venv's own copy"
     train = sh("train", "-c", name, str(SCRIPTS / "countdown.py"))
     assert train.returncode == 0, train.stdout + train.stderr
-    assert sh("down", name).returncode == 0
+    down_leaves_nothing(sh, name, Path.home() / ".cloudtrain" / name)  # its venv's processes too
 
 
 def tiny_wheel(folder: Path) -> Path:
