@@ -325,9 +325,9 @@ class Coordinator:
             def start(n: NodeInfo, argv: list[str]) -> int:
                 return self._start(rec, n, nodes, argv, job, attempt)
 
-            # The head first: under c10d torchrun ranks nodes by (address, pid), so on nodes that
-            # share an address (the local provider) this makes global rank 0 the head's; a
-            # Horovod job's head serves the rendezvous the others' workers look for.
+            # The head first: a Horovod job's head serves the rendezvous the others' workers
+            # look for. (torchrun's ranks are the rendezvous's: by (address, pid), so on nodes
+            # that share an address, the local provider's, node 0 need not hold rank 0.)
             rest = list(zip(nodes[1:], argvs[1:], strict=True))
             pids = [start(head, argvs[0]), *fan_out(lambda na: start(*na), rest)]
         except BaseException:

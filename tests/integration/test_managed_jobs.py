@@ -186,7 +186,9 @@ def test_a_script_that_fails_is_not_recovered_unless_asked(sh: Shell) -> None:
     plain = sh("train", "-c", "f", "--managed", str(SCRIPTS / "fail_on_node.py"))
     assert plain.returncode == 1, plain.stderr
     assert "recovery" not in plain.stderr
-    assert "error: job f-1: failed: node 1 exited 1 (rank 1 exited 3)" in plain.stderr
+    # node 1's rank: torchrun ranks agents that share an address (local nodes) in pid order
+    said = r"error: job f-1: failed: node 1 exited 1 \(rank [01] exited 3\)"
+    assert re.search(said, plain.stderr), plain.stderr
 
     retried = sh("train", "-c", "f", "--managed", "--retry-on-failure", "--max-recoveries", "1",
                  str(SCRIPTS / "fail_on_node.py"))  # fmt: skip
@@ -280,7 +282,7 @@ def test_a_managed_elastic_job_gets_its_lost_node_back_while_it_runs(sh: Shell) 
     assert "recovery 1/3: node 1 was lost; the others go on (elastic) while it is made" in out
     assert "replacing node(s) 1 of g" in out
     assert re.search(r"node 1 is back after \d+\.\d s; the job starts again on all", back)
-    assert "rank 1/2 on node 1" in rest, "node 1 trains again, one of two"
+    assert re.search(r"rank [01]/2 on node 1", rest), "node 1 trains again, one of two"
     resumed = [int(e) for e in re.findall(r"resumed from epoch (\d+)", back + rest)]
     assert resumed, out
     assert resumed == sorted(resumed), "never back to an older checkpoint"
