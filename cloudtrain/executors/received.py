@@ -212,13 +212,15 @@ def copy_if_changed(
     src: BinaryIO, st: os.stat_result, dest: Path, *, budget: int, mode: int = 0o600
 ) -> None:
     """Copy the open file `src` (whose `fstat` is `st`) to `dest` unless their sizes and
-    mtimes agree (rsync's quick check), as a new file (a hard link to the old one keeps it)
-    made `mode`, with `src`'s mtime; `NodeDataError` when more than `budget` bytes come."""
+    mtimes agree (rsync's quick check, to the nanosecond: a checkpoint saved again within the
+    same second, at the same size, is a new one), as a new file (a hard link to the old one
+    keeps it) made `mode`, with `src`'s mtime; `NodeDataError` when more than `budget` bytes
+    come."""
     try:
         dt = os.lstat(dest)
-        if stat.S_ISREG(dt.st_mode) and (dt.st_size, int(dt.st_mtime)) == (
+        if stat.S_ISREG(dt.st_mode) and (dt.st_size, dt.st_mtime_ns) == (
             st.st_size,
-            int(st.st_mtime),
+            st.st_mtime_ns,
         ):
             return
     except FileNotFoundError:

@@ -87,6 +87,9 @@ def remote_script(
     return "\n".join(lines) + "\n"
 
 
+#: rsync's ``--modify-window`` that compares mtimes to the nanosecond, not the second (rsync
+#: 3.1.3 and later; an older one's window of -1 never matches, so it copies: never stale).
+NANOSECONDS = -1
 #: The command line every command runs under: the script comes on stdin.
 REMOTE_SHELL = "sh -s"
 
@@ -221,7 +224,8 @@ class SshExecutor:
         others lose every bit, as at home)."""
         self._connect()
         ssh = shlex.join(["ssh", *self._options])
-        argv = ["rsync", "-az", "--chmod=go-rwx", "--delete", "-e", ssh]
+        argv = ["rsync", "-az", "--chmod=go-rwx", "--delete", f"--modify-window={NANOSECONDS}",
+                "-e", ssh]  # fmt: skip
         if local.is_dir():
             argv += rsync_rules(local, excludes)
             source, parent = f"{local}/", remote
@@ -246,6 +250,7 @@ class SshExecutor:
         ssh = shlex.join(["ssh", *self._options])
         source = f"{self.target}:{shlex.quote(remote.rstrip('/') + '/')}"
         argv = ["rsync", "-rt", "--perms", "--chmod=D700,F600", "--delete", "-e", ssh]
+        argv += [f"--modify-window={NANOSECONDS}"]  # a save again within the second: new
         argv += [f"--exclude={p}" for p in received.IN_PROGRESS]  # only whole checkpoints
         argv += ["--delete-excluded", "--", source, f"{local}/"]
         try:

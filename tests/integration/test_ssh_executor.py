@@ -282,8 +282,14 @@ def test_get_copies_a_nodes_folder_back_and_says_when_there_is_none(
         assert ex.get(str(tmp_path / "no-such-folder"), tmp_path / "never") is False
         assert not (tmp_path / "never").exists()
         local = tmp_path / "back"
+        second = 1_796_000_000 * 10**9  # a save, then another of the same size in that second
+        os.utime(remote / "model.pt", ns=(second, second + 100_000_000))
         assert ex.get(str(remote), local) is True
         assert (local / "model.pt").read_text() == "weights"
+        (remote / "model.pt").write_text("weight2")
+        os.utime(remote / "model.pt", ns=(second, second + 900_000_000))
+        assert ex.get(str(remote), local) is True
+        assert (local / "model.pt").read_text() == "weight2", "compared to the nanosecond"
         (remote / "model.pt").unlink()
         assert ex.get(str(remote), local) is True
         assert sorted(p.name for p in local.rglob("*")) == ["opt.pt", "sub"], "made equal"
