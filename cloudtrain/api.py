@@ -373,14 +373,7 @@ def wait_bootstrap(
     cannot run commands on their nodes yet are skipped with a note. A node the provider no
     longer lists (it removed itself at its lifetime, its host is gone) ends the wait within
     `lost_every_s` (`NodeLostError`), not at the timeout."""
-    from cloudtrain.boot import readiness
-
-    try:
-        executors = [prov.executor(n) for n in nodes]
-    except ConfigError as exc:
-        on_event(Event("bootstrap", f"not watched: {exc}"))
-        return
-    from cloudtrain.boot import wheel
+    from cloudtrain.boot import readiness, wheel
 
     record = state.cluster(cluster)
     cluster_id = record.spec.cluster_id if record else None
@@ -392,17 +385,13 @@ def wait_bootstrap(
             return set()
         return {n.index for n in nodes} - listed
 
-    handoff = readiness.hand_over_wheel(lambda: wheel.build(home))
     try:
-        readiness.wait_ready(nodes, executors, on_event=on_event, timeout_s=timeout_s,
-                             handoff=handoff, lost=lost, lost_every_s=lost_every_s)  # fmt: skip
+        readiness.watch(nodes, prov.executor, lambda: wheel.build(home), lost, on_event=on_event,
+                        timeout_s=timeout_s, lost_every_s=lost_every_s)  # fmt: skip
     except BootstrapError as exc:
         state.set_cluster_status(cluster, "failed")
         state.add_event(cluster, "bootstrap", str(exc))
         raise
-    finally:
-        for ex in executors:
-            ex.close()
 
 
 def autostop(

@@ -10,8 +10,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+from cloudtrain import access
 from tests.conftest import require_tool, unavailable
 
 
@@ -139,4 +141,20 @@ class Lab:
 
     def stop(self) -> None:
         for host in self.hosts:
+            host.stop()
+
+
+@contextlib.contextmanager
+def cluster_hosts(folder: Path, *addresses: str) -> Iterator[tuple[Path, list[SshHost]]]:
+    """sshd hosts on `addresses` presenting cluster ``c1``'s host key, with its key authorised
+    and their keys pinned in the home it makes under `folder`: (that home, the hosts)."""
+    home = folder / "home"
+    _, user_public = access.cluster_key(home, "c1")
+    host_private, _ = access.host_key(home, "c1")
+    up = [SshHost(folder / f"h{i}", a, host_private, user_public) for i, a in enumerate(addresses)]
+    access.known_hosts(home, "c1", [h.address for h in up])
+    try:
+        yield home, up
+    finally:
+        for host in up:
             host.stop()

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.boot import bootstrap
-from cloudtrain.errors import BootstrapError, NodeLostError
+from cloudtrain.errors import BootstrapError, ConfigError, NodeLostError
 from cloudtrain.executors.base import Executor, fan_out
 from cloudtrain.model import Event, NodeInfo, OnEvent, ignore_event
 
@@ -197,3 +197,32 @@ def wait_ready(
                 f"not ready after {timeout_s:.0f} s",
             )
         time.sleep(poll_s)
+
+
+def watch(
+    nodes: Sequence[NodeInfo],
+    open_executor: Callable[[NodeInfo], Executor],
+    wheel: Callable[[], Path],
+    lost: Callable[[], Collection[int]],
+    *,
+    on_event: OnEvent,
+    timeout_s: float,
+    lost_every_s: float,
+) -> bool:
+    """`wait_ready` over each node's executor, opened here and closed after, the wheel handed
+    over as `hand_over_wheel` does: how `up` and a recovery's replacements wait. A provider
+    that cannot run commands on its nodes yet (`ConfigError` from `open_executor`) is not
+    waited for: an event says so, and False."""
+    try:
+        executors = [open_executor(n) for n in nodes]
+    except ConfigError as exc:
+        on_event(Event("bootstrap", f"not watched: {exc}"))
+        return False
+    try:
+        wait_ready(nodes, executors, on_event=on_event, timeout_s=timeout_s,
+                   handoff=hand_over_wheel(wheel), lost=lost,
+                   lost_every_s=lost_every_s)  # fmt: skip
+    finally:
+        for ex in executors:
+            ex.close()
+    return True

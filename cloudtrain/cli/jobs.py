@@ -116,7 +116,10 @@ def _framework(
             strategy = validate_strategy(strategy, runtime, "--strategy")
     except SpecError as exc:
         raise ConfigError(str(exc)) from exc
-    if runtime != "torch" and options.get("max_restarts"):
+    from cloudtrain.jobs import runtimes
+
+    elastic = runtimes.get(runtime).elastic  # torchrun's flags
+    if not elastic and options.get("max_restarts"):
         raise ConfigError(
             f"--max-restarts is torchrun's and needs runtime torch, not {runtime!r}; "
             "--managed recovers any runtime's job"
@@ -126,7 +129,7 @@ def _framework(
         raise ConfigError(
             f"--start-method {start!r} is not a start method; allowed: {', '.join(START_METHODS)}"
         )
-    if start is not None and runtime != "torch":
+    if start is not None and not elastic:
         raise ConfigError(f"--start-method is for runtime torch, not {runtime!r}")
     return {"runtime": runtime, "strategy": strategy, "start_method": start or START_METHODS[0]}
 
@@ -164,9 +167,11 @@ def run_job(
     """Submit, then follow until the end (unless `detach`); a managed job (`policy`) gets its
     watcher first, and is followed across its recoveries. Ctrl-C while following leaves the
     job running and exits 130 after saying how to find it again."""
-    from cloudtrain.jobs import workers
+    from cloudtrain.jobs import runtimes
+    from cloudtrain.jobs.torchrun import entrypoint_args
 
-    workers.check_envs(job.runtime, job.envs)  # before a word of progress: it costs nothing
+    # before a word of progress: it costs nothing
+    runtimes.get(job.runtime).check(job, entrypoint_args(job.entrypoint))
     if job.resume_from:  # before a word of progress: bad input costs nothing
         from cloudtrain.jobs import checkpoints
 

@@ -7,7 +7,7 @@ when they changed. `train --no-live` turns both off. It reads only what the foll
 keeps: the job's metrics copied home (`cloudtrain.jobs.metrics`) and its record in the state
 (the step and node states of the last heartbeat), through its own connection: the panel draws
 from rich's thread, and never slows the follower. The follower copies the metrics home each
-second while the job prints (`cloudtrain.jobs.coordinator.METRICS_S`), so the panel keeps pace
+second while the job prints (`cloudtrain.jobs.following.METRICS_S`), so the panel keeps pace
 with the log. It is as wide as the terminal (`cloudtrain.cli.app.TerminalConsole`), which also
 shows a hostile metric name's control characters escaped.
 """

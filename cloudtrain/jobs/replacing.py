@@ -25,7 +25,6 @@ from cloudtrain import locks
 from cloudtrain.errors import (
     BootstrapError,
     CloudtrainError,
-    ConfigError,
     NodeLostError,
     NotFoundError,
 )
@@ -66,14 +65,10 @@ def wait_booted(
         return {n.index for n in nodes} - running
 
     try:
-        executors = [prov.executor(n) for n in nodes]
-    except ConfigError as exc:  # a provider that cannot run commands on its nodes yet
-        on_event(Event("bootstrap", f"not watched: {exc}"))
-        return
-    try:
-        readiness.wait_ready(nodes, executors, on_event=on_event, timeout_s=timeout_s,
-                             handoff=readiness.hand_over_wheel(lambda: wheel.build(home)),
-                             lost=lost, lost_every_s=every_s)  # fmt: skip
+        if not readiness.watch(nodes, prov.executor, lambda: wheel.build(home), lost,
+                               on_event=on_event, timeout_s=timeout_s,
+                               lost_every_s=every_s):  # fmt: skip
+            return  # a provider that cannot run commands on its nodes yet
     except NodeLostError:
         raise
     except BootstrapError as exc:  # a machine going away TERMs its bootstrap first
@@ -83,9 +78,6 @@ def wait_booted(
                 raise NodeLostError(exc.node, exc.phase) from exc
             time.sleep(min(0.5, every_s))
         raise
-    finally:
-        for ex in executors:
-            ex.close()
     with locks.cluster_lock(home, cluster, "recover"):
         record = state.cluster(cluster)
         if record is None or record.spec.cluster_id != cluster_id:

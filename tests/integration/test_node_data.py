@@ -17,20 +17,15 @@ from cloudtrain.executors import received
 from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.jobs import metrics
 from cloudtrain.jobs.checkpoints import Kept
-from tests.sshd import SshHost
+from tests.sshd import SshHost, cluster_hosts
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, SshHost]]:
-    home = tmp_path_factory.mktemp("ssh") / "home"
-    _, user_public = access.cluster_key(home, "c1")
-    host_private, _ = access.host_key(home, "c1")
-    host = SshHost(home.parent / "h", "127.0.0.2", host_private, user_public)
-    access.known_hosts(home, "c1", [host.address])
-    yield home, host
-    host.stop()
+    with cluster_hosts(tmp_path_factory.mktemp("ssh"), "127.0.0.2") as (home, (host,)):
+        yield home, host
 
 
 def executor(home: Path, host: SshHost) -> SshExecutor:

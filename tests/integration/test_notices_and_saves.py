@@ -23,7 +23,7 @@ from cloudtrain.node import notices, procs
 from cloudtrain.state import State
 from tests.integration.conftest import REPO, Shell, wait_for
 from tests.integration.test_managed_jobs import kill_node, read_until
-from tests.sshd import SshHost
+from tests.sshd import SshHost, cluster_hosts
 
 pytestmark = pytest.mark.integration
 EXAMPLE = REPO / "examples" / "digits_ddp.py"
@@ -116,13 +116,8 @@ for i in range(400):
 
 @pytest.fixture(scope="module")
 def ssh_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, SshHost]]:
-    home = tmp_path_factory.mktemp("ssh") / "home"
-    _, user_public = access.cluster_key(home, "c1")
-    host_private, _ = access.host_key(home, "c1")
-    host = SshHost(home.parent / "h", "127.0.0.2", host_private, user_public)
-    access.known_hosts(home, "c1", [host.address])
-    yield home, host
-    host.stop()
+    with cluster_hosts(tmp_path_factory.mktemp("ssh"), "127.0.0.2") as (home, (host,)):
+        yield home, host
 
 
 @pytest.fixture(params=["local", "ssh"])

@@ -16,7 +16,7 @@ from cloudtrain import access
 from cloudtrain.errors import CommandError, ProviderError
 from cloudtrain.executors.base import fan_out
 from cloudtrain.executors.ssh import SshExecutor
-from tests.sshd import SshHost
+from tests.sshd import SshHost, cluster_hosts
 
 pytestmark = pytest.mark.integration
 
@@ -24,15 +24,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[SshHost]]]:
     """Two hosts presenting the cluster's host key, the cluster's key authorised on both."""
-    home = tmp_path_factory.mktemp("ssh") / "home"
-    _, user_public = access.cluster_key(home, "c1")
-    host_private, _ = access.host_key(home, "c1")
-    up = [SshHost(home.parent / f"h{i}", f"127.0.0.{i}", host_private, user_public)
-          for i in (2, 3)]  # fmt: skip
-    access.known_hosts(home, "c1", [h.address for h in up])
-    yield home, up
-    for host in up:
-        host.stop()
+    with cluster_hosts(tmp_path_factory.mktemp("ssh"), "127.0.0.2", "127.0.0.3") as made:
+        yield made
 
 
 def executor(home: Path, host: SshHost, **kwargs: float) -> SshExecutor:

@@ -12,6 +12,7 @@ from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call
 from cloudtrain.jobs.attempts import JobSpec
 from cloudtrain.jobs.coordinator import Coordinator
+from cloudtrain.jobs.runtimes import Runtime, Start
 from cloudtrain.jobs.torchrun import entrypoint_args
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 from cloudtrain.provision.provider import ProviderContext
@@ -298,3 +299,36 @@ def test_down_terminates_even_when_a_node_cannot_be_reached_to_stop_its_job(
     assert warning.endswith("; terminating anyway")
     assert provider.describe("c1") == []
     assert state.cluster("c1") is None
+
+
+class Echo(Runtime):
+    """A runtime from a plugin (one class, one entry point): each node runs `echo` once."""
+
+    name = "echo"
+    wired = ("ECHO_RANK",)
+
+    def workers_per_node(self, gpus: int) -> int:
+        return 1
+
+    def argvs(self, start: Start) -> list[list[str]]:
+        return [["echo", start.attempt_id, str(start.nproc), str(n.index)] for n in start.nodes]
+
+
+def test_a_runtime_from_an_entry_point_starts_the_job_with_no_edit_in_core(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cloudtrain.spec import frameworks
+
+    monkeypatch.setattr(frameworks, "_plugins", lambda: {"echo": f"{__name__}:Echo"})
+    assert frameworks.validate_runtime("echo") == "echo"
+    coord, provider, _, _ = setup
+    with pytest.raises(ConfigError, match=r"^envs: ECHO_RANK='1': cloudtrain sets ECHO_RANK"):
+        coord.submit("c1", JobSpec(entrypoint=("t.py",), runtime="echo", envs={"ECHO_RANK": "1"}))
+    assert started(provider) == []
+    rec = coord.submit("c1", JobSpec(entrypoint=("t.py",), runtime="echo"))
+    argvs = [c.argv for c in started(provider)]
+    assert argvs == [("echo", rec.id, "1", "0"), ("echo", rec.id, "1", "1")]
+    assert {c.env["CLOUDTRAIN_RUNTIME"] for c in started(provider)} == {"echo"}
+    runtime_calls = [c.argv[3:5] for ex in provider.executors.values() for c in ex.calls
+                     if c.argv[1:4] == ("-m", "cloudtrain.node", "runtime")]  # fmt: skip
+    assert runtime_calls == [("runtime", "echo")] * 2  # its nodes are asked to install it

@@ -152,3 +152,20 @@ def test_no_provider_is_named_outside_its_package_and_the_registry() -> None:
     cli = {str(p.relative_to(ROOT)) for p in (ROOT / "cli").rglob("*.py")
            if _strings(p) & {"ssh", "local", "fake"}}  # fmt: skip
     assert not cli
+
+
+def test_no_runtime_is_named_outside_its_module_and_the_node_side() -> None:
+    """The coordinator and the CLI learn what a runtime needs from `cloudtrain.jobs.runtimes`
+    (its `check`, `workers_per_node`, `installs`, `argvs`), never from its name. The node side
+    (the agent's installers, the workers' own library, which launcher started a worker) knows
+    the frameworks it runs under."""
+    names = {"tensorflow", "horovod"}
+    node_side = ("node/", "runtime/", "jobs/launched.py")
+    registry = ("spec/frameworks.py", "jobs/runtimes/tensorflow.py", "jobs/runtimes/horovod.py")
+    named = {
+        rel: sorted(_strings(path) & names)
+        for path in ROOT.rglob("*.py")
+        if not (rel := str(path.relative_to(ROOT))).startswith(node_side + registry)
+        and _strings(path) & names
+    }
+    assert not named

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.jobs import workers
+from cloudtrain.jobs.runtimes.tensorflow import tensorflow_command
 from cloudtrain.node.tfworker import own_host
 
 
@@ -104,7 +104,7 @@ def test_the_worker_runs_the_script_as_python_does_with_legacy_keras(tmp_path: P
         "print(json.dumps([__name__, __file__, sys.argv, sys.path[0],\n"
         "                  os.environ.get('TF_USE_LEGACY_KERAS')]))\n"
     )
-    argv = workers.tensorflow_command([str(script), "--epochs", "2"], sys.executable)
+    argv = tensorflow_command([str(script), "--epochs", "2"], sys.executable)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [
@@ -122,7 +122,7 @@ def test_the_worker_runs_the_script_as_python_does_with_legacy_keras(tmp_path: P
 def test_a_command_is_refused_under_the_tensorflow_runtime() -> None:
     from cloudtrain.errors import ConfigError
 
-    module = workers.tensorflow_command(["--module", "pkg.train", "-x"], "/py")
+    module = tensorflow_command(["--module", "pkg.train", "-x"], "/py")
     assert module == ["/py", "-m", "cloudtrain.node.tfworker", "-m", "pkg.train", "-x"]
     with pytest.raises(ConfigError, match="runtime tensorflow runs a Python script or module"):
-        workers.tensorflow_command(["--no-python", "bash", "go.sh"], "/py")
+        tensorflow_command(["--no-python", "bash", "go.sh"], "/py")

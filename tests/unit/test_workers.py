@@ -1,5 +1,6 @@
-"""TensorFlow's and Horovod's workers: their variables per node (exact), and the node's spawner
-running real processes (`cloudtrain.node.spawn`)."""
+"""TensorFlow's and Horovod's workers: their variables per node (exact), each runtime's
+checks and commands (`cloudtrain.jobs.runtimes`), and the node's spawner running real
+processes (`cloudtrain.node.spawn`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.jobs import workers
+from cloudtrain.jobs import runtimes, workers
+from cloudtrain.jobs.attempts import JobSpec
+from cloudtrain.jobs.runtimes import horovod
+from cloudtrain.jobs.runtimes.tensorflow import tensorflow_envs
 from cloudtrain.jobs.torchrun import entrypoint_args, read_failure
 from cloudtrain.model import NodeInfo
 from cloudtrain.node import spawn
@@ -28,7 +32,7 @@ NODES = [_node(0, "10.0.0.5"), _node(1, "10.0.0.6")]
 
 
 def test_tf_config_names_every_worker_and_each_its_own_index() -> None:
-    envs = workers.tensorflow_envs(NODES, [[2001, 2002], [3001, 3002]])
+    envs = tensorflow_envs(NODES, [[2001, 2002], [3001, 3002]])
     everyone = ["10.0.0.5:2001", "10.0.0.5:2002", "10.0.0.6:3001", "10.0.0.6:3002"]
     configs = [[json.loads(e["TF_CONFIG"]) for e in node] for node in envs]
     assert configs == [
@@ -39,7 +43,7 @@ def test_tf_config_names_every_worker_and_each_its_own_index() -> None:
 
 
 def test_horovod_variables_per_slot_two_nodes_two_each() -> None:
-    envs = workers.horovod_envs(NODES, 2, "10.0.0.5", 4567)
+    envs = horovod.horovod_envs(NODES, 2, "10.0.0.5", 4567)
     got = [
         [(e["HOROVOD_RANK"], e["HOROVOD_LOCAL_RANK"], e["HOROVOD_CROSS_RANK"],
           e["HOROVOD_HOSTNAME"]) for e in node]
@@ -58,7 +62,7 @@ def test_horovod_variables_per_slot_two_nodes_two_each() -> None:
         assert e["HOROVOD_CONTROLLER"] == "gloo"
         assert e["HOROVOD_CPU_OPERATIONS"] == "gloo"
         assert e["HOROVOD_GLOO_IFACE"] == "eth0"
-        assert e["HOROVOD_GLOO_TIMEOUT_SECONDS"] == str(workers.HOROVOD_TIMEOUT_S)
+        assert e["HOROVOD_GLOO_TIMEOUT_SECONDS"] == str(horovod.HOROVOD_TIMEOUT_S)
 
 
 @pytest.mark.parametrize(
@@ -77,14 +81,16 @@ def test_a_workers_command_from_the_jobs_entrypoint(
 
 
 def test_only_the_heads_spawner_serves_the_rendezvous() -> None:
-    head = workers.spawn_argv("/py", [{"A": "1"}], ["/py", "t.py"], ("10.0.0.5", 9, NODES, 2), 60)
-    other = workers.spawn_argv("/py", [{"A": "1"}], ["/py", "t.py"], None, 60)
+    start = runtimes.Start(attempt_id="j", job=JobSpec(entrypoint=("t.py",)), args=["t.py"],
+                           nodes=NODES, nproc=2, port=9, free_ports=lambda n: [])  # fmt: skip
+    head, other = runtimes.get("horovod").argvs(start)
     assert head[:4] == ["/py", "-m", "cloudtrain.node", "spawn"]
     assert head[head.index("--rendezvous") + 1] == "10.0.0.5:9"
     assert head[head.index("--hosts") + 1] == "node0:2,node1:2"
     assert "--rendezvous" not in other
     assert other[-3:] == ["--", "/py", "t.py"]
-    assert json.loads(other[other.index("--envs") + 1]) == [{"A": "1"}]
+    assert [e["HOROVOD_RANK"] for e in json.loads(other[other.index("--envs") + 1])] == ["2", "3"]
+    assert other[other.index("--timeout") + 1] == str(horovod.HOROVOD_TIMEOUT_S)
 
 
 # -- the spawner, for real ------------------------------------------------------------------
@@ -181,15 +187,39 @@ def test_a_report_names_the_signal() -> None:
 def test_the_jobs_horovod_timeout_wins_and_what_wires_the_job_is_refused() -> None:
     from cloudtrain.errors import ConfigError
 
-    assert workers.horovod_timeout_s({}) == workers.HOROVOD_TIMEOUT_S
-    timeout = workers.horovod_timeout_s({"HOROVOD_GLOO_TIMEOUT_SECONDS": "600"})
-    envs = workers.horovod_envs(NODES, 2, "10.0.0.5", 4567, timeout)
+    assert horovod.horovod_timeout_s({}) == horovod.HOROVOD_TIMEOUT_S
+    timeout = horovod.horovod_timeout_s({"HOROVOD_GLOO_TIMEOUT_SECONDS": "600"})
+    envs = horovod.horovod_envs(NODES, 2, "10.0.0.5", 4567, timeout)
     assert {e["HOROVOD_GLOO_TIMEOUT_SECONDS"] for node in envs for e in node} == {"600"}
     for value in ("0", "-5", "1.5", "soon", "", "٣", "86401"):
         with pytest.raises(ConfigError, match=r"HOROVOD_GLOO_TIMEOUT_SECONDS=.*whole seconds"):
-            workers.check_envs("horovod", {"HOROVOD_GLOO_TIMEOUT_SECONDS": value})
+            check("horovod", {"HOROVOD_GLOO_TIMEOUT_SECONDS": value})
     wired = [("horovod", "HOROVOD_RANK"), ("tensorflow", "TF_CONFIG"), ("torch", "MASTER_PORT")]
     for runtime, name in wired:
         with pytest.raises(ConfigError, match=rf"^envs: {name}='1': cloudtrain sets {name}"):
-            workers.check_envs(runtime, {name: "1"})
-    workers.check_envs("torch", {"HOROVOD_RANK": "1", "OMP_NUM_THREADS": "2"})  # not torch's
+            check(runtime, {name: "1"})
+    check("torch", {"HOROVOD_RANK": "1", "OMP_NUM_THREADS": "2"})  # not torch's
+
+
+def check(
+    runtime: str, envs: dict[str, str], max_restarts: int = 0, min_nodes: int | None = None
+) -> None:
+    spec = JobSpec(entrypoint=("t.py",), envs=envs, runtime=runtime, max_restarts=max_restarts,
+                   min_nodes=min_nodes)  # fmt: skip
+    runtimes.get(runtime).check(spec, ["t.py"])
+
+
+def test_torchruns_flags_are_refused_for_the_runtimes_without_it() -> None:
+    from cloudtrain.errors import ConfigError
+
+    for runtime in ("tensorflow", "horovod"):
+        with pytest.raises(ConfigError, match=rf"^--max-restarts is torchrun's .* not '{runtime}'"):
+            check(runtime, {}, max_restarts=2)
+        with pytest.raises(ConfigError, match=r"^--nodes MIN:MAX \(elastic\) is torchrun's"):
+            check(runtime, {}, min_nodes=1)
+    check("torch", {}, max_restarts=2, min_nodes=1)
+    assert [runtimes.get(r).workers_per_node(8) for r in ("torch", "tensorflow", "horovod")] == [
+        8,
+        0,
+        8,
+    ]
