@@ -30,14 +30,29 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from cloudtrain import spans as _spans
 from cloudtrain.errors import ConfigError, NotFoundError, StateError
 from cloudtrain.model import NodeInfo
+from cloudtrain.records import (
+    CLUSTER_COLS,
+    EVENT_COLS,
+    FINISHED_JOB_STATUSES,
+    INTENT_COLS,
+    JOB_BY_ID,
+    JOB_COLS,
+    JOB_STATUSES,
+    ClusterRecord,
+    EventRecord,
+    IntentRecord,
+    JobRecord,
+    cluster_row,
+    intent_row,
+    job_row,
+    json_column,
+)
 from cloudtrain.spans import SpanRecord
 from cloudtrain.spec import ClusterSpec
 
@@ -58,11 +73,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_S = 15.0
-#: ``recovering``: a managed job between attempts (its watcher replaces a node, restores the
-#: newest checkpoint and starts it again).
-JOB_STATUSES = ("pending", "running", "recovering", "succeeded", "failed", "cancelled")
-FINISHED_JOB_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
-
 # Schema migrations: _MIGRATIONS[v] takes the file from version v-1 to v. Add a new version with
 # the statements for it (e.g. ``ALTER TABLE jobs ADD COLUMN ...``); never edit a released one.
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -97,18 +107,6 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
 }
 SCHEMA_VERSION = max(_MIGRATIONS)
 
-# Columns in the order of the record's fields, so a row builds its record positionally.
-_CLUSTER_COLS = (
-    "name, provider, status, created_at, updated_at, price_per_hour, plan_json, spec_json"
-)
-_JOB_COLS = (
-    "id, seq, cluster, name, status, created_at, started_at, ended_at, exit_code, num_nodes, "
-    "nproc_per_node, command_json, detail_json"
-)
-_INTENT_COLS = "id, ts, cluster, action, detail_json, closed_at, outcome"
-_EVENT_COLS = "id, ts, cluster, job_id, kind, message"
-_JOB_BY_ID = f"SELECT {_JOB_COLS} FROM jobs WHERE id = ?"
-
 
 def home() -> Path:
     """``$CLOUDTRAIN_HOME`` if set, else the user data dir. Pure: creates nothing."""
@@ -132,104 +130,6 @@ def _dumps(value: object) -> str:
         raise TypeError(f"{type(obj).__name__} is not JSON-serialisable: {obj!r:.80}")
 
     return json.dumps(value, default=default)
-
-
-def _frozen(data: Mapping[str, Any]) -> Mapping[str, Any]:
-    return MappingProxyType(dict(data))
-
-
-#: What to do about a damaged record: a new state file, and `down` by tag for what was made.
-AFRESH = (
-    "move state.db out of CLOUDTRAIN_HOME to start afresh; `cloudtrain down NAME --provider P` "
-    "then finds a cluster's resources by their tags"
-)
-
-
-def _json(text: str) -> Any:
-    """A stored JSON column; a damaged one is a `StateError` (exit 4), never a traceback."""
-    try:
-        return json.loads(text)
-    except (TypeError, ValueError) as exc:
-        raise StateError(
-            f"a record in the state file is damaged (not JSON: {exc}); {AFRESH}"
-        ) from None
-
-
-def _loads(text: str | None) -> Mapping[str, Any] | None:
-    return None if text is None else _frozen(_json(text))
-
-
-@dataclass(frozen=True)
-class ClusterRecord:
-    """A cluster as last recorded; `spec` parses the stored spec."""
-
-    name: str
-    provider: str
-    status: str
-    created_at: float
-    updated_at: float
-    price_per_hour: float | None
-    plan: Mapping[str, Any] | None
-    spec_json: str
-
-    @property
-    def spec(self) -> ClusterSpec:
-        try:
-            return ClusterSpec.from_dict(_json(self.spec_json))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(
-                f"the recorded spec of cluster {self.name!r} is damaged ({exc!r}); "
-                f"`cloudtrain down {self.name}` removes the cluster"
-            ) from None
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    """A job; `id` is ``<cluster>-<seq>`` with `seq` global and never reused."""
-
-    id: str
-    seq: int
-    cluster: str
-    name: str
-    status: str
-    created_at: float
-    started_at: float | None
-    ended_at: float | None
-    exit_code: int | None
-    num_nodes: int
-    nproc_per_node: int
-    command: tuple[str, ...]
-    detail: Mapping[str, Any]
-
-    @property
-    def finished(self) -> bool:
-        """True once succeeded, failed or cancelled."""
-        return self.status in FINISHED_JOB_STATUSES
-
-
-@dataclass(frozen=True)
-class EventRecord:
-    """One line of the event log (`job_id` None for a cluster-level event)."""
-
-    id: int
-    ts: float
-    cluster: str
-    job_id: str | None
-    kind: str
-    message: str
-
-
-@dataclass(frozen=True)
-class IntentRecord:
-    """A cloud mutation begun at `ts`; `closed_at`/`outcome` stay None until it is ended."""
-
-    id: int
-    ts: float
-    cluster: str
-    action: str
-    detail: Mapping[str, Any]
-    closed_at: float | None
-    outcome: str | None
 
 
 def _make_home(path: Path) -> None:
@@ -367,13 +267,13 @@ class State:
             )
 
     def cluster(self, name: str) -> ClusterRecord | None:
-        rows = self._read(f"SELECT {_CLUSTER_COLS} FROM clusters WHERE name = ?", (name,))
-        return _cluster(rows[0]) if rows else None
+        rows = self._read(f"SELECT {CLUSTER_COLS} FROM clusters WHERE name = ?", (name,))
+        return cluster_row(rows[0]) if rows else None
 
     def clusters(self) -> list[ClusterRecord]:
         """Every recorded cluster, by name."""
-        rows = self._read(f"SELECT {_CLUSTER_COLS} FROM clusters ORDER BY name")
-        return [_cluster(row) for row in rows]
+        rows = self._read(f"SELECT {CLUSTER_COLS} FROM clusters ORDER BY name")
+        return [cluster_row(row) for row in rows]
 
     def set_cluster_status(self, name: str, status: str) -> None:
         """Raises `NotFoundError` for an unknown cluster."""
@@ -406,11 +306,11 @@ class State:
         now = self._clock()
         with self._write() as conn:
             row = conn.execute(
-                f"SELECT {_CLUSTER_COLS} FROM clusters WHERE name = ?", (cluster,)
+                f"SELECT {CLUSTER_COLS} FROM clusters WHERE name = ?", (cluster,)
             ).fetchone()
             if row is None:
                 raise NotFoundError(f"no cluster named {cluster!r}")
-            record = _cluster(row)
+            record = cluster_row(row)
             conn.execute("DELETE FROM nodes WHERE cluster = ?", (cluster,))
             conn.executemany(
                 "INSERT INTO nodes VALUES (?, ?, ?)",
@@ -423,7 +323,7 @@ class State:
     def nodes(self, cluster: str) -> list[NodeInfo]:
         """The cluster's nodes by index; [] when none are recorded."""
         rows = self._read("SELECT node_json FROM nodes WHERE cluster = ? ORDER BY idx", (cluster,))
-        return [NodeInfo.from_dict(_json(row[0])) for row in rows]
+        return [NodeInfo.from_dict(json_column(row[0])) for row in rows]
 
     # -- jobs -------------------------------------------------------------------------------
 
@@ -449,18 +349,18 @@ class State:
                     nproc_per_node, command_json) VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?)""",
                 (job_id, seq, cluster, name, now, num_nodes, nproc_per_node, command_json),
             )
-            row = conn.execute(_JOB_BY_ID, (job_id,)).fetchone()
-        return _job(row)
+            row = conn.execute(JOB_BY_ID, (job_id,)).fetchone()
+        return job_row(row)
 
     def job(self, job_id: str) -> JobRecord | None:
-        rows = self._read(_JOB_BY_ID, (job_id,))
-        return _job(rows[0]) if rows else None
+        rows = self._read(JOB_BY_ID, (job_id,))
+        return job_row(rows[0]) if rows else None
 
     def jobs(self, cluster: str | None = None) -> list[JobRecord]:
         """Jobs, newest first; of one cluster name (past clusters of that name included)."""
         where, params = _filters(cluster=cluster)
-        rows = self._read(f"SELECT {_JOB_COLS} FROM jobs{where} ORDER BY seq DESC", params)
-        return [_job(row) for row in rows]
+        rows = self._read(f"SELECT {JOB_COLS} FROM jobs{where} ORDER BY seq DESC", params)
+        return [job_row(row) for row in rows]
 
     def update_job(
         self,
@@ -480,18 +380,18 @@ class State:
         if status is not None and status not in JOB_STATUSES:
             raise ValueError(f"job status {status!r} is not one of {', '.join(JOB_STATUSES)}")
         with self._write() as conn:
-            row = conn.execute(_JOB_BY_ID, (job_id,)).fetchone()
+            row = conn.execute(JOB_BY_ID, (job_id,)).fetchone()
             if row is None:
                 raise NotFoundError(f"no job {job_id!r}")
-            merged = {**_json(row[12]), **(detail or {})}
+            merged = {**json_column(row[12]), **(detail or {})}
             conn.execute(
                 """UPDATE jobs SET status = coalesce(?, status),
                     exit_code = coalesce(?, exit_code), started_at = coalesce(?, started_at),
                     ended_at = coalesce(?, ended_at), detail_json = ? WHERE id = ?""",
                 (status, exit_code, started_at, ended_at, _dumps(merged), job_id),
             )
-            row = conn.execute(_JOB_BY_ID, (job_id,)).fetchone()
-        return _job(row)
+            row = conn.execute(JOB_BY_ID, (job_id,)).fetchone()
+        return job_row(row)
 
     def finish_job(
         self,
@@ -510,12 +410,12 @@ class State:
         if status not in FINISHED_JOB_STATUSES:
             raise ValueError(f"{status!r} is not how a job ends")
         with self._write() as conn:
-            row = conn.execute(_JOB_BY_ID, (job_id,)).fetchone()
+            row = conn.execute(JOB_BY_ID, (job_id,)).fetchone()
             if row is None:
                 raise NotFoundError(f"no job {job_id!r}")
             if row[4] in FINISHED_JOB_STATUSES:
                 return False
-            merged = {**_json(row[12]), **(detail or {})}
+            merged = {**json_column(row[12]), **(detail or {})}
             now = self._clock()
             start = row[6] if row[6] is not None else row[5]  # started, else made
             ended = now
@@ -564,7 +464,7 @@ class State:
         if name is not None:
             where = f"{where} AND (cluster = ? OR job_id = ?)"
             params += [name, name]
-        rows = self._read(f"SELECT {_EVENT_COLS} FROM events{where} ORDER BY id", params)
+        rows = self._read(f"SELECT {EVENT_COLS} FROM events{where} ORDER BY id", params)
         return [EventRecord(*row) for row in rows]
 
     # -- spans ------------------------------------------------------------------------------
@@ -606,9 +506,9 @@ class State:
         where, params = _filters(cluster=cluster)
         where = f"{where} AND" if where else " WHERE"
         rows = self._read(
-            f"SELECT {_INTENT_COLS} FROM intents{where} closed_at IS NULL ORDER BY id", params
+            f"SELECT {INTENT_COLS} FROM intents{where} closed_at IS NULL ORDER BY id", params
         )
-        return [_intent(row) for row in rows]
+        return [intent_row(row) for row in rows]
 
     @contextlib.contextmanager
     def intent(
@@ -675,15 +575,3 @@ def _filters(**columns: str | None) -> tuple[str, list[str]]:
     used = {name: value for name, value in columns.items() if value is not None}
     where = " AND ".join(f"{name} = ?" for name in used)
     return (f" WHERE {where}" if where else "", list(used.values()))
-
-
-def _cluster(row: tuple[Any, ...]) -> ClusterRecord:
-    return ClusterRecord(*(*row[:6], _loads(row[6]), row[7]))
-
-
-def _job(row: tuple[Any, ...]) -> JobRecord:
-    return JobRecord(*(*row[:11], tuple(_json(row[11])), _frozen(_json(row[12]))))
-
-
-def _intent(row: tuple[Any, ...]) -> IntentRecord:
-    return IntentRecord(*(*row[:4], _frozen(_json(row[4])), *row[5:]))

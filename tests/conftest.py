@@ -32,9 +32,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not item.nodeid.startswith(PROCESSES))
 
 
-#: The tests of real processes that mostly wait (on a clock, an sshd, a stand-in) and start
-#: no torch job of two ranks: they run as one more piece of work, on the other worker, beside
-#: the rest, so that it does not sit idle while the first one runs the jobs.
+#: The tests of real processes that mostly wait (on a clock, an sshd, a stand-in) and train
+#: nothing (their scripts sleep, print or exit; at most torchrun's agents import torch): they
+#: run as one more piece of work, on the other worker, beside the rest, so that it does not sit
+#: idle while the first one runs the jobs that train.
 BESIDE = frozenset(
     f"{PROCESSES}test_{name}.py"
     for name in (
@@ -45,14 +46,21 @@ BESIDE = frozenset(
         "dry_run_offline",
         "host_keys",
         "hostile_input",
+        "interrupted_records",
+        "job_end",
+        "killed",
         "limits_hold",
         "logs_tail",
         "node_data",
         "preemption_notices",
+        "private_nodes",
+        "recovery_faults",
+        "resident_agent",
         "selfstop_jobs",
         "ssh_executor",
         "terminal_safety",
         "warm_secrets",
+        "watcher_survives",
     )
 )
 

@@ -59,8 +59,9 @@ def machines(provider: str, gpus: Sequence[str]) -> list[InstanceType]:
 def account_options(flags: dict[str, Any], clouds: Sequence[str]) -> dict[str, Any]:
     """The account options given (``--profile``…, ``-o KEY=VALUE``), by key; `ConfigError`
     for a ``-o`` key that none of `clouds` takes."""
-    from cloudtrain.cli.options import account_keys, loose_settings
+    from cloudtrain.cli.options import loose_settings
     from cloudtrain.errors import ConfigError
+    from cloudtrain.provision.registry import account_keys
 
     given = loose_settings(flags)
     taken = sorted({k for p in clouds for k in account_keys(p)})
@@ -170,7 +171,7 @@ def check(
     One read-only call per cloud tells whether its credentials are valid, and a few more read
     its GPU quotas in the catalog's regions; nothing is created."""
     from cloudtrain.check import check as check_cloud
-    from cloudtrain.cli.options import account_keys
+    from cloudtrain.provision.registry import account_keys
 
     clouds = list(dict.fromkeys(providers)) or list(CLOUDS)
     rows = {p: machines(p, gpus) for p in clouds}  # bad input: exit 2 before any call

@@ -1,8 +1,7 @@
-"""Cluster commands: up, down, status, gpus."""
+"""Cluster commands: up, down, gpus, autostop (`status` is `cloudtrain.cli.status_cmd`)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,7 +10,6 @@ import click
 
 from cloudtrain.cli.app import App
 from cloudtrain.cli.options import (
-    account,
     cluster_name,
     given_options,
     listed,
@@ -22,11 +20,9 @@ from cloudtrain.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from cloudtrain.cost import Figure
     from cloudtrain.model import NodeInfo, OnEvent
     from cloudtrain.plan.optimizer import Ranking
     from cloudtrain.spec import ClusterSpec, TaskSpec
-    from cloudtrain.state import ClusterRecord
 
 pass_app = click.make_pass_decorator(App)
 
@@ -409,7 +405,10 @@ def down(
         why = api.forget(app.state, app.home, str(name), on_event=app.event)
         app.out.print(f"cluster {name} is forgotten here: {why}", markup=False)
         return
-    targets = [(name, provider, options)] if name else _every_cluster(app, provider, options)
+    from cloudtrain.reconcile import every_cluster
+
+    walk = every_cluster(app.state, app.home, provider, options) if every else []
+    targets = [(name, provider, options)] if name else walk
     if every:
         if not targets:
             app.out.print("nothing to do: no clusters", markup=False)
@@ -433,274 +432,6 @@ def _confirm(question: str) -> bool:
         return click.confirm(question, err=True)
     except click.Abort:
         return False
-
-
-def _every_cluster(
-    app: App, provider: str | None, options: dict[str, str] | None
-) -> list[tuple[str, str | None, dict[str, Any] | None]]:
-    """Recorded clusters, and clusters of this owner found by tag on `provider` (or on local
-    and every provider that has a record), each with the account to reach it in."""
-    from cloudtrain import api
-    from cloudtrain.provision import registry
-
-    records = app.state.clusters()
-    found: dict[str, tuple[str, dict[str, Any] | None]] = {
-        c.name: (c.provider, None) for c in records
-    }
-    wanted = {provider} if provider else {registry.DEFAULT, *(c.provider for c in records)}
-    for pname in sorted(wanted):
-        # the accounts to look in: the flags', else those the records were made in
-        recorded = {json.dumps(account(c.spec.extra, pname), sort_keys=True)
-                    for c in records if c.provider == pname}  # fmt: skip
-        accounts = [options] if options else [json.loads(a) or None for a in sorted(recorded)]
-        for acct in accounts or [None]:
-            for cluster in api.provider(pname, app.home, acct).clusters():
-                found.setdefault(cluster, (pname, acct))
-    return [(n, p, acct) for n, (p, acct) in sorted(found.items()) if not provider or p == provider]
-
-
-#: The latest events `status` shows (of one cluster with --cluster, else of all).
-EVENTS_SHOWN = 20
-
-
-@click.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--cluster", "-c", callback=cluster_name,
-              help="Only this cluster: its jobs and its latest events.")  # fmt: skip
-@click.option("--refresh", is_flag=True, help="Ask each provider which nodes really exist.")
-@click.argument("name", required=False, callback=cluster_name)
-@pass_app
-def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: str | None) -> None:
-    """Clusters, their nodes, and jobs (running jobs are read from their nodes). With a NAME
-    (or --cluster), that cluster only, and what happened to it lately."""
-    if name is not None and cluster is not None and name != cluster:
-        raise click.UsageError(f"NAME {name!r} and --cluster {cluster!r} differ; give one")
-    cluster = cluster or name
-    import time
-
-    from cloudtrain import api, autostop
-    from cloudtrain.cli import render
-    from cloudtrain.errors import CloudtrainError
-
-    state = app.state
-    from cloudtrain.cli.watch import restart_watchers
-
-    restart_watchers(app)
-    clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
-    # a cluster that may have stopped itself is looked at by every status: what its nodes
-    # could not remove (they hold no credential) is removed by the next command here
-    watched = clusters if refresh else [c for c in clusters if autostop.may_have_stopped(state, c)]
-    if watched:
-        reconcile(app, watched, others=refresh)
-        clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
-    if api.abandoned(state, app.home, [c.name for c in clusters]):  # a killed `up`'s status
-        clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
-    for intent in state.open_intents(cluster):
-        app.note(interrupted_line(intent.action, intent.cluster, render.ago(intent.ts)))
-    for c in clusters:
-        if c.status == api.UNWATCHED:
-            app.note(f"warning: the wait for the bootstrap of {c.name!r} was interrupted; its "
-                     "nodes run, ready or not: `cloudtrain up` it again to wait, or "
-                     f"`cloudtrain down {c.name}`")  # fmt: skip
-    refreshed = {}
-    for c in clusters:
-        running = [j for j in state.jobs(c.name) if not j.finished]
-        if running:
-            coord = app.coordinator(c.name)
-            try:
-                for job in running:
-                    refreshed[job.id] = coord.refresh(job.id)
-            except CloudtrainError as exc:
-                app.note(f"warning: could not read jobs of {c.name!r} from its nodes: {exc}")
-            finally:
-                coord.close()
-    jobs = [refreshed.get(j.id, j) for j in state.jobs(cluster)]
-    nodes = {c.name: state.nodes(c.name) for c in clusters}
-    events = state.events(cluster, limit=EVENTS_SHOWN)
-    now = time.time()
-    spent = {c.name: cost_so_far(app, c, now) for c in clusters}
-    if as_json:
-        data = {
-            "clusters": [
-                {
-                    "name": c.name,
-                    "provider": c.provider,
-                    "status": c.status,
-                    "price_per_hour": c.price_per_hour,
-                    "created_at": c.created_at,
-                    "cost_so_far": render.money_json(spent[c.name]),
-                    "cost_is_estimate": spent[c.name].estimate,
-                    "spec": c.spec.to_dict(),
-                    "nodes": [n.to_dict() for n in nodes[c.name]],
-                }
-                for c in clusters
-            ],
-            "jobs": [render.job_json(j) for j in jobs],
-            "events": [render.event_json(e) for e in events],
-        }
-        click.echo(json.dumps(data, indent=2))
-        return
-    if not clusters and not jobs:
-        if cluster is not None and events:  # a cluster that is gone: what became of it
-            app.out.print(render.events_table(events))
-            return
-        app.out.print("no clusters and no jobs; `cloudtrain up --name demo --nodes 2` makes one")
-        return
-    # the agents of clusters with an idle clock say how long they have been idle and when they
-    # stop; one cluster's story has each of its agents' lines
-    idle = [c for c in clusters if c.spec.limits.idle_minutes and c.status in ("up", "partial")]
-    told = [c for c in clusters if c.name == cluster and _stops_itself(c)]
-    beats = _agent_beats(app, [c for c in clusters if c in idle or c in told])
-    acted = [c for c in clusters if any(b.get("stopped") for b in beats.get(c.name, []))]
-    if acted:  # a node with no agent, due, was stopped by that ask: its cluster settles now
-        reconcile(app, acted, others=False)
-        clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
-        nodes = {c.name: state.nodes(c.name) for c in clusters}
-        events = state.events(cluster, limit=EVENTS_SHOWN)
-    stops = {c.name: render.stops_text(c.spec, beats[c.name], now) for c in idle
-             if c.name in beats and c not in acted}  # fmt: skip
-    counts = {k: len(v) for k, v in nodes.items()}
-    app.out.print(render.clusters_table(clusters, counts, stops, now, spent))
-    if jobs:
-        app.out.print(render.jobs_table(jobs[:20]))
-    if cluster is not None:  # one cluster's story: its agents, what happened to it lately
-        for c in told:
-            for beat in beats.get(c.name, []):
-                app.out.print(render.agent_line(beat, now), markup=False)
-        if events:
-            app.out.print(render.events_table(events))
-
-
-def interrupted_line(action: str, cluster: str, ago: str) -> str:
-    """What `status` says of an intent a killed command left open: which command it was and
-    the one that finishes it (a teardown is finished by `down`, never by `up`)."""
-    if action in ("terminate", "down"):
-        return (
-            f"warning: an earlier `cloudtrain down {cluster}` was interrupted ({ago}); "
-            f"`cloudtrain down {cluster}` again finishes it"
-        )
-    return (
-        f"warning: an earlier `cloudtrain up` of cluster {cluster!r} was interrupted ({ago}); "
-        f"`cloudtrain up` it again to finish it, or `cloudtrain down {cluster}` to remove what "
-        "it made"
-    )
-
-
-def cost_so_far(app: App, record: ClusterRecord, now: float) -> Figure:
-    """What the cluster `record` cost since it was made: its nodes' spans of this record (a
-    name's earlier clusters are `cloudtrain cost`'s), at the price recorded at `up`."""
-    from cloudtrain import cost
-
-    return cost.spent(app.state.spans(record.name), now, record.name, record.created_at)
-
-
-def _stops_itself(c: ClusterRecord) -> bool:
-    """Whether the nodes of `c`'s provider can stop themselves (they have agents to ask)."""
-    from cloudtrain.model import Capability
-    from cloudtrain.provision import registry
-
-    return Capability.AUTOSTOP in registry.provider_class(c.provider).capabilities
-
-
-def _agent_beats(app: App, clusters: list[ClusterRecord]) -> dict[str, list[dict[str, Any]]]:
-    """Each cluster's node agents as they see themselves (one round trip to each cluster's
-    nodes); a cluster whose agents cannot be asked is left out, with a warning."""
-    from cloudtrain import api
-    from cloudtrain.errors import CloudtrainError
-
-    found = {}
-    for c in clusters:
-        try:
-            found[c.name] = api.agent_beats(app.state, app.home, c.name)
-        except CloudtrainError as exc:
-            app.note(f"warning: could not ask the agents of {c.name!r}: {exc}")
-    return found
-
-
-def reconcile(app: App, clusters: list[ClusterRecord], others: bool = True) -> None:
-    """Compare the records with the providers' tags and fix what drifted: nodes gone behind
-    our back, nodes that appeared; report clusters that exist but are not recorded here."""
-    import dataclasses
-
-    from cloudtrain import api, autostop
-    from cloudtrain.provision import registry
-
-    state = app.state
-    for c in clusters:
-        prov = api.provider_for(c.spec, app.home)  # the account the cluster was made in
-        found = prov.describe(c.name, c.spec.cluster_id)
-        known = {n.node_id: n for n in state.nodes(c.name)}
-        found = [  # a node that does not answer keeps what was known of it
-            dataclasses.replace(known[n.node_id], state=n.state)
-            if n.state == "unreachable" and n.node_id in known else n
-            for n in found
-        ]  # fmt: skip
-        before = set(known)
-        after = {n.node_id for n in found}
-        if before != after:
-            app.note(f"{c.name}: {len(before - after)} node(s) gone, {len(after - before)} "
-                     "new, since the last record; updated")  # fmt: skip
-        for line in node_changes(c.provider, list(known.values()), found):
-            state.add_event(c.name, "node", line)
-        state.set_nodes(c.name, found)
-        live = sum(n.state == "running" for n in found)
-        status = "up" if live >= c.spec.num_nodes else "partial" if found else "gone"
-        left = [] if found else prov.leftovers(c.name, c.spec.cluster_id)
-        if autostop.overdue(c.spec, found) and autostop.may_have_stopped(state, c):
-            app.note(autostop.expire(state, app.home, c, found))  # its end passed: it goes
-            continue
-        if autostop.stopped_itself(c.spec, found) and autostop.may_have_stopped(state, c):
-            # its agents acted: what they could not remove is removed here
-            left += [f"node {n.index} ({n.node_id}, {n.state})" for n in found]
-            gone = [n for i, n in known.items() if i not in after]  # its jobs' folders: home
-            app.note(autostop.settle(state, app.home, c, left, halted=len(found), was=gone))
-            continue
-        if left:
-            status = "leftovers"
-            said = f"no node is left, but {', '.join(left)} remain"
-            if [e.message for e in state.events(c.name, limit=1)] != [
-                said
-            ]:  # once, not per refresh
-                state.add_event(c.name, "leftovers", said)
-            app.note(f"{c.name}: {said}; `cloudtrain down {c.name}` removes them")
-        state.set_cluster_status(c.name, status)
-    if not others:
-        return
-    recorded = {c.name for c in state.clusters()}
-    accounts = {(c.provider, json.dumps(account(c.spec.extra, c.provider), sort_keys=True)): c
-                for c in clusters}  # fmt: skip
-    providers = [api.provider(registry.DEFAULT, app.home)] + [
-        api.provider_for(c.spec, app.home)
-        for (p, _), c in sorted(accounts.items())
-        if p != registry.DEFAULT
-    ]
-    for prov in providers:
-        pname = prov.name
-        for name in prov.clusters():
-            if name not in recorded:
-                app.note(f"warning: cluster {name!r} exists on {pname} (found by its tags) but "
-                         f"is not recorded here; `cloudtrain down {name} --provider {pname}` "
-                         "removes it")  # fmt: skip
-
-
-def node_changes(provider: str, recorded: list[NodeInfo], found: list[NodeInfo]) -> list[str]:
-    """What became of the nodes since they were recorded, one line each (an event): gone from
-    the provider (preempted, or removed behind cloudtrain's back), no longer billing, or new."""
-    from cloudtrain.spans import NOT_BILLING
-
-    now = {n.node_id: n for n in found}
-    lines = []
-    for old in recorded:
-        new = now.get(old.node_id)
-        if new is None:
-            lines.append(f"node {old.index} ({old.node_id}) is gone: {provider} no longer has it")
-        elif new.state in NOT_BILLING and old.state not in NOT_BILLING:
-            lines.append(f"node {old.index} ({old.node_id}) is {new.state}")
-    was = {n.node_id for n in recorded}
-    for n in found:
-        if n.node_id not in was:
-            lines.append(f"node {n.index} ({n.node_id}) found {n.state}, not recorded before")
-    return lines
 
 
 @click.command()
@@ -736,4 +467,4 @@ def gpus(
     app.out.print(render.gpus_table(rows, spot, cat.prices_read_on))
 
 
-COMMANDS = (up, down, status, gpus, autostop)
+COMMANDS = (up, down, gpus, autostop)

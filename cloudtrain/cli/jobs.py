@@ -370,11 +370,11 @@ def _train_and_maybe_down(
             "down when the job ends"
         )
     from cloudtrain import autostop
-    from cloudtrain.cli.clusters import reconcile
+    from cloudtrain.reconcile import reconcile
 
     record = app.state.cluster(cluster)
     if record is not None and autostop.may_have_stopped(app.state, record):  # meanwhile?
-        reconcile(app, [record], others=False)
+        reconcile(app.state, app.home, [record], app.note, others=False)
         record = app.state.cluster(cluster)
     if record is None:
         raise NotFoundError(

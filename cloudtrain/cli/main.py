@@ -262,7 +262,7 @@ def check_environment() -> None:
 #: not pay for the dashboard's or the catalog updater's imports.
 #: tests/unit/test_cli_surface.py checks this table against the modules' ``COMMANDS``.
 COMMAND_MODULES = {
-    "up": "clusters", "down": "clusters", "status": "clusters", "gpus": "clusters",
+    "up": "clusters", "down": "clusters", "status": "status_cmd", "gpus": "clusters",
     "autostop": "clusters",
     "launch": "jobs", "train": "jobs", "logs": "jobs", "cancel": "jobs",
     "jobs": "watch",

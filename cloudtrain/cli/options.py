@@ -137,20 +137,6 @@ def loose_settings(flags: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def account_keys(provider: str | None = None) -> set[str]:
-    """The option keys that name an account (of `provider`, or of any built-in one)."""
-    from cloudtrain.provision import registry
-
-    names = [provider] if provider else list(registry.BUILTIN)
-    return {o.key for n in names for o in registry.options(n) if o.account}
-
-
-def account(extra: Mapping[str, Any], provider: str | None = None) -> dict[str, Any]:
-    """The account a cluster was made in, from its recorded options."""
-    keys = account_keys(provider)
-    return {k: v for k, v in extra.items() if k in keys and v}
-
-
 # -- names on the command line --------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ by name so that a user gets a clear answer instead of "unknown provider".
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any, cast
 
@@ -131,3 +131,15 @@ def offering(capability: Capability) -> list[str]:
 def builtin_options() -> dict[str, tuple[Option, ...]]:
     """Every built-in provider's options, by provider (for the CLI's flags)."""
     return {name: options(name) for name in BUILTIN}
+
+
+def account_keys(provider: str | None = None) -> set[str]:
+    """The option keys that name an account (of `provider`, or of any built-in one)."""
+    names = [provider] if provider else list(BUILTIN)
+    return {o.key for n in names for o in options(n) if o.account}
+
+
+def account(extra: Mapping[str, Any], provider: str | None = None) -> dict[str, Any]:
+    """The account a cluster was made in, from its recorded options."""
+    keys = account_keys(provider)
+    return {k: v for k, v in extra.items() if k in keys and v}
