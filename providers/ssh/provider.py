@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from cloudtrain import access
 from cloudtrain.boot import bootstrap
 from cloudtrain.errors import ConfigError, ProviderError
-from cloudtrain.executors.base import fan_out
+from cloudtrain.executors.base import SSH_FAILED, fan_out
 from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
 from cloudtrain.node import agent as resident
@@ -223,11 +223,14 @@ class SshProvider:
             done = ex.run(["sh", "-c", f'cat "$HOME/.cloudtrain/{cluster}/node-{index}/node.json"'],
                           timeout=60)  # fmt: skip
         except ProviderError:  # what reaches it is known still: the executor needs it
-            return NodeInfo(cluster, index, str(host), host.address, None, "unreachable",
-                            user=host.user, extra=MappingProxyType(_reach(host)))  # fmt: skip
+            done = None
         finally:
             ex.release()
-        if done.returncode != 0:
+        if done is None or done.returncode == SSH_FAILED:  # no answer (a connection that
+            # broke under load is no "node gone": that ended a bootstrap's wait once)
+            return NodeInfo(cluster, index, str(host), host.address, None, "unreachable",
+                            user=host.user, extra=MappingProxyType(_reach(host)))  # fmt: skip
+        if done.returncode != 0:  # the host answered: no node of the cluster there
             return None
         try:
             tags = json.loads(done.stdout)

@@ -101,3 +101,31 @@ def test_the_trust_warning_names_every_host_and_the_rule_to_add() -> None:
     assert "listens on 10.0.0.5, 10.0.0.6" in text
     assert "'ufw allow proto tcp from 10.0.0.5' 'ufw allow proto tcp from 10.0.0.6'" in text
     assert "\n" not in text
+
+
+def test_a_host_whose_ssh_connection_breaks_is_unreachable_not_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ssh's own 255 (the connection broke) is no answer: the node is `unreachable`, kept,
+    never "no longer run" (which ended a bootstrap's wait once, under load); a host that
+    answers that the node's file is missing has no node."""
+    from cloudtrain.executors.base import RunResult
+    from cloudtrain.providers.ssh.provider import SshProvider
+    from cloudtrain.provision.provider import ProviderContext
+
+    provider = SshProvider(ProviderContext(home=tmp_path, options={"hosts": "u@h1,u@h2"}))
+    codes = {"h1": 255, "h2": 1}
+
+    class Stub:
+        def __init__(self, host: Host) -> None:
+            self.host = host
+
+        def run(self, argv: object, **kwargs: object) -> RunResult:
+            return RunResult(("cat",), codes[self.host.address], "", "broken pipe")
+
+        def release(self) -> None:
+            pass
+
+    monkeypatch.setattr(provider, "_executor", Stub)
+    found = provider.describe("c")
+    assert [(n.index, n.state) for n in found] == [(0, "unreachable")]
