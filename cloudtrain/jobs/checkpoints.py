@@ -82,6 +82,16 @@ def _listing(folder: Path) -> list[tuple[str, int, int]]:
     return sorted((rel, st.st_size, st.st_mtime_ns) for rel, st in received.regular_files(folder))
 
 
+def age(snapshot: Path, at: float) -> float:
+    """How old, at `at` (seconds since the epoch), the checkpoint in `snapshot` is: from the
+    newest of its files as the node wrote it (the copies keep the node's times), else from when
+    the snapshot was kept. A snapshot is taken after the files in it were written, so a newer
+    time (a node whose clock runs ahead) counts as 0 s."""
+    times = [st.st_mtime_ns for _, st in received.regular_files(snapshot)]
+    written = max(times) / 1e9 if times else int(snapshot.name) / 1000
+    return max(0.0, at - written)
+
+
 class Kept:
     """The checkpoints of one job kept under cloudtrain's home; the `keep` newest of them
     (a whole number, 1 or more: else `ConfigError`)."""

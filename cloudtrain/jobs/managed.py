@@ -59,7 +59,7 @@ from typing import Any
 
 from cloudtrain import locks
 from cloudtrain.errors import CloudtrainError, JobError, NodeLostError, NotFoundError
-from cloudtrain.jobs import preemptions, rehost, replacing, supervisor
+from cloudtrain.jobs import checkpoints, preemptions, rehost, replacing, supervisor
 from cloudtrain.jobs.attempts import HEARTBEAT_S, Verdict, attempt_of, elastic
 from cloudtrain.jobs.coordinator import Coordinator
 from cloudtrain.model import Event, NodeInfo
@@ -303,7 +303,7 @@ class Watcher:
             self._say(rec, "recovery", f"job {rec.id}: recovery {number} failed: {exc}")
             time.sleep(RETRY_PAUSE_S)
             return
-        age = began - int(snapshot.name) / 1000 if snapshot is not None else None
+        age = checkpoints.age(snapshot, began) if snapshot is not None else None
         self._count(rec, verdict, began, age, replaced=replaced)
         restored = f"the checkpoint kept {age:.0f} s before" if age is not None else "no checkpoint"
         self._say(rec, "recovery", f"job {rec.id} recovered in {time.time() - began:.1f} s "
@@ -375,7 +375,7 @@ class Watcher:
             self._say(rec, "recovery", f"job {rec.id}: recovery {number} failed: {exc}")
             time.sleep(RETRY_PAUSE_S)
             return
-        age = began - int(snapshot.name) / 1000 if snapshot is not None else None
+        age = checkpoints.age(snapshot, began) if snapshot is not None else None
         self._count(rec, verdict, began, age)
         self.state.update_job(rec.id, detail={rehost.ABSENT_KEY: [verdict.node]})
         restored = f"the checkpoint kept {age:.0f} s before" if age is not None else "no checkpoint"

@@ -40,6 +40,26 @@ def test_a_snapshot_per_change_the_newest_kept_and_each_left_as_it_was(tmp_path:
     assert kept.required() == kept.newest()
 
 
+def test_a_checkpoints_age_is_from_when_the_node_wrote_it_not_when_it_came_home(
+    tmp_path: Path,
+) -> None:
+    """A snapshot taken after a recovery began (pulled from a node that survived) is named
+    after it: its age is from its files' times, which the copy keeps, and never below 0."""
+    node = tmp_path / "node"
+    (node / "sub").mkdir(parents=True)
+    for name, written in (("model.pt", 1_000.0), ("sub/optim.pt", 1_010.0)):
+        (node / name).write_text(name)
+        os.utime(node / name, (written, written))
+    snapshot = checkpoints.Kept(tmp_path / "home", "c1-1").pull(LocalExecutor(), str(node))
+    assert snapshot is not None
+    assert int(snapshot.name) / 1000 > 1_010
+    assert checkpoints.age(snapshot, 1_030.0) == 20.0
+    assert checkpoints.age(snapshot, 1_005.0) == 0.0, "a node's clock ahead: no negative age"
+    empty = tmp_path / "home" / "1500000"
+    empty.mkdir()
+    assert checkpoints.age(empty, 1_600.0) == 100.0, "no file: from when it was kept"
+
+
 def test_a_job_with_nothing_kept_is_named(tmp_path: Path) -> None:
     with pytest.raises(NotFoundError, match="job c1-9 has no checkpoint kept here"):
         checkpoints.Kept(tmp_path, "c1-9").required()
