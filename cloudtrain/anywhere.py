@@ -49,7 +49,7 @@ def on(spec: ClusterSpec, provider: str) -> ClusterSpec:
 
 def clouds_at_hand(extra: Mapping[str, Any]) -> tuple[list[str], list[Presence]]:
     """The clouds whose credentials are present (offline), and the presence of the others."""
-    found = [credentials.present(cloud, extra) for cloud in registry.CLOUDS]
+    found = [credentials.present(cloud, extra) for cloud in registry.clouds()]
     return [p.provider for p in found if p.found], [p for p in found if not p.found]
 
 
@@ -57,10 +57,10 @@ def rank(spec: ClusterSpec, max_price: float | None = None) -> Ranking:
     """Where `spec` may go, cheapest first: every cloud at hand when it names none, else its
     own provider (bounded by `max_price`). `ConfigError` when nowhere is left."""
     if spec.provider != ANYWHERE:
-        if spec.provider not in registry.CLOUDS:
+        if spec.provider not in registry.clouds():
             raise ConfigError(
                 f"--max-price: provider {spec.provider!r} has no prices in the catalog; "
-                f"clouds that do: {', '.join(registry.CLOUDS)}"
+                f"clouds that do: {', '.join(registry.clouds())}"
             )
         return optimizer.rank(spec, [spec.provider], max_price=max_price)
     at_hand, missing = clouds_at_hand(spec.extra)

@@ -353,7 +353,7 @@ def hand_limits(state: State, home: Path, spec: ClusterSpec) -> list[dict[str, A
         state,
         home,
         spec.name,
-        agent_policy(spec.limits, sessions=spec.provider != registry.DEFAULT),
+        agent_policy(spec.limits, sessions=spec.provider != registry.default()),
     )  # the user's own machine: theirs are not work
     state.add_event(spec.name, "autostop", "the nodes stop themselves: " + spec.limits.text())
     return beats
@@ -525,7 +525,7 @@ def _down(
     from cloudtrain.jobs.coordinator import Coordinator
 
     record = state.cluster(name)
-    pname = record.provider if record else provider_name or "local"
+    pname = record.provider if record else provider_name or registry.default()
     if pname not in registry.available():
         raise NotFoundError(
             f"no cluster named {name!r} here, and provider {pname!r} is not available"

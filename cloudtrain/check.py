@@ -11,14 +11,12 @@ Per cloud, in this order, stopping at the first "no":
    cloud, or those of ``--gpus``), per catalog region, with their limit and, where the API says
    it, what is used. A quota that cannot be read is a finding, not a failure of the cloud.
 
-Each cloud's calls live in its package's ``_check`` module, imported by name when that cloud is
-checked (so this module imports no SDK). Its interface::
-
-    SDK: tuple[str, ...]          # modules the calls need, imported to see they are there
-    EXTRA: str                    # the extra that installs them: cloudtrain[EXTRA]
-    CREDENTIALS_FIX: str          # what to do when the cloud refuses the credentials
-    def check(options: Mapping[str, Any], rows: Sequence[InstanceType]) -> Report: ...
-        # raises a CloudtrainError when the validity call fails; blocks for a few calls
+Each cloud's calls live in its package, handed over by its plugin
+(`cloudtrain.provision.plugin.Plugin.quota`, a `QuotaCheck`) when that cloud is checked, so this
+module imports no SDK: the modules the calls need (``SDK``), the extra that installs them
+(``EXTRA``), what to do when the cloud refuses the credentials (``CREDENTIALS_FIX``) and
+``check(options, rows) -> Report``, which raises a `CloudtrainError` when the validity call fails
+and blocks for a few calls.
 
 A cloud is **usable** when its credentials are valid and, where quotas were read, at least one
 machine of interest fits in what they leave (`Room`). Every problem found comes with what to do
@@ -30,13 +28,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import AuthError, CloudtrainError, ConfigError, ProviderError
 
 if TYPE_CHECKING:
     from cloudtrain.plan.catalog import InstanceType
+    from cloudtrain.provision.plugin import QuotaCheck
 
 #: `Quota.region` of a quota that holds in every region (GCP's GPUS_ALL_REGIONS).
 GLOBAL = "global"
@@ -174,9 +172,17 @@ def unread(what: str, error: CloudtrainError, permission: str) -> Finding:
     return Finding(f"{what} not read: {text}", RETRY_FIX if retry else f"allow {permission}")
 
 
-def check_module(provider: str) -> ModuleType:
-    """The provider's ``_check`` module (imports no SDK by itself)."""
-    return importlib.import_module(f"cloudtrain.providers.{provider}._check")
+def check_module(provider: str) -> QuotaCheck:
+    """The cloud's part of the check (`Plugin.quota`: imports no SDK by itself); `ConfigError`
+    for a provider that is no cloud."""
+    from cloudtrain.provision.registry import plugin
+
+    quota = plugin(provider).quota
+    if quota is None:
+        raise ConfigError(
+            f"provider {provider!r} is no cloud: `cloudtrain check` has nothing to read"
+        )
+    return quota()
 
 
 def check(
@@ -249,7 +255,7 @@ def _importable(name: str) -> bool:
     return True
 
 
-def _fix(error: CloudtrainError, module: ModuleType) -> str:
+def _fix(error: CloudtrainError, module: QuotaCheck) -> str:
     if isinstance(error, AuthError):
         return str(module.CREDENTIALS_FIX)
     if isinstance(error, ProviderError) and error.retryable:

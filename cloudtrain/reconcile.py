@@ -76,10 +76,10 @@ def reconcile(
     recorded = {c.name for c in state.clusters()}
     accounts = {(c.provider, json.dumps(account(c.spec.extra, c.provider), sort_keys=True)): c
                 for c in clusters}  # fmt: skip
-    providers = [api.provider(registry.DEFAULT, home)] + [
+    providers = [api.provider(registry.default(), home)] + [
         api.provider_for(c.spec, home)
         for (p, _), c in sorted(accounts.items())
-        if p != registry.DEFAULT
+        if p != registry.default()
     ]
     for prov in providers:
         pname = prov.name
@@ -121,7 +121,7 @@ def every_cluster(
     found: dict[str, tuple[str, dict[str, Any] | None]] = {
         c.name: (c.provider, None) for c in records
     }
-    wanted = {provider} if provider else {registry.DEFAULT, *(c.provider for c in records)}
+    wanted = {provider} if provider else {registry.default(), *(c.provider for c in records)}
     for pname in sorted(wanted):
         # the accounts to look in: the flags', else those the records were made in
         recorded = {json.dumps(account(c.spec.extra, pname), sort_keys=True)

@@ -137,7 +137,7 @@ class App:
         provider = (
             api.provider_for(record.spec, self.home)
             if record
-            else api.provider(registry.DEFAULT, self.home)
+            else api.provider(registry.default(), self.home)
         )
         return Coordinator(self.state, provider, home=self.home)
 

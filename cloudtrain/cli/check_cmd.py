@@ -23,7 +23,7 @@ from rich.text import Text
 
 from cloudtrain.cli.app import App
 from cloudtrain.cli.options import with_account_options
-from cloudtrain.provision.credentials import CLOUDS
+from cloudtrain.provision import registry
 
 if TYPE_CHECKING:
     from cloudtrain.check import CloudCheck
@@ -152,7 +152,7 @@ def room_table(c: CloudCheck) -> Table:
     "--provider",
     "providers",
     multiple=True,
-    type=click.Choice(CLOUDS),
+    type=click.Choice(registry.clouds()),
     help="Only this cloud (repeat for more; default: every cloud).",
 )
 @click.option(
@@ -173,7 +173,7 @@ def check(
     from cloudtrain.check import check as check_cloud
     from cloudtrain.provision.registry import account_keys
 
-    clouds = list(dict.fromkeys(providers)) or list(CLOUDS)
+    clouds = list(dict.fromkeys(providers)) or registry.clouds()
     rows = {p: machines(p, gpus) for p in clouds}  # bad input: exit 2 before any call
     given = account_options(flags, clouds)
     wanted = ", ".join(gpus)

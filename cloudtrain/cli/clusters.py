@@ -394,7 +394,7 @@ def down(
     from cloudtrain.provision import registry
 
     record = app.state.cluster(name) if name else None
-    pname = provider or (record.provider if record else None if every else registry.DEFAULT)
+    pname = provider or (record.provider if record else None if every else registry.default())
     given = provider_settings(pname, flags) if pname else loose_settings(flags)
     options = {**given, **({"owner": owner} if owner else {})} or None
     if every == bool(name):
@@ -435,7 +435,7 @@ def _confirm(question: str) -> bool:
 
 
 @click.command()
-@click.option("--provider", "-p", help="Only this provider (aws, gcp, azure).")
+@click.option("--provider", "-p", help="Only this provider's machines.")
 @click.option("--accelerator", "-a", help="Only this GPU (V100, V100-32GB, A100, A100-80GB).")
 @click.option("--spot", is_flag=True, help="Sort and show by spot price.")
 @click.option("--all", "show_all", is_flag=True, help="Include retired machine types.")

@@ -23,7 +23,7 @@ def listed() -> list[str]:
     """The built-in providers a user may choose (not those for tests)."""
     from cloudtrain.provision import registry
 
-    return [n for n in registry.BUILTIN if n not in registry.FOR_TESTS]
+    return [p.name for p in registry.builtin() if not p.for_tests]
 
 
 def _declared() -> dict[str, list[tuple[str, Option]]]:

@@ -2,23 +2,20 @@
 
 The optimizer (`cloudtrain.plan.optimizer`) considers only the clouds whose credentials are
 present, and `cloudtrain check` starts from this answer before it asks the cloud whether they
-are valid. Nothing here calls a cloud or a metadata server: each provider's ``_credentials``
-module looks where its SDK's default chain looks first (environment, the CLI's files), so a
-machine whose only credentials come from an instance's metadata server is "not present" here
-(name the provider to use them). A provider without such a module (local, ssh, plugins) has
-nothing to present.
+are valid. Nothing here calls a cloud or a metadata server: each cloud's plugin
+(`cloudtrain.provision.plugin.Plugin.credentials`) looks where its SDK's default chain looks
+first (environment, the CLI's files), so a machine whose only credentials come from an
+instance's metadata server is "not present" here (name the provider to use them). A provider
+without such a check (this machine, the user's hosts) is no cloud, and has nothing to present.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cloudtrain.provision.registry import CLOUDS
-
-__all__ = ["CLOUDS", "Presence", "present"]
+__all__ = ["Presence", "present"]
 
 
 @dataclass(frozen=True)
@@ -40,8 +37,9 @@ class Presence:
 def present(provider: str, options: Mapping[str, Any] | None = None) -> Presence:
     """Where `provider`'s credentials would come from (its account `options`, e.g. an AWS
     profile, taken into account); offline."""
-    if provider not in CLOUDS:
+    from cloudtrain.provision.registry import plugin
+
+    read = plugin(provider).credentials
+    if read is None:
         return Presence(provider, False, fix=f"{provider} is not a cloud with credentials")
-    module = importlib.import_module(f"cloudtrain.providers.{provider}._credentials")
-    found: Presence = module.present(dict(options or {}))
-    return found
+    return read(dict(options or {}))

@@ -119,8 +119,6 @@ class Provider(Protocol):
 
     name: ClassVar[str]
     capabilities: ClassVar[frozenset[Capability]]
-    #: what it takes beyond the spec (its package's ``OPTIONS``: read without importing SDKs)
-    options: ClassVar[tuple[Option, ...]]
 
     def plan(self, spec: ClusterSpec) -> Plan:
         """Pure. Raises `ConfigError` when this provider cannot give the spec."""

@@ -41,6 +41,8 @@ class Known:
 
     providers: Sequence[str]
     accelerators: Sequence[str]
+    #: where a task that names no provider and no GPU goes (this machine)
+    default: str
 
 
 def _empty() -> Mapping[str, Any]:
@@ -466,7 +468,7 @@ def task_from_dict(
         raise SpecError("resources", f"resources must be a mapping, got {raw_res!r}")
     resources = resources_from_dict(raw_res, known.accelerators)
     if provider is None:  # GPUs are where the clouds are; without them, this machine
-        provider = ANYWHERE if resources.accelerator else "local"
+        provider = ANYWHERE if resources.accelerator else known.default
     elif provider == ANYWHERE and not resources.accelerator:
         raise SpecError(
             "provider",

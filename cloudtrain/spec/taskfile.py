@@ -37,7 +37,7 @@ def known() -> Known:
     from cloudtrain.plan import catalog
     from cloudtrain.provision import registry
 
-    return Known(providers=registry.known(), accelerators=catalog.load().accelerators())
+    return Known(registry.known(), catalog.load().accelerators(), registry.default())
 
 
 def load(path: Path, overrides: Mapping[str, Any] | None = None) -> TaskSpec:

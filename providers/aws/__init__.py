@@ -8,7 +8,10 @@ clusters, cluster placement groups and EFA on p3dn/p4d/p4de.
 
 from __future__ import annotations
 
+from cloudtrain.provision.plugin import laid_out
 from cloudtrain.provision.provider import Option
 
 #: What `up --provider aws` takes beyond the spec (read by the CLI without importing boto3).
 OPTIONS = (Option("profile", "AWS: the credentials profile (default AWS_PROFILE).", account=True),)
+
+PLUGIN = laid_out(__name__, "AwsProvider", OPTIONS, cloud=True)

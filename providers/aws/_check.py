@@ -26,7 +26,7 @@ from cloudtrain.providers.aws._client import Clients, aws_errors, paginate
 if TYPE_CHECKING:
     from cloudtrain.plan.catalog import InstanceType
 
-SDK = ("boto3", "botocore")
+SDK: tuple[str, ...] = ("boto3", "botocore")
 EXTRA = "aws"
 CREDENTIALS_FIX = (
     "check them with `aws sts get-caller-identity`; set others with aws configure, "

@@ -51,7 +51,6 @@ from cloudtrain.model import (
     Plan,
 )
 from cloudtrain.plan import catalog, planner
-from cloudtrain.providers.aws import OPTIONS
 from cloudtrain.providers.aws import _resources as res
 from cloudtrain.providers.aws._cache import PlanCache, str_list
 from cloudtrain.providers.aws._client import Clients, aws_errors, concurrently, paginate
@@ -64,7 +63,7 @@ from cloudtrain.providers.aws._instances import (
     user_data,
 )
 from cloudtrain.provision.engine import CLOUD_CAPABILITIES, Engine
-from cloudtrain.provision.provider import Option, ProviderContext, default_owner, wait_for_nodes
+from cloudtrain.provision.provider import ProviderContext, default_owner, wait_for_nodes
 from cloudtrain.spec import ClusterSpec
 
 if TYPE_CHECKING:
@@ -129,7 +128,6 @@ class AwsProvider(Engine):
 
     name: ClassVar[str] = "aws"
     capabilities: ClassVar[frozenset[Capability]] = CLOUD_CAPABILITIES | {Capability.AUTOSTOP}
-    options: ClassVar[tuple[Option, ...]] = OPTIONS
     #: what a node boots with, by the request's field (`cloudtrain bootstrap render`)
     user_data = staticmethod(user_data)
 

@@ -13,9 +13,12 @@ image; their NCCL settings come with the bootstrap). Azure's V100 NCv3 sizes wer
 
 from __future__ import annotations
 
+from cloudtrain.provision.plugin import laid_out
 from cloudtrain.provision.provider import Option
 
 #: What `up --provider azure` takes beyond the spec (read by the CLI without the SDK).
 OPTIONS = (
     Option("subscription", "Azure: the subscription (AZURE_SUBSCRIPTION_ID).", account=True),
 )
+
+PLUGIN = laid_out(__name__, "AzureProvider", OPTIONS, cloud=True)

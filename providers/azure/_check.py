@@ -25,7 +25,7 @@ from cloudtrain.providers.azure._client import Clients, azure_errors
 if TYPE_CHECKING:
     from cloudtrain.plan.catalog import InstanceType
 
-SDK = ("azure.identity", "azure.mgmt.compute", "azure.mgmt.resource.resources")
+SDK: tuple[str, ...] = ("azure.identity", "azure.mgmt.compute", "azure.mgmt.resource.resources")
 EXTRA = "azure"
 CREDENTIALS_FIX = (
     "az login, or AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET of a principal with a "

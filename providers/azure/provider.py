@@ -34,12 +34,12 @@ from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan
 from cloudtrain.plan import planner
 from cloudtrain.plan.catalog import Catalog
-from cloudtrain.providers.azure import OPTIONS, _identity
+from cloudtrain.providers.azure import _identity
 from cloudtrain.providers.azure import _instances as inst
 from cloudtrain.providers.azure import _resources as res
 from cloudtrain.providers.azure._client import Clients, azure_errors, endpoint
 from cloudtrain.provision.engine import CLOUD_CAPABILITIES, Engine
-from cloudtrain.provision.provider import Option, ProviderContext, default_owner, wait_for_nodes
+from cloudtrain.provision.provider import ProviderContext, default_owner, wait_for_nodes
 from cloudtrain.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,6 @@ class AzureProvider(Engine):
 
     name: ClassVar[str] = "azure"
     capabilities: ClassVar[frozenset[Capability]] = CLOUD_CAPABILITIES | {Capability.AUTOSTOP}
-    options: ClassVar[tuple[Option, ...]] = OPTIONS
     #: what a node boots with, by the request's field (`cloudtrain bootstrap render`)
     user_data = staticmethod(inst.user_data)
 

@@ -35,9 +35,8 @@ from cloudtrain.model import (
     OnEvent,
     Plan,
 )
-from cloudtrain.providers.fake import OPTIONS
 from cloudtrain.provision.engine import Engine
-from cloudtrain.provision.provider import Option, ProviderContext, default_owner
+from cloudtrain.provision.provider import ProviderContext, default_owner
 from cloudtrain.spec import ClusterSpec
 
 REGION = "fake-1"
@@ -154,7 +153,6 @@ class FakeProvider(Engine):
         {Capability.GPU, Capability.SPOT, Capability.MULTI_NODE, Capability.REGIONS,
          Capability.IMAGE}
     )  # fmt: skip
-    options: ClassVar[tuple[Option, ...]] = OPTIONS
 
     def __init__(self, context: ProviderContext) -> None:
         cloud = context.options.get("cloud")

@@ -15,6 +15,7 @@ policy).
 
 from __future__ import annotations
 
+from cloudtrain.provision.plugin import laid_out
 from cloudtrain.provision.provider import Option
 
 #: What `up --provider gcp` takes beyond the spec (read by the CLI without importing the SDK).
@@ -26,3 +27,5 @@ OPTIONS = (
     ),
     Option("network", "GCP: the VPC network the nodes join (default 'default')."),
 )
+
+PLUGIN = laid_out(__name__, "GcpProvider", OPTIONS, cloud=True)

@@ -25,7 +25,7 @@ from cloudtrain.providers.gcp._client import Clients, gcp_errors
 if TYPE_CHECKING:
     from cloudtrain.plan.catalog import InstanceType
 
-SDK = ("google.auth", "google.cloud.compute_v1")
+SDK: tuple[str, ...] = ("google.auth", "google.cloud.compute_v1")
 EXTRA = "gcp"
 CREDENTIALS_FIX = (
     "gcloud auth application-default login, or GOOGLE_APPLICATION_CREDENTIALS=key.json of an "

@@ -46,7 +46,6 @@ from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan
 from cloudtrain.plan import planner
-from cloudtrain.providers.gcp import OPTIONS
 from cloudtrain.providers.gcp import _resources as res
 from cloudtrain.providers.gcp._client import Clients, import_compute, last
 from cloudtrain.providers.gcp._instances import (
@@ -60,7 +59,7 @@ from cloudtrain.providers.gcp._instances import (
     user_data,
 )
 from cloudtrain.provision.engine import CLOUD_CAPABILITIES, Engine
-from cloudtrain.provision.provider import Option, ProviderContext, default_owner, wait_for_nodes
+from cloudtrain.provision.provider import ProviderContext, default_owner, wait_for_nodes
 from cloudtrain.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -88,7 +87,6 @@ class GcpProvider(Engine):
 
     name: ClassVar[str] = "gcp"
     capabilities: ClassVar[frozenset[Capability]] = CLOUD_CAPABILITIES | {Capability.AUTOSTOP}
-    options: ClassVar[tuple[Option, ...]] = OPTIONS
     #: what a node boots with, by the request's field (`cloudtrain bootstrap render`)
     user_data = staticmethod(user_data)
 

@@ -27,8 +27,7 @@ from cloudtrain.executors.local import LocalExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
 from cloudtrain.node import agent as resident
 from cloudtrain.node import procs
-from cloudtrain.providers.local import OPTIONS
-from cloudtrain.provision.provider import Option, ProviderContext, node_price
+from cloudtrain.provision.provider import ProviderContext, node_price
 from cloudtrain.spec import ClusterSpec
 
 LOOPBACK = "127.0.0.1"
@@ -43,7 +42,6 @@ class LocalProvider:
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.MULTI_NODE, Capability.AUTOSTOP}
     )
-    options: ClassVar[tuple[Option, ...]] = OPTIONS
 
     def __init__(self, context: ProviderContext) -> None:
         self._root = context.home / "local"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cloudtrain.provision.plugin import laid_out
 from cloudtrain.provision.provider import NODE_PRICE, Option
 
 
@@ -55,3 +56,5 @@ OPTIONS = (
     Option("torch_index", "ssh: the pip index to install torch from (a mirror)."),
     NODE_PRICE,
 )
+
+PLUGIN = laid_out(__name__, "SshProvider", OPTIONS)

@@ -30,9 +30,8 @@ from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
 from cloudtrain.node import agent as resident
 from cloudtrain.node import procs
-from cloudtrain.providers.ssh import OPTIONS
 from cloudtrain.providers.ssh.hosts import Host, load_inventory, parse_hosts
-from cloudtrain.provision.provider import Option, ProviderContext, node_price
+from cloudtrain.provision.provider import ProviderContext, node_price
 from cloudtrain.spec import ClusterSpec
 
 #: What `apply` learns of a host, printed as one JSON line by its Python.
@@ -88,7 +87,6 @@ class SshProvider:
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.MULTI_NODE, Capability.GPU, Capability.AUTOSTOP}
     )
-    options: ClassVar[tuple[Option, ...]] = OPTIONS
 
     def __init__(self, context: ProviderContext) -> None:
         opts = context.options

@@ -19,7 +19,10 @@ import pytest
 
 from cloudtrain.plan import catalog
 from cloudtrain.plan.catalog import InstanceType
-from cloudtrain.plan.prices import PriceListError, Quote, aws, azure, gcp
+from cloudtrain.plan.prices import PriceListError, Quote
+from cloudtrain.providers.aws import _prices as aws
+from cloudtrain.providers.azure import _prices as azure
+from cloudtrain.providers.gcp import _prices as gcp
 
 DATA = Path(__file__).parents[1] / "data" / "prices"
 HTML = b"<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>"

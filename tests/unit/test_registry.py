@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
 
 from cloudtrain.errors import ConfigError
+from cloudtrain.plan.prices import PriceListError
 from cloudtrain.providers.fake.provider import FakeProvider
-from cloudtrain.provision import registry
+from cloudtrain.provision import credentials, registry
+from cloudtrain.provision.credentials import Presence
+from cloudtrain.provision.plugin import Plugin
 from cloudtrain.provision.provider import ProviderContext
 from cloudtrain.spec import SpecError, validate_provider
+
+PROVIDERS = Path(registry.__file__).parents[2] / "providers"
 
 
 @pytest.fixture
@@ -42,12 +49,34 @@ def test_a_plugin_provider_is_known_and_built(tmp_path: Path) -> None:
     assert isinstance(provider, FakeProvider)
 
 
-def test_the_package_declares_its_providers_as_entry_points() -> None:
-    from importlib.metadata import entry_points
+def test_a_plugin_object_is_what_an_entry_point_names(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The contract of a third-party package: its entry point names a `Plugin`; the core reads
+    its options, its credentials check and its class from it, and nothing else."""
+    mine = Plugin(
+        "mycloud", lambda: FakeProvider, credentials=lambda o: Presence("mycloud", True, "here")
+    )
+    monkeypatch.setitem(sys.modules, "mycloud_plugin", types.SimpleNamespace(PLUGIN=mine))
+    monkeypatch.setattr(registry, "_plugins", lambda: {"mycloud": "mycloud_plugin:PLUGIN"})
+    assert registry.plugin("mycloud") is mine
+    assert "mycloud" in registry.clouds(), "credentials known offline: a cloud"
+    assert credentials.present("mycloud").source == "here"
+    assert isinstance(registry.create("mycloud", ProviderContext(home=tmp_path)), FakeProvider)
+    monkeypatch.setattr(registry, "_plugins", lambda: {"mycloud": "mycloud_plugin:NOTHING"})
+    with pytest.raises(ConfigError, match="provider 'mycloud': its package gives no `Plugin`"):
+        registry.plugin("mycloud")
 
-    names = {ep.name: ep.value for ep in entry_points(group=registry.GROUP)}
-    assert names["local"] == registry.BUILTIN["local"]
-    assert names["fake"] == registry.BUILTIN["fake"]
+
+def test_the_built_in_providers_are_the_folders_each_with_its_plugin() -> None:
+    """A built-in provider is a folder of cloudtrain/providers: no list to edit in the core."""
+    folders = {p.name for p in (PROVIDERS).iterdir() if (p / "__init__.py").is_file()}
+    assert {p.name for p in registry.builtin()} == folders
+    assert registry.default() == "local"
+    assert registry.clouds() == ["aws", "azure", "gcp"]
+    assert [p.name for p in registry.builtin() if p.for_tests] == ["fake"]
+    for plugin in registry.builtin():
+        assert plugin.provider().name == plugin.name
 
 
 def test_a_built_in_name_is_known_without_reading_entry_points(
@@ -63,9 +92,38 @@ def test_a_built_in_name_is_known_without_reading_entry_points(
     assert validate_provider("local", registry.known()) == "local"
     monkeypatch.setattr(registry, "_plugins", lambda: {"mycloud": "x:Y"})
     assert "mycloud" in registry.known()
-    assert list(registry.known()) == sorted({*registry.BUILTIN, *registry.PLANNED, "mycloud"})
+    assert list(registry.known()) == sorted(
+        {*registry.builtin_options(), *registry.PLANNED, "mycloud"}
+    )
 
 
 def test_a_value_that_is_no_name_is_not_known() -> None:
     assert [1] not in registry.known()
     assert None not in registry.available()
+
+
+@pytest.mark.parametrize("name", ["aws", "azure", "gcp"])
+def test_each_clouds_plugin_hands_over_what_the_core_calls(
+    name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What a built-in cloud's `laid_out` plugin loads is what `check`, the optimizer and the
+    price update call: a `QuotaCheck`, an offline presence, a reader of rows."""
+    for variable in ("HOME", "XDG_CONFIG_HOME", "CLOUDSDK_CONFIG"):
+        monkeypatch.setenv(variable, str(tmp_path))
+    plugin = registry.plugin(name)
+    assert plugin.quota is not None
+    assert plugin.credentials is not None
+    assert plugin.prices is not None
+    quota = plugin.quota()
+    assert quota.SDK
+    assert name == quota.EXTRA
+    assert quota.CREDENTIALS_FIX
+    assert callable(quota.check)
+    presence = plugin.credentials({})
+    assert isinstance(presence, Presence)
+    assert presence.provider == name
+    if name == "gcp":  # its reader needs credentials before it reads anything
+        with pytest.raises(PriceListError, match="no credentials"):
+            plugin.prices([])
+    else:
+        assert plugin.prices([]).quotes == {}, "no rows asked: nothing read"

@@ -1,6 +1,7 @@
 """Reading the clouds' public price lists into the catalog (``cloudtrain catalog update``).
 
-One module per cloud, named as the catalog names the provider, each with one function::
+Each cloud's plugin has one reader (`cloudtrain.provision.plugin.Plugin.prices`), found by the
+name the catalog gives the provider::
 
     read(rows: Sequence[InstanceType]) -> Reading
 
@@ -26,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import http.client
-import importlib
 import json
 import urllib.error
 import urllib.request
@@ -113,16 +113,13 @@ class Update:
 
 
 def reader(provider: str) -> Reader | None:
-    """The `read` function of ``cloudtrain.plan.prices.<provider>``; None when there is none."""
-    name = f"{__name__}.{provider}"
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name == name:
-            return None
-        raise
-    found: Reader = module.read
-    return found
+    """The price-list reader of `provider`'s plugin; None when it has none (or is not known
+    to this installation)."""
+    from cloudtrain.provision import registry
+
+    if provider not in registry.known():
+        return None
+    return registry.plugin(provider).prices
 
 
 def update(
@@ -134,7 +131,7 @@ def update(
 ) -> Update:
     """Read the prices of `catalog`'s rows still sold, of `providers` (default: every provider
     in the catalog), and return them laid over `catalog`. Blocks while the price lists
-    answer; writes nothing. `readers` replaces the per-cloud modules (tests). Raises
+    answer; writes nothing. `readers` replaces the plugins' readers (tests). Raises
     `ConfigError` for a provider the catalog does not know; a price list that cannot be read
     is an `Outcome` with its `error`, never an exception."""
     known = catalog.providers()

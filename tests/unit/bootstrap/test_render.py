@@ -225,4 +225,4 @@ def test_bootstrap_render_prints_placeholders_not_keys(run_cli: Cli, home: Path)
     assert "aws offers V100 with 1, 4 or 8" in bad.output
     local = run_cli("bootstrap", "render", "--provider", "local")
     assert local.exit_code == 2
-    assert "its nodes do not boot from user-data; those that do: aws, gcp, azure" in local.output
+    assert "its nodes do not boot from user-data; those that do: aws, azure, gcp" in local.output

@@ -93,7 +93,7 @@ CASES = [
     (
         ["up", "--name", "x", "--spot"],
         "provider 'local' takes no --spot (got True); drop it, or choose a provider that "
-        "does: aws, gcp, azure",
+        "does: aws, azure, gcp",
     ),
     (
         ["up", "--name", "x", "--provider", "ssh", "--hosts", "u@h1", "--region", "r1"],
@@ -125,7 +125,7 @@ CASES = [
     (
         ["up", "--name", "x", "--provider", "fake", "--idle-minutes", "5"],
         "provider 'fake' takes no --idle-minutes (got 5.0); drop it, or choose a provider "
-        "that does: local, aws, ssh, gcp, azure",
+        "that does: aws, azure, gcp, local, ssh",
     ),
     (["up", "--name", "de\x1b]0;x\x07mo"], "name 'de\\x1b]0;x\\x07mo' is not a valid"),
     (

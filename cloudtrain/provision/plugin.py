@@ -1,0 +1,119 @@
+"""What a backend gives cloudtrain: one `Plugin`, the whole of a provider's contract with the core.
+
+A provider is one package. Its ``__init__`` defines ``PLUGIN``, a `Plugin` that names the provider
+and holds everything that differs per backend: the class that makes and removes its nodes, the
+options it takes beyond the spec, and, for a cloud, the offline credentials check, `cloudtrain
+check`'s quota reader and the price-list reader. The core (`cloudtrain.provision.registry`)
+reads nothing else of the package, and never a provider's name::
+
+    # mycloud_cloudtrain/__init__.py
+    def _provider() -> type[Provider]:
+        from mycloud_cloudtrain.provider import MyCloudProvider  # its SDK: only when used
+        return MyCloudProvider
+
+    PLUGIN = Plugin("mycloud", _provider, options=OPTIONS)
+
+A package laid out as the built-in ones are (``provider.py``; for a cloud ``_credentials.py``,
+``_check.py``, ``_prices.py``) says so in one line: ``PLUGIN = laid_out(__name__, "MyCloudProvider",
+OPTIONS, cloud=True)``.
+
+The loaders are functions, not imports, so that reading every plugin costs no SDK import (the
+CLI builds its flags from ``options`` on every start); each is typed, so mypy checks what a
+package hands over. A built-in provider is a folder of ``cloudtrain/providers/``; another
+package's is an entry point of the group ``cloudtrain.providers`` naming its ``PLUGIN``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+if TYPE_CHECKING:
+    from cloudtrain.check import Report
+    from cloudtrain.plan.catalog import InstanceType
+    from cloudtrain.plan.prices import Reading
+    from cloudtrain.provision.credentials import Presence
+    from cloudtrain.provision.provider import Option, Provider
+
+
+class QuotaCheck(Protocol):
+    """A cloud's part of `cloudtrain check` (`cloudtrain.check`): the modules its SDK needs,
+    the extra that installs them, what to do about bad credentials, and the read-only calls."""
+
+    SDK: tuple[str, ...]
+    EXTRA: str
+    CREDENTIALS_FIX: str
+
+    def check(self, options: Mapping[str, Any], rows: Sequence[InstanceType]) -> Report: ...
+
+
+#: The price-list reader of a cloud (`cloudtrain.plan.prices`): the rows still sold → a reading.
+PriceReader = Callable[[Sequence["InstanceType"]], "Reading"]
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """One provider as the core sees it.
+
+    - `name`: what ``--provider`` takes, and what the catalog calls its rows;
+    - `provider`: the `Provider` class (its SDK imported only when this is called);
+    - `options`: what ``up --provider NAME`` takes beyond the spec;
+    - `credentials`: whether its credentials are present, offline (`Presence`); a provider
+      with one is a *cloud*: the optimizer chooses among the clouds, `check` checks them;
+    - `quota`: its `QuotaCheck` for `cloudtrain check`;
+    - `prices`: its price-list reader for ``cloudtrain catalog update``;
+    - `default`: where a task that names no provider goes (one provider: this machine);
+    - `for_tests`: known, but not offered in the CLI's help.
+    """
+
+    name: str
+    provider: Callable[[], type[Provider]]
+    options: tuple[Option, ...] = ()
+    credentials: Callable[[Mapping[str, Any]], Presence] | None = None
+    quota: Callable[[], QuotaCheck] | None = None
+    prices: PriceReader | None = None
+    default: bool = False
+    for_tests: bool = False
+
+    @property
+    def cloud(self) -> bool:
+        """Whether it is a cloud: its credentials are known offline."""
+        return self.credentials is not None
+
+
+def _attribute(module: str, name: str) -> Any:
+    return getattr(importlib.import_module(module), name)
+
+
+def laid_out(
+    package: str,
+    provider: str,
+    options: tuple[Option, ...] = (),
+    *,
+    cloud: bool = False,
+    default: bool = False,
+    for_tests: bool = False,
+) -> Plugin:
+    """The plugin of `package` (its ``__name__``), laid out as the built-in providers are:
+    the class `provider` in ``provider.py``; for a `cloud`, ``_credentials.present(options)``,
+    the ``_check`` module (a `QuotaCheck`) and ``_prices.read(rows)``. Each is imported when
+    first used; `tests/unit/test_registry.py` loads every built-in one's."""
+    name = package.rpartition(".")[2]
+
+    def load_provider() -> type[Provider]:
+        return cast("type[Provider]", _attribute(f"{package}.provider", provider))
+
+    def presence(given: Mapping[str, Any]) -> Presence:
+        return cast("Presence", _attribute(f"{package}._credentials", "present")(dict(given)))
+
+    def quota() -> QuotaCheck:
+        return cast("QuotaCheck", importlib.import_module(f"{package}._check"))
+
+    def read(rows: Sequence[InstanceType]) -> Reading:
+        return cast("Reading", _attribute(f"{package}._prices", "read")(rows))
+
+    if not cloud:
+        return Plugin(name, load_provider, options, default=default, for_tests=for_tests)
+    return Plugin(name, load_provider, options, presence, quota, read, default, for_tests)
