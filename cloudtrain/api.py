@@ -34,19 +34,15 @@ from cloudtrain.model import (
 from cloudtrain.provision import registry
 from cloudtrain.provision.engine import Engine
 from cloudtrain.provision.provider import Provider, ProviderContext
+from cloudtrain.records import IN_PROGRESS, ClusterStatus
 from cloudtrain.spec import ClusterSpec
 from cloudtrain.spec.limits import refuse_spent_budget
 from cloudtrain.state import State
 
 log = logging.getLogger(__name__)
 
-#: A cluster whose nodes run but whose bootstrap nobody watched to the end (Ctrl-C in `up`).
-UNWATCHED = "unwatched"
 #: A node's state when its host does not answer (the ssh provider's hosts).
 UNREACHABLE = "unreachable"
-#: The statuses only a running `up` holds (under the cluster's lock), and what each becomes
-#: once no process holds that lock any more (the `up` was killed; see `abandoned`).
-IN_PROGRESS = {"provisioning": "partial", "bootstrapping": UNWATCHED}
 
 
 def provider(name: str, home: Path, options: Mapping[str, Any] | None = None) -> Provider:
@@ -212,7 +208,7 @@ def _up(
         ))  # fmt: skip
     state.put_cluster(
         the_plan.spec,  # as resolved: where SSH is open from is recorded, not "the default"
-        status="provisioning",
+        status=ClusterStatus.PROVISIONING,
         price_per_hour=the_plan.price_per_hour,
         plan={
             "offers": [o.to_dict() for o in the_plan.offers],
@@ -244,10 +240,10 @@ def _up(
         if left:  # a half-made cluster: keep the record so `up` completes it, `down` removes it
             state.set_nodes(spec.name, left, since=asked)
         if left is None:
-            state.set_cluster_status(spec.name, "partial")
+            state.set_cluster_status(spec.name, ClusterStatus.PARTIAL)
             kept = "its record kept: what it made could not be listed"
         elif left:
-            state.set_cluster_status(spec.name, "partial")
+            state.set_cluster_status(spec.name, ClusterStatus.PARTIAL)
             kept = f"{len(left)} node(s) kept"
         else:  # all or nothing: nothing was made, so nothing is recorded
             state.delete_cluster(spec.name)
@@ -258,17 +254,17 @@ def _up(
     for intent in earlier:
         state.end_intent(intent.id, "finished by a later up")
     state.set_nodes(spec.name, nodes, since=asked)
-    state.set_cluster_status(spec.name, "bootstrapping")
+    state.set_cluster_status(spec.name, ClusterStatus.BOOTSTRAPPING)
     state.add_event(spec.name, "up", f"{len(nodes)} node(s) running")
     if bootstrap_timeout_s is not None:
         try:
             wait_bootstrap(state, home, prov, spec.name, nodes, on_event, bootstrap_timeout_s)
         except KeyboardInterrupt:  # the nodes run on; say so, rather than "bootstrapping"
-            state.set_cluster_status(spec.name, UNWATCHED)
+            state.set_cluster_status(spec.name, ClusterStatus.UNWATCHED)
             state.add_event(spec.name, "bootstrap", "the wait for the bootstrap was interrupted")
             raise
         state.add_event(spec.name, "up", f"cluster {spec.name!r} is up: {len(nodes)} node(s) ready")
-    state.set_cluster_status(spec.name, "up")
+    state.set_cluster_status(spec.name, ClusterStatus.UP)
     if the_plan.spec.limits and bootstrap_timeout_s is not None:
         hand_limits(state, home, the_plan.spec)
     return nodes
@@ -389,7 +385,7 @@ def wait_bootstrap(
         readiness.watch(nodes, prov.executor, lambda: wheel.build(home), lost, on_event=on_event,
                         timeout_s=timeout_s, lost_every_s=lost_every_s)  # fmt: skip
     except BootstrapError as exc:
-        state.set_cluster_status(cluster, "failed")
+        state.set_cluster_status(cluster, ClusterStatus.FAILED)
         state.add_event(cluster, "bootstrap", str(exc))
         raise
 

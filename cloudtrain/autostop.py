@@ -24,11 +24,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cloudtrain.model import NodeInfo
+from cloudtrain.records import IN_PROGRESS, ClusterStatus
 from cloudtrain.spec import ClusterSpec
 from cloudtrain.state import ClusterRecord, State
 
 #: A cluster whose nodes stopped themselves when idle, kept for `up` to bring back.
-STOPPED = "stopped"
+STOPPED = ClusterStatus.STOPPED
 #: Node states that bill no compute (a GCE instance a guest power-off stopped).
 HALTED = frozenset({"stopped", "terminated", "stopping"})
 #: How late a node may stop after its deadline by this machine's clock and still be "ended".
@@ -80,7 +81,7 @@ def expire(state: State, home: Path, record: ClusterRecord, found: list[NodeInfo
 def may_have_stopped(state: State, record: ClusterRecord) -> bool:
     """Whether cluster `record` has limits and was made: not while an `up` (or a `down`)
     of it is under way, whose nodes are not there yet (or going)."""
-    return (bool(record.spec.limits) and record.status not in ("provisioning", "bootstrapping")
+    return (bool(record.spec.limits) and record.status not in IN_PROGRESS
             and not state.open_intents(record.name))  # fmt: skip
 
 

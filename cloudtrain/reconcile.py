@@ -15,6 +15,7 @@ from typing import Any
 from cloudtrain.model import NodeInfo
 from cloudtrain.provision import registry
 from cloudtrain.provision.registry import account
+from cloudtrain.records import ClusterStatus
 from cloudtrain.state import ClusterRecord, State
 
 __all__ = ["every_cluster", "node_changes", "reconcile"]
@@ -51,7 +52,9 @@ def reconcile(
             state.add_event(c.name, "node", line)
         state.set_nodes(c.name, found)
         live = sum(n.state == "running" for n in found)
-        status = "up" if live >= c.spec.num_nodes else "partial" if found else "gone"
+        status = ClusterStatus.PARTIAL if found else ClusterStatus.GONE
+        if live >= c.spec.num_nodes:
+            status = ClusterStatus.UP
         left = [] if found else prov.leftovers(c.name, c.spec.cluster_id)
         if autostop.overdue(c.spec, found) and autostop.may_have_stopped(state, c):
             note(autostop.expire(state, home, c, found))  # its end passed: it goes
@@ -63,7 +66,7 @@ def reconcile(
             note(autostop.settle(state, home, c, left, halted=len(found), was=gone))
             continue
         if left:
-            status = "leftovers"
+            status = ClusterStatus.LEFTOVERS
             said = f"no node is left, but {', '.join(left)} remain"
             if [e.message for e in state.events(c.name, limit=1)] != [
                 said

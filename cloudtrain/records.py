@@ -1,17 +1,75 @@
 """What the state file holds, as records: a cluster, a job, an event, an intent (`cloudtrain.state`
-writes and reads them); the statuses a job goes through; and how a row becomes a record, its
-JSON columns read as data that may be damaged (`StateError`, never a traceback)."""
+writes and reads them); the statuses a cluster and a job go through, and how a cluster's may move;
+and how a row becomes a record, its JSON columns read as data that may be damaged (`StateError`,
+never a traceback)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
 from cloudtrain.errors import StateError
 from cloudtrain.spec import ClusterSpec
+
+
+class ClusterStatus(StrEnum):
+    """A cluster's status as recorded. It moves only as `MOVES` says: `State.set_cluster_status`
+    refuses any other move (a bug in cloudtrain, not a user's error)."""
+
+    #: an `up` makes its nodes (under the cluster's lock)
+    PROVISIONING = "provisioning"
+    #: its nodes run; the `up` waits for their bootstrap (under the lock)
+    BOOTSTRAPPING = "bootstrapping"
+    #: every node asked for runs (and its bootstrap finished, where `up` waited for it)
+    UP = "up"
+    #: fewer nodes than asked run: an `up` failed or was killed while it made them, a node went
+    PARTIAL = "partial"
+    #: its nodes run, but nobody watched their bootstrap to its end (Ctrl-C or a kill in `up`)
+    UNWATCHED = "unwatched"
+    #: a node's bootstrap failed (its event says which phase, and why)
+    FAILED = "failed"
+    #: its nodes stopped themselves (idle, or its lifetime): nothing of it bills
+    STOPPED = "stopped"
+    #: its provider has no node of it left
+    GONE = "gone"
+    #: no node is left, but resources of it remain (`down` removes them)
+    LEFTOVERS = "leftovers"
+
+
+#: What `cloudtrain.reconcile` may find a cluster to be, whatever it was: its provider's tags.
+SEEN = frozenset(
+    {ClusterStatus.UP, ClusterStatus.PARTIAL, ClusterStatus.GONE, ClusterStatus.LEFTOVERS}
+)
+#: The statuses only a running `up` holds (under the cluster's lock), and what each becomes
+#: once no process holds that lock any more (the `up` was killed: `api.abandoned`).
+IN_PROGRESS: Mapping[ClusterStatus, ClusterStatus] = MappingProxyType(
+    {
+        ClusterStatus.PROVISIONING: ClusterStatus.PARTIAL,
+        ClusterStatus.BOOTSTRAPPING: ClusterStatus.UNWATCHED,
+    }
+)
+_SETTLED = frozenset(ClusterStatus) - set(IN_PROGRESS)
+#: Where each status may go (besides staying): an `up` provisions any settled cluster again and
+#: walks it to bootstrapping and up (or partial, failed, unwatched when it is cut short); a
+#: settled cluster stops itself (`cloudtrain.autostop`); whatever it is, the provider's tags may
+#: say otherwise (`SEEN`).
+MOVES: Mapping[ClusterStatus, frozenset[ClusterStatus]] = MappingProxyType(
+    {
+        ClusterStatus.PROVISIONING: SEEN | {ClusterStatus.BOOTSTRAPPING},
+        ClusterStatus.BOOTSTRAPPING: SEEN | {ClusterStatus.UNWATCHED, ClusterStatus.FAILED},
+        **{s: SEEN | {ClusterStatus.PROVISIONING, ClusterStatus.STOPPED} for s in _SETTLED},
+    }
+)
+
+
+def may_move(was: ClusterStatus, to: ClusterStatus) -> bool:
+    """Whether a cluster that is `was` may become `to` (`MOVES`; staying is always allowed)."""
+    return to == was or to in MOVES[was]
+
 
 #: ``recovering``: a managed job between attempts (its watcher replaces a node, restores the
 #: newest checkpoint and starts it again).
@@ -62,7 +120,7 @@ class ClusterRecord:
 
     name: str
     provider: str
-    status: str
+    status: ClusterStatus
     created_at: float
     updated_at: float
     price_per_hour: float | None
@@ -130,7 +188,15 @@ class IntentRecord:
 
 
 def cluster_row(row: tuple[Any, ...]) -> ClusterRecord:
-    return ClusterRecord(*(*row[:6], loads(row[6]), row[7]))
+    try:
+        status = ClusterStatus(row[2])
+    except ValueError:
+        raise StateError(
+            f"the recorded status of cluster {row[0]!r} is damaged: {row[2]!r} is none of "
+            f"{', '.join(ClusterStatus)}; `cloudtrain status --refresh` reads it again from its "
+            "provider"
+        ) from None
+    return ClusterRecord(row[0], row[1], status, row[3], row[4], row[5], loads(row[6]), row[7])
 
 
 def job_row(row: tuple[Any, ...]) -> JobRecord:

@@ -45,6 +45,7 @@ from cloudtrain.records import (
     JOB_COLS,
     JOB_STATUSES,
     ClusterRecord,
+    ClusterStatus,
     EventRecord,
     IntentRecord,
     JobRecord,
@@ -52,6 +53,7 @@ from cloudtrain.records import (
     intent_row,
     job_row,
     json_column,
+    may_move,
 )
 from cloudtrain.spans import SpanRecord
 from cloudtrain.spec import ClusterSpec
@@ -247,7 +249,7 @@ class State:
         self,
         spec: ClusterSpec,
         *,
-        status: str,
+        status: ClusterStatus,
         price_per_hour: float | None = None,
         plan: Mapping[str, Any] | None = None,
     ) -> None:
@@ -275,9 +277,15 @@ class State:
         rows = self._read(f"SELECT {CLUSTER_COLS} FROM clusters ORDER BY name")
         return [cluster_row(row) for row in rows]
 
-    def set_cluster_status(self, name: str, status: str) -> None:
-        """Raises `NotFoundError` for an unknown cluster."""
+    def set_cluster_status(self, name: str, status: ClusterStatus) -> None:
+        """Move the cluster to `status`. Raises `NotFoundError` for an unknown cluster, and
+        `StateError` for a move `records.MOVES` does not have (a bug: it names both)."""
         with self._write() as conn:
+            row = conn.execute("SELECT status FROM clusters WHERE name = ?", (name,)).fetchone()
+            if row is not None and row[0] in set(ClusterStatus):
+                was = ClusterStatus(row[0])
+                if not may_move(was, status):
+                    raise StateError(f"cluster {name!r}: no move from {was} to {status}")
             cur = conn.execute(
                 "UPDATE clusters SET status = ?, updated_at = ? WHERE name = ?",
                 (status, self._clock(), name),

@@ -12,6 +12,7 @@ import click
 
 from cloudtrain.cli.app import App
 from cloudtrain.cli.options import cluster_name
+from cloudtrain.records import ClusterStatus
 
 if TYPE_CHECKING:
     from cloudtrain.cost import Figure
@@ -60,7 +61,7 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
     for intent in state.open_intents(cluster):
         app.note(interrupted_line(intent.action, intent.cluster, render.ago(intent.ts)))
     for c in clusters:
-        if c.status == api.UNWATCHED:
+        if c.status == ClusterStatus.UNWATCHED:
             app.note(f"warning: the wait for the bootstrap of {c.name!r} was interrupted; its "
                      "nodes run, ready or not: `cloudtrain up` it again to wait, or "
                      f"`cloudtrain down {c.name}`")  # fmt: skip
@@ -110,7 +111,11 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
         return
     # the agents of clusters with an idle clock say how long they have been idle and when they
     # stop; one cluster's story has each of its agents' lines
-    idle = [c for c in clusters if c.spec.limits.idle_minutes and c.status in ("up", "partial")]
+    idle = [
+        c
+        for c in clusters
+        if c.spec.limits.idle_minutes and c.status in (ClusterStatus.UP, ClusterStatus.PARTIAL)
+    ]
     told = [c for c in clusters if c.name == cluster and _stops_itself(c)]
     beats = _agent_beats(app, [c for c in clusters if c in idle or c in told])
     acted = [c for c in clusters if any(b.get("stopped") for b in beats.get(c.name, []))]

@@ -41,6 +41,7 @@ from cloudtrain.jobs.buckets import MARKER, Bucket, Pushed
 from cloudtrain.jobs.coordinator import Coordinator
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 from cloudtrain.provision.provider import ProviderContext
+from cloudtrain.records import ClusterStatus
 from cloudtrain.spec import ClusterSpec, Resources
 from cloudtrain.state import State
 
@@ -383,7 +384,7 @@ def coordinator(home: Path, head: Path) -> tuple[Coordinator, FakeProvider]:
     )
     state = State.open(home)
     spec = ClusterSpec("c1", "fake", 2, Resources(accelerator="A100", count=8))
-    state.put_cluster(spec, status="up")
+    state.put_cluster(spec, status=ClusterStatus.UP)
     state.set_nodes("c1", provider.apply(provider.plan(spec)))
     return Coordinator(state, provider, home=home), provider
 

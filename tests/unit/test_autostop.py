@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import autostop
+from cloudtrain.records import ClusterStatus
 from cloudtrain.spec import ClusterSpec
 from cloudtrain.spec.limits import Limits
 from cloudtrain.state import State
@@ -45,7 +46,7 @@ def test_an_up_under_way_is_never_taken_for_a_stopped_cluster(
     assert record is not None
     assert autostop.may_have_stopped(state, record) is settles
     without = ClusterSpec("d", "local", 1)
-    state.put_cluster(without, status="up")
+    state.put_cluster(without, status=ClusterStatus.UP)
     plain = state.cluster("d")
     assert plain is not None
     assert not autostop.may_have_stopped(state, plain), "no limits: nothing stops by itself"

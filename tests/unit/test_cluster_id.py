@@ -13,6 +13,7 @@ from cloudtrain import api
 from cloudtrain.errors import ConfigError
 from cloudtrain.model import TAG_CLUSTER_ID
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
+from cloudtrain.records import ClusterStatus
 from cloudtrain.spec import ClusterSpec
 from cloudtrain.state import State
 
@@ -78,7 +79,7 @@ def test_a_record_of_an_older_version_has_no_id_and_acts_on_the_name(tmp_path: P
     state = State.open(tmp_path)
     cloud = cloud_of(tmp_path)
     cloud.create("old", [0], "fake-1a", "fake-cpu", owner_of(tmp_path))
-    state.put_cluster(ClusterSpec("old", "fake", 1), status="up")
+    state.put_cluster(ClusterSpec("old", "fake", 1), status=ClusterStatus.UP)
     api.up(state, tmp_path, ClusterSpec("old", "fake", 1), bootstrap_timeout_s=None)
     assert recorded_id(state, "old") is None
     assert len(cloud.live("old")) == 1, "completed, not made again"

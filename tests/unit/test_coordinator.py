@@ -16,6 +16,7 @@ from cloudtrain.jobs.runtimes import Runtime, Start
 from cloudtrain.jobs.torchrun import entrypoint_args
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 from cloudtrain.provision.provider import ProviderContext
+from cloudtrain.records import ClusterStatus
 from cloudtrain.spec import ClusterSpec, Resources
 from cloudtrain.state import State
 
@@ -71,7 +72,7 @@ def setup(tmp_path: Path) -> Setup:
     state = State.open(tmp_path)
     spec = ClusterSpec("c1", "fake", 2, Resources(accelerator="A100", count=8))
     nodes = provider.apply(provider.plan(spec))
-    state.put_cluster(spec, status="up")
+    state.put_cluster(spec, status=ClusterStatus.UP)
     state.set_nodes("c1", nodes)
     return Coordinator(state, provider, home=tmp_path), provider, node, state
 
@@ -287,7 +288,7 @@ def test_down_terminates_even_when_a_node_cannot_be_reached_to_stop_its_job(
     provider = FakeProvider(ProviderContext(home=tmp_path))
     state = State.open(tmp_path)
     spec = ClusterSpec("c1", "fake", 2, Resources(accelerator="A100", count=8))
-    state.put_cluster(spec, status="up")
+    state.put_cluster(spec, status=ClusterStatus.UP)
     state.set_nodes("c1", provider.apply(provider.plan(spec)))
     rec = Coordinator(state, provider, home=tmp_path).submit("c1", JobSpec(("train.py",)))
     node.exit_codes[state.nodes("c1")[0].root] = None

@@ -13,6 +13,7 @@ import pytest
 
 from cloudtrain import cost
 from cloudtrain.model import NodeInfo
+from cloudtrain.records import ClusterStatus
 from cloudtrain.spans import SpanRecord
 from cloudtrain.spec import ClusterSpec
 from cloudtrain.spec.limits import Limits
@@ -224,7 +225,7 @@ def test_the_cost_so_far_stops_at_the_deadline(state: State, clock: Clock) -> No
     """$36/h for 2 nodes and a $1 budget: it ends 100 s after `up`, whatever the clock says."""
     limits = Limits(max_cost=1).resolved(1000.0, price_per_hour=36.0)
     spec = ClusterSpec("c", "local", 2, limits=limits)
-    state.put_cluster(spec, status="up", price_per_hour=36.0)
+    state.put_cluster(spec, status=ClusterStatus.UP, price_per_hour=36.0)
     state.set_nodes("c", [local_node(0), local_node(1)])
     assert cents(cost.spent(state.spans("c"), 1000.0 + 37)) == "0.37"
     assert cents(cost.spent(state.spans("c"), 1000.0 + 3600)) == "1.00"

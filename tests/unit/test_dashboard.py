@@ -17,6 +17,7 @@ import pytest
 from cloudtrain import dashboard
 from cloudtrain.dashboard import Dashboard
 from cloudtrain.jobs import metrics
+from cloudtrain.records import ClusterStatus
 from cloudtrain.spec import ClusterSpec, Resources
 from cloudtrain.state import State
 
@@ -24,7 +25,7 @@ from cloudtrain.state import State
 @pytest.fixture
 def board(tmp_path: Path) -> Iterator[Dashboard]:
     with State.open(tmp_path) as state:
-        state.put_cluster(ClusterSpec("demo", "local", 2, Resources()), status="up",
+        state.put_cluster(ClusterSpec("demo", "local", 2, Resources()), status=ClusterStatus.UP,
                           price_per_hour=3.0)  # fmt: skip
         job = state.new_job("demo", "digits", num_nodes=2, nproc_per_node=1, command=["x.py"])
         state.add_event("demo", "job", "job demo-1 <script>alert(1)</script>", job_id=job.id)

@@ -19,6 +19,7 @@ from cloudtrain.node import procs
 from cloudtrain.providers.local.provider import LocalProvider
 from cloudtrain.providers.ssh.provider import SshProvider
 from cloudtrain.provision.provider import ProviderContext
+from cloudtrain.records import ClusterStatus
 from cloudtrain.spec import ClusterSpec
 from cloudtrain.state import State
 
@@ -37,7 +38,9 @@ def test_an_ssh_node_recorded_without_its_port_is_reached_as_the_host_list_says(
     half_made = NodeInfo("c", 1, "root@127.0.0.3:2202", "127.0.0.3", None, "unreachable")
     assert dict(half_made.extra) == {}
     with State.open(tmp_path) as state:
-        state.put_cluster(ClusterSpec("c", "ssh", 2, extra={"hosts": HOSTS}), status="partial")
+        state.put_cluster(
+            ClusterSpec("c", "ssh", 2, extra={"hosts": HOSTS}), status=ClusterStatus.PARTIAL
+        )
         state.set_nodes("c", [half_made])
         (read,) = state.nodes("c")
     assert (read.state, dict(read.extra), read.user) == ("unreachable", {}, None)

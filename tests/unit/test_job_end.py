@@ -15,6 +15,7 @@ import pytest
 from cloudtrain.executors.base import DETACH_SCRIPT
 from cloudtrain.jobs.attempts import last_end, on_our_clock
 from cloudtrain.node import job_status
+from cloudtrain.records import ClusterStatus
 from cloudtrain.spec import ClusterSpec, Resources
 from cloudtrain.state import State
 
@@ -72,7 +73,7 @@ def test_the_end_is_kept_between_the_start_and_now(
 ) -> None:
     clock = [90.0]
     with State.open(tmp_path, clock=lambda: clock[0]) as state:
-        state.put_cluster(ClusterSpec("c", "local", 1, Resources()), status="up")
+        state.put_cluster(ClusterSpec("c", "local", 1, Resources()), status=ClusterStatus.UP)
         job = state.new_job("c", "j", num_nodes=1, nproc_per_node=1, command=["x.py"])
         state.update_job(job.id, status="running", started_at=100.0)
         clock[0] = 200.0

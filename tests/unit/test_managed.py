@@ -20,6 +20,7 @@ from cloudtrain.jobs.torchrun import Launch, read_failure, rendezvous_first
 from cloudtrain.model import NodeInfo
 from cloudtrain.providers.fake.provider import FakeCloud, FakeProvider
 from cloudtrain.provision.provider import ProviderContext
+from cloudtrain.records import ClusterStatus
 from cloudtrain.spec import ClusterSpec, Resources, parse_nodes
 from cloudtrain.state import State
 
@@ -60,7 +61,7 @@ def setup(tmp_path: Path) -> Setup:
     )
     state = State.open(tmp_path)
     spec = ClusterSpec("c1", "fake", 2, Resources(accelerator="A100", count=8))
-    state.put_cluster(spec, status="up")
+    state.put_cluster(spec, status=ClusterStatus.UP)
     state.set_nodes("c1", provider.apply(provider.plan(spec)))
     managed.RETRY_PAUSE_S = 0
     watcher = managed.Watcher(

@@ -14,6 +14,7 @@ from cloudtrain.errors import CapacityError, ConfigError, QuotaError
 from cloudtrain.model import Offer
 from cloudtrain.plan.optimizer import ANYWHERE, Choice, Ranking, rank
 from cloudtrain.provision.credentials import present
+from cloudtrain.records import ClusterStatus
 from cloudtrain.spec import ClusterSpec, Resources, task_from_dict
 from cloudtrain.spec.taskfile import known
 from cloudtrain.state import State
@@ -231,7 +232,7 @@ def test_failover_stops_where_a_failed_attempt_left_a_record(
 
     def half_made(state: State, home: Path, placed: ClusterSpec, *_: Any, **__: Any) -> list[Any]:
         calls.append(placed.provider)
-        state.put_cluster(placed, status="partial")
+        state.put_cluster(placed, status=ClusterStatus.PARTIAL)
         raise CapacityError(placed.provider, "NoCapacity", "room for one node of two")
 
     monkeypatch.setattr(anywhere.api, "up", half_made)

@@ -31,6 +31,7 @@ from cloudtrain.preflight.reading import (
     slow_nodes,
 )
 from cloudtrain.preflight.verdict import Report, Target, judge
+from cloudtrain.records import ClusterStatus
 from cloudtrain.runtime import preflight_worker
 from cloudtrain.spec import ClusterSpec, Resources
 from cloudtrain.state import State
@@ -447,7 +448,7 @@ def test_a_bad_name_is_refused_before_it_is_looked_up(run_cli: Cli) -> None:
 
 def test_a_cluster_of_one_rank_has_nothing_to_measure(run_cli: Cli, home: Path) -> None:
     with State.open(home) as state:
-        state.put_cluster(ClusterSpec("solo", "local", 1, Resources()), status="up")
+        state.put_cluster(ClusterSpec("solo", "local", 1, Resources()), status=ClusterStatus.UP)
     result = run_cli("preflight", "solo", "--json")
     assert result.exit_code == 2
     assert result.stderr == (
@@ -461,8 +462,10 @@ def test_up_runs_it_only_for_a_multi_node_gpu_cluster(home: Path) -> None:
     """`after_up` of a CPU cluster or a one-node GPU cluster says nothing and starts no job."""
     out, err = io.StringIO(), io.StringIO()
     app = App(home=home, out=console(out), err=console(err))
-    app.state.put_cluster(ClusterSpec("cpu2", "local", 2, Resources()), status="up")
-    app.state.put_cluster(ClusterSpec("gpu1", "local", 1, Resources("A100", 8)), status="up")
+    app.state.put_cluster(ClusterSpec("cpu2", "local", 2, Resources()), status=ClusterStatus.UP)
+    app.state.put_cluster(
+        ClusterSpec("gpu1", "local", 1, Resources("A100", 8)), status=ClusterStatus.UP
+    )
     try:
         for name in ("cpu2", "gpu1", "gone"):
             after_up(app, name)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.model import NodeInfo
+from cloudtrain.records import ClusterStatus
 from cloudtrain.spec import ClusterSpec, Resources
 from cloudtrain.state import _MIGRATIONS, SCHEMA_VERSION, State
 
@@ -78,7 +79,7 @@ def clock() -> Clock:
 @pytest.fixture
 def state(tmp_path: Path, clock: Clock) -> Iterator[State]:
     with State.open(tmp_path / "home", clock=clock) as opened:
-        opened.put_cluster(spec(), status="up", price_per_hour=65.54, plan=PLAN)
+        opened.put_cluster(spec(), status=ClusterStatus.UP, price_per_hour=65.54, plan=PLAN)
         yield opened
 
 
@@ -121,7 +122,7 @@ def test_without_a_plan_the_clusters_price_is_shared_and_spot_is_the_specs(
     tmp_path: Path,
 ) -> None:
     with State.open(tmp_path / "h", clock=lambda: 5.0) as st:
-        st.put_cluster(spec(spot=True), status="up", price_per_hour=3.0)
+        st.put_cluster(spec(spot=True), status=ClusterStatus.UP, price_per_hour=3.0)
         st.set_nodes("exp1", [node(0), node(1)])
         assert [(s.price_per_hour, s.spot) for s in st.spans()] == [(1.5, True), (1.5, True)]
 

@@ -15,8 +15,10 @@ from types import MappingProxyType
 
 import pytest
 
+from cloudtrain import records
 from cloudtrain.errors import NotFoundError, StateError
 from cloudtrain.model import NodeInfo
+from cloudtrain.records import ClusterStatus
 from cloudtrain.spec import ClusterSpec, Resources
 from cloudtrain.state import BUSY_TIMEOUT_S, SCHEMA_VERSION, State, home
 
@@ -156,9 +158,9 @@ def test_closed_state_raises_state_error(tmp_path: Path) -> None:
 
 def test_cluster_round_trip_keeps_created_at(state: State, clock: Clock) -> None:
     plan = {"offers": [{"region": "us-east-1", "price": 32.77}]}
-    state.put_cluster(spec(), status="provisioning", price_per_hour=65.54, plan=plan)
+    state.put_cluster(spec(), status=ClusterStatus.PROVISIONING, price_per_hour=65.54, plan=plan)
     clock.now = 2000.0
-    state.put_cluster(spec(num_nodes=3), status="up")
+    state.put_cluster(spec(num_nodes=3), status=ClusterStatus.UP)
     rec = state.cluster("exp1")
     assert rec is not None
     assert (rec.name, rec.provider, rec.status) == ("exp1", "aws", "up")
@@ -167,17 +169,47 @@ def test_cluster_round_trip_keeps_created_at(state: State, clock: Clock) -> None
     assert rec.price_per_hour == 65.54  # None keeps what was stored
     assert rec.plan == plan
     clock.now = 3000.0
-    state.set_cluster_status("exp1", "stopped")
-    assert state.cluster("exp1") == replace(rec, status="stopped", updated_at=3000.0)
-    state.put_cluster(spec("b"), status="up")
+    state.set_cluster_status("exp1", ClusterStatus.STOPPED)
+    assert state.cluster("exp1") == replace(rec, status=ClusterStatus.STOPPED, updated_at=3000.0)
+    state.put_cluster(spec("b"), status=ClusterStatus.UP)
     assert [c.name for c in state.clusters()] == ["b", "exp1"]
     assert state.cluster("nope") is None
     with pytest.raises(NotFoundError):
-        state.set_cluster_status("nope", "up")
+        state.set_cluster_status("nope", ClusterStatus.UP)
+
+
+def test_a_cluster_status_moves_only_as_the_table_says(state: State) -> None:
+    """`records.MOVES` is the one place a cluster's statuses and their moves are: an `up`'s
+    walk, a kill's leftovers, what reconcile sees and a stop by itself pass; another move is a
+    bug, refused with both statuses named, and the record is left as it was."""
+    state.put_cluster(spec(), status=ClusterStatus.PROVISIONING)
+    for status in (
+        ClusterStatus.BOOTSTRAPPING,
+        ClusterStatus.UP,
+        ClusterStatus.STOPPED,
+        ClusterStatus.PARTIAL,
+        ClusterStatus.GONE,
+    ):
+        state.set_cluster_status("exp1", status)
+    with pytest.raises(StateError, match="cluster 'exp1': no move from gone to bootstrapping"):
+        state.set_cluster_status("exp1", ClusterStatus.BOOTSTRAPPING)
+    rec = state.cluster("exp1")
+    assert rec is not None
+    assert rec.status == ClusterStatus.GONE
+    assert all(records.may_move(s, s) for s in ClusterStatus), "staying is no move"
+    assert set(records.MOVES) == set(ClusterStatus), "every status has its moves"
+
+
+def test_a_damaged_cluster_status_is_one_line_naming_it(state: State) -> None:
+    state.put_cluster(spec(), status=ClusterStatus.UP)
+    with sqlite3.connect(state.path) as conn:
+        conn.execute("UPDATE clusters SET status = 'sideways' WHERE name = 'exp1'")
+    with pytest.raises(StateError, match="status of cluster 'exp1' is damaged: 'sideways'"):
+        state.cluster("exp1")
 
 
 def test_nodes_round_trip_replace_and_order(state: State) -> None:
-    state.put_cluster(spec(), status="up")
+    state.put_cluster(spec(), status=ClusterStatus.UP)
     state.set_nodes("exp1", [node(1), node(0)])
     assert state.nodes("exp1") == [node(0), node(1)]
     assert state.nodes("exp1")[0].root == "/opt/cloudtrain"
@@ -227,7 +259,7 @@ def test_jobs_newest_first_and_by_cluster(state: State) -> None:
 
 
 def test_delete_cluster_keeps_history_and_ids_are_never_reused(state: State) -> None:
-    state.put_cluster(spec(), status="up")
+    state.put_cluster(spec(), status=ClusterStatus.UP)
     state.set_nodes("exp1", [node(0)])
     old = state.new_job("exp1", "train", num_nodes=1, nproc_per_node=1, command=["x"])
     state.add_event("exp1", "up", "cluster ready", job_id=old.id)
@@ -237,7 +269,7 @@ def test_delete_cluster_keeps_history_and_ids_are_never_reused(state: State) -> 
     assert state.nodes("exp1") == []
     assert state.job(old.id) == old
     assert [e.job_id for e in state.events("exp1")] == [old.id]
-    state.put_cluster(spec(), status="up")
+    state.put_cluster(spec(), status=ClusterStatus.UP)
     new = state.new_job("exp1", "train", num_nodes=1, nproc_per_node=1, command=["x"])
     assert new.id != old.id
     assert new.seq > old.seq

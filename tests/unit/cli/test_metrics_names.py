@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.jobs import metrics
+from cloudtrain.records import ClusterStatus
 from cloudtrain.spec import ClusterSpec, Resources
 from cloudtrain.state import State
 from tests.conftest import Cli
@@ -28,7 +29,7 @@ LINES = [
 @pytest.fixture
 def job(home: Path) -> str:
     with State.open(home) as state:
-        state.put_cluster(ClusterSpec("demo", "local", 1, Resources()), status="up")
+        state.put_cluster(ClusterSpec("demo", "local", 1, Resources()), status=ClusterStatus.UP)
         rec = state.new_job("demo", "t", num_nodes=1, nproc_per_node=1, command=["t.py"])
     copy = metrics.copy_path(home, rec.id, 0, 0)
     copy.parent.mkdir(parents=True)
