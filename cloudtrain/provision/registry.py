@@ -60,7 +60,12 @@ def _load(name: str) -> Plugin:
         )
     elif name in _plugins():
         module_name, _, attr = _plugins()[name].partition(":")
-        found = importlib.import_module(module_name)
+        try:
+            found = importlib.import_module(module_name)
+        except ImportError as exc:  # its package is broken or half installed
+            raise ConfigError(
+                f"provider {name!r}: {module_name} cannot be imported: {exc}"
+            ) from None
         for part in filter(None, attr.split(".")):
             found = getattr(found, part, None)
     else:

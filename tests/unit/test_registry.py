@@ -66,6 +66,9 @@ def test_a_plugin_object_is_what_an_entry_point_names(
     monkeypatch.setattr(registry, "_plugins", lambda: {"mycloud": "mycloud_plugin:NOTHING"})
     with pytest.raises(ConfigError, match="provider 'mycloud': its package gives no `Plugin`"):
         registry.plugin("mycloud")
+    monkeypatch.setattr(registry, "_plugins", lambda: {"mycloud": "no_such_package_here:PLUGIN"})
+    with pytest.raises(ConfigError, match="provider 'mycloud': no_such_package_here cannot be imp"):
+        registry.plugin("mycloud")
 
 
 def test_the_built_in_providers_are_the_folders_each_with_its_plugin() -> None:
