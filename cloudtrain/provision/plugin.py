@@ -15,7 +15,8 @@ reads nothing else of the package, and never a provider's name::
 
 A package laid out as the built-in ones are (``provider.py``; for a cloud ``_credentials.py``,
 ``_check.py``, ``_prices.py``) says so in one line: ``PLUGIN = laid_out(__name__, "MyCloudProvider",
-OPTIONS, cloud=True)``.
+OPTIONS, cloud=True)``; the provider is then named as the package's last part (``mycloud`` for
+``mycloud_cloudtrain.mycloud``), which is the name its entry point must have.
 
 The loaders are functions, not imports, so that reading every plugin costs no SDK import (the
 CLI builds its flags from ``options`` on every start); each is typed, so mypy checks what a
