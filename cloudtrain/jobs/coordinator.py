@@ -37,7 +37,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.errors import ConfigError, JobError, NotFoundError
+from cloudtrain.errors import CloudtrainError, ConfigError, JobError, NotFoundError
 from cloudtrain.executors.base import Executor, fan_out
 from cloudtrain.jobs import checkpoints, rehost, runtimes, shards
 from cloudtrain.jobs.attempts import JobSpec, attempt_of, job_dir, last_end
@@ -401,6 +401,26 @@ class Coordinator(Following):
             cwd=_workdir(node),
             job_dir=folder,
         )
+
+    def prewarm(self, job_id: str, node: NodeInfo) -> None:
+        """Ready `node` for the job's next start as its runtime says (`Runtime.prewarm`: a
+        forked torch job's warm server), run with the job's environment. A head start only:
+        a node it fails on is logged, and the job starts there as it would have."""
+        rec = self._job(job_id)
+        job = JobSpec.from_dict(rec.detail.get("spec") or {})
+        args = runtimes.get(job.runtime).prewarm(job)
+        if args is None:
+            return
+        try:
+            env = self._env(rec, node, [node], job)
+            done = self._executor(node).run([node.python, *args], env=env, cwd=node.root,
+                                            timeout=60)  # fmt: skip
+        except CloudtrainError as exc:
+            done = None
+            log.info("job %s: node %d not readied: %s", rec.id, node.index, exc)
+        if done is not None and done.returncode != 0:
+            log.info("job %s: node %d not readied: %s", rec.id, node.index,
+                     (done.stderr or done.stdout).strip()[-500:])  # fmt: skip
 
     # -- stopping ---------------------------------------------------------------------------
 

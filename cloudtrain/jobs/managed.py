@@ -62,6 +62,7 @@ from cloudtrain.errors import CloudtrainError, JobError, NodeLostError, NotFound
 from cloudtrain.jobs import checkpoints, preemptions, rehost, replacing, supervisor
 from cloudtrain.jobs.attempts import HEARTBEAT_S, Verdict, attempt_of, elastic
 from cloudtrain.jobs.coordinator import Coordinator
+from cloudtrain.jobs.staging import readying
 from cloudtrain.model import Event, NodeInfo
 from cloudtrain.provision.provider import Provider
 from cloudtrain.spec import ClusterSpec, validate_job_id
@@ -284,7 +285,9 @@ class Watcher:
                 for n in self.state.nodes(rec.cluster)
                 if n.index == verdict.node and n.zone and verdict.cause == "preempted"
             } | preemptions.zones(self._job(rec.id))  # the notices this attempt's beats saw
-            replaced = self.complete_cluster(rec, zones_last=preempted, made=made)
+            replaced = self.complete_cluster(
+                rec, zones_last=preempted, made=made, ready=lambda node: coord.prewarm(rec.id, node)
+            )
             if self._cancelled(rec, made):
                 return
             rec = coord.relaunch(rec.id, snapshot)
@@ -440,7 +443,11 @@ class Watcher:
         self.state.update_job(rec.id, detail={"recoveries": recoveries})
 
     def complete_cluster(
-        self, rec: JobRecord, zones_last: Collection[str] = (), made: list[int] | None = None
+        self,
+        rec: JobRecord,
+        zones_last: Collection[str] = (),
+        made: list[int] | None = None,
+        ready: Callable[[NodeInfo], None] | None = None,
     ) -> list[int]:
         """Make again the nodes of `rec`'s cluster that the cloud no longer runs (``up`` of the
         recorded spec, through the engine: in the zone of the others, failing over as any
@@ -451,7 +458,8 @@ class Watcher:
         The nodes found gone are recorded gone first, under the cluster's lock: their spans
         end now, not when the replacements are recorded (which may take many minutes). The
         bootstrap is waited for with the lock free (`replacing.wait_booted`): a replacement
-        lost meanwhile is `NodeLostError` within a heartbeat, a cancel ends the wait."""
+        lost meanwhile is `NodeLostError` within a heartbeat, a cancel ends the wait; `ready`
+        is given each replacement once it is past its torch phase (`staging.readying`)."""
         from cloudtrain import api
 
         def wait(message: str) -> None:
@@ -482,9 +490,9 @@ class Watcher:
                     if self._job(rec.id).detail.get("cancel_requested"):
                         raise JobError(rec.id, "cancelled", cancelled=True)
 
-                replacing.wait_booted(self.state, self.home, prov, rec.cluster, nodes,
-                                      self._on_event, self.bootstrap_timeout_s,
-                                      check=check)  # fmt: skip
+                tap = self._on_event if ready is None else readying(self._on_event, nodes, ready)
+                replacing.wait_booted(self.state, self.home, prov, rec.cluster, nodes, tap,
+                                      self.bootstrap_timeout_s, check=check)  # fmt: skip
         return missing
 
     def _cancelled(self, rec: JobRecord, made: list[int]) -> bool:

@@ -15,23 +15,27 @@ Staging is a head start, never a second way to fail: a node whose staging fails 
 and left to the submit, which runs the setup again and reports its failure as it always has;
 a setup waits for torch (a setup's ``pip install`` beside the torch phase's could fight over
 the same venv), and one whose node never got there (`up` failed) is not run.
+
+A recovery's replacement node gets a head start the same way (`readying`): once past its torch
+phase, its job's runtime readies it (a torch job's warm server imports torch there while the
+bootstrap checks it), so the next attempt does not wait for its slowest node's imports.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.executors.base import Executor
 from cloudtrain.jobs.attempts import JobSpec
 from cloudtrain.jobs.coordinator import OnLine, run_setup, sync_workdir
-from cloudtrain.model import Event, NodeInfo
+from cloudtrain.model import Event, NodeInfo, OnEvent
 from cloudtrain.node.bootstrap import ALL_PHASES
 
-__all__ = ["AFTER", "Stager"]
+__all__ = ["AFTER", "Stager", "readying"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,25 @@ def past_torch(event: Event) -> bool:
         return False
     phase, _, state = event.message.partition(": ")
     return phase in AFTER or state == "ready"
+
+
+def readying(on_event: OnEvent, nodes: Sequence[NodeInfo],
+             ready: Callable[[NodeInfo], None]) -> OnEvent:  # fmt: skip
+    """`on_event`, and `ready(node)` run once, in a thread of its own (the wait it taps goes
+    on), for each of `nodes` whose bootstrap goes past its torch phase: a recovery readies a
+    replacement for its job while the bootstrap checks torch (`Coordinator.prewarm`)."""
+    by_index = {n.index: n for n in nodes}
+    begun: set[int] = set()
+
+    def tap(event: Event) -> None:
+        on_event(event)
+        node = by_index.get(event.node) if event.node is not None else None
+        if node is not None and node.index not in begun and past_torch(event):
+            begun.add(node.index)
+            threading.Thread(target=ready, args=(node,), daemon=True,
+                             name=f"cloudtrain-ready-{node.index}").start()  # fmt: skip
+
+    return tap
 
 
 class Stager:

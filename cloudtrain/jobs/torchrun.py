@@ -42,6 +42,13 @@ def entrypoint_args(entrypoint: Sequence[str]) -> list[str]:
     return ["--no-python", *tokens]
 
 
+def forks(start_method: str, args: Sequence[str]) -> bool:
+    """Whether a job's agent forks its workers (`cloudtrain.jobs.elastic`), and is itself
+    forked by the node's warm server when there is one (`cloudtrain.jobs.warm`): a Python
+    entrypoint under ``--start-method fork``."""
+    return start_method == "fork" and args[:1] != ["--no-python"]
+
+
 #: How long an elastic job's rendezvous waits for more nodes once it has its minimum.
 ELASTIC_LAST_CALL_S = 5
 #: The restarts an elastic job gets at least: its survivors re-form by restarting.
@@ -86,7 +93,7 @@ class Launch:
             # the survivors of a lost node form the next round after this many seconds
             conf += f",last_call_timeout={ELASTIC_LAST_CALL_S}"
         python = self.args[:1] != ["--no-python"]
-        forked = self.start_method == "fork" and python
+        forked = forks(self.start_method, self.args)
         launcher = ["cloudtrain.jobs.warm", "--start-method", "fork"] if forked else [
             "torch.distributed.run"]  # fmt: skip
         args = list(self.args)

@@ -5,17 +5,23 @@ elastic`), but the agent itself still starts a new interpreter and imports torch
 ``torch._dynamo`` (about 2.5 s of CPU here) before the first worker can start. Run as::
 
     python -m cloudtrain.jobs.warm [elastic's flags] script.py ARGS      (the client)
-    python -m cloudtrain.jobs.warm --serve ROOT                           (the server)
+    python -m cloudtrain.jobs.warmserver ROOT                             (the server)
+    python -m cloudtrain.jobs.warm --start            (start the server for the job's env)
 
 the client asks the node's server (``<root>/warm/sock``; ``<root>`` is the job's
 ``CLOUDTRAIN_NODE_ROOT``) for an agent: the server forks one with its standard streams, its
 folder, umask, environment and arguments, and the client waits for it and exits as it did
 (a signal it gets it passes on). With no server that answers, the client is the agent itself,
-as ``python -m cloudtrain.jobs.elastic`` (cold), and when that job ends (not when a signal
-stopped it: a cancel, a teardown) it starts a server detached, for the node's next job. So
-the first fork job on a node is cold and the next are warm, for as long as the server lives:
-until the node's teardown (it carries ``CLOUDTRAIN_NODE_ROOT``, and is stopped with the node's
-processes), its folder is gone, or `IDLE_S` without a request.
+as ``python -m cloudtrain.jobs.elastic`` (cold), and when that job ends it starts a server
+detached, for the node's next job or attempt: when it ended on its own, or a stop of the job
+stopped it (a recovery's, a cancel's: they mark its folder first), not when the node's
+teardown did (that leaves no process behind it did not find). ``--start`` starts one with the
+job's environment before any job ran (a recovery readies its replacement node so, while the
+node's bootstrap checks torch), and a client that finds a server still importing (its
+`STARTING` file there, its lock held) waits for it up to `STARTING_S`. So the first fork job
+on a node is cold and the next are warm, for as long as the server lives: until the node's
+teardown (it carries ``CLOUDTRAIN_NODE_ROOT``, and is stopped with the node's processes), its
+folder is gone, or `IDLE_S` without a request.
 
 A forked agent must be the process a cold start would have made:
 
@@ -49,31 +55,31 @@ The server is single-threaded and imports nothing that starts a thread or touche
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import fcntl
 import hashlib
-import importlib
 import json
 import os
-import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
-import threading
 import time
-import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from cloudtrain.node import procs
 
 #: The variable the server is started with, whose room each fork's environment takes.
 PAD_VAR, PAD_BYTES = "CLOUDTRAIN_WARM_PAD", 65536
 #: The server exits after this long without a request (it holds torch's memory).
 IDLE_S = 3600.0
+#: How long a job waits for a server that is starting (importing torch) before it starts cold.
+STARTING_S = 30.0
+#: The file a server holds while it imports, before it listens.
+STARTING = "starting"
 #: Variables read when torch and its libraries are imported: a request must match the server's.
 IMPORT_TIME = ("PYTHON", "TORCH", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "CUDA_")
 #: The variables the node finds a job's processes by (`cloudtrain.node.procs`).
@@ -84,7 +90,6 @@ MARKERS = ("CLOUDTRAIN_JOB_ID", "CLOUDTRAIN_NODE_ROOT")
 SERVER_ENV = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "LC_ALL", "LC_CTYPE")
 #: ``CLOUDTRAIN_WARM=0`` turns warm starts off for a job.
 SWITCH = "CLOUDTRAIN_WARM"
-_MAX_REQUEST = 4 << 20
 _UNIX_PATH_MAX = 107
 
 
@@ -117,11 +122,11 @@ def server_env(job_env: Mapping[str, str]) -> dict[str, str]:
     return {**env, PAD_VAR: "." * PAD_BYTES}
 
 
-def _environ_block(env: Mapping[str, str]) -> bytes:
+def environ_block(env: Mapping[str, str]) -> bytes:
     return b"".join(f"{k}={v}".encode("utf-8", "surrogateescape") + b"\0" for k, v in env.items())
 
 
-def _environ_region() -> tuple[int, int]:
+def environ_region() -> tuple[int, int]:
     """(start, end) of this process's initial environment's memory (``/proc/self/stat``)."""
     with open("/proc/self/stat", "rb") as f:
         fields = f.read().rsplit(b")", 1)[1].split()
@@ -133,7 +138,7 @@ def _set_first_letter(names: Sequence[str], old: str, new: str) -> None:
     initial environment memory: ``_LOUDTRAIN_JOB_ID`` no longer matches a scan of
     ``/proc/PID/environ``, and no string moves (the C library's pointers into that memory
     stay valid)."""
-    start, end = _environ_region()
+    start, end = environ_region()
     block = b"\0" + ctypes.string_at(start, end - start)
     for name in names:
         at = block.find(b"\0" + (old + name[1:] + "=").encode())  # its offset in the region
@@ -146,25 +151,35 @@ def _set_first_letter(names: Sequence[str], old: str, new: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["--serve"]:
-        sys.exit(serve(Path(args[1])))
     named = os.environ.get("CLOUDTRAIN_NODE_ROOT")
     root = Path(named) if named and os.environ.get(SWITCH, "1") != "0" else None
+    if args == ["--start"]:  # a job's next start is near: its server, now (`prewarm`)
+        if root is not None:
+            start(root, os.environ)
+        return
     status = ask(root, args) if root is not None else None
     if status is not None:
         _exit_as(status)
     from cloudtrain.jobs import elastic
 
     env = dict(os.environ)  # the job's, before torch elastic adds its own
-    stopped = False  # a job stopped by a signal (a cancel, a teardown) starts no server
+    signalled = False  # by a job's stop, or by the node's teardown
     try:
         elastic.main(args)  # cold: this process is the agent
     except BaseException as exc:
-        stopped = isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "SignalException"
+        signalled = isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "SignalException"
         raise
     finally:
-        if root is not None and not stopped:
+        if root is not None and (not signalled or _stopped_as_a_job(env)):
             start(root, env)
+
+
+def _stopped_as_a_job(env: Mapping[str, str]) -> bool:
+    """Whether the signal came from a stop of this job (a recovery's, a cancel's), which marks
+    the job's folder first (`procs.STOPPED`): the node stays, and its next attempt or job
+    starts warm. A teardown marks nothing, and must leave no process it did not find."""
+    run_dir = env.get("CLOUDTRAIN_RUN_DIR")
+    return run_dir is not None and (Path(run_dir) / procs.STOPPED).exists()
 
 
 #: What the client passes on to the agent.
@@ -175,7 +190,7 @@ def ask(root: Path, argv: Sequence[str]) -> int | None:
     """Have the node's server fork the agent for `argv`, and wait for it: its exit status
     (negative: killed by that signal), or None when no server took the request."""
     path = folder(root) / "sock"
-    if len(os.fsencode(path)) > _UNIX_PATH_MAX or not path.exists():
+    if len(os.fsencode(path)) > _UNIX_PATH_MAX or not _serving(root):
         return None
     # From the request on, the agent is the job's process, not this one: a stop finds it, and
     # this process passes on a signal it gets (held until the agent's pid is known).
@@ -208,6 +223,33 @@ def ask(root: Path, argv: Sequence[str]) -> int | None:
         return 1
 
 
+def _serving(root: Path, within_s: float = STARTING_S) -> bool:
+    """Whether the node's server listens, once the server that holds its lock but does not
+    listen yet (it imports torch: a recovery readied the node, or the job before this one
+    just ended) does, within `within_s`: what is left of its imports is less than a cold
+    start's."""
+    here = folder(root)
+    deadline = time.monotonic() + within_s
+    while not (here / "sock").exists():
+        if not (here / STARTING).exists():
+            return False  # none is starting (one that stopped listening holds the lock too)
+        try:
+            fd = os.open(here / "lock", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False  # no server holds it: none is starting
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 class _NotServed(Exception):
     pass
 
@@ -221,7 +263,7 @@ def _request(path: Path, argv: Sequence[str]) -> tuple[socket.socket, Any, int]:
         conn.connect(str(path))
         mask = os.umask(0)
         os.umask(mask)
-        size, key = len(_environ_block(os.environ)), fingerprint(os.environ)
+        size, key = len(environ_block(os.environ)), fingerprint(os.environ)
         request = {"argv": list(argv), "size": size, "cwd": os.getcwd(), "umask": mask, "key": key}
         data = json.dumps(request).encode() + b"\n"
         socket.send_fds(conn, [data[:65536]], [0, 1, 2])
@@ -253,8 +295,6 @@ def _exit_as(status: int) -> None:
 def start(root: Path, job_env: Mapping[str, str]) -> None:
     """Start the node's server detached, unless one holds its lock (or the node is gone), with
     what of `job_env` acts at import time (`server_env`) and nothing else of it."""
-    from cloudtrain.node import procs
-
     here = folder(root)
     if not root.is_dir() or len(os.fsencode(here / "sock")) > _UNIX_PATH_MAX:
         return
@@ -265,280 +305,10 @@ def start(root: Path, job_env: Mapping[str, str]) -> None:
     env = server_env(job_env)
     with open(here / "server.log", "ab") as log:
         subprocess.Popen(
-            [sys.executable, "-m", "cloudtrain.jobs.warm", "--serve", str(root)],
+            [sys.executable, "-m", "cloudtrain.jobs.warmserver", str(root)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             cwd=root, env=env, start_new_session=True,
         )  # fmt: skip
-
-
-# -- the server ------------------------------------------------------------------------------
-
-
-def serve(root: Path) -> int:
-    """Import what an agent and its workers import, then fork an agent for each request."""
-    here = folder(root)
-    lock = os.open(here / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return 0  # another server holds the node
-    from cloudtrain.jobs import elastic
-
-    before = dict(os.environ)
-    key = fingerprint(before)
-    for name in ("torch", "torch.distributed.run", "torch.distributed.launcher.api",
-                 *elastic.PRELOAD):  # fmt: skip
-        importlib.import_module(name)
-    # What those imports set (torch._inductor's cache folder…): a cold agent's imports set it
-    # in the job's environment, so each fork adds it to its job's.
-    added = {k: v for k, v in os.environ.items() if k not in before}
-    path = here / "sock"
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        listener.bind(str(path))
-    finally:
-        os.umask(old)
-    listener.listen(16)
-    print(f"cloudtrain-warm: serving on {path} (pid {os.getpid()})", flush=True)
-    server = _Server(root, listener, key, lock, added)
-    try:
-        server.loop()
-    finally:
-        server.stop_listening()
-    return 0
-
-
-class _Server:
-    """The accept loop: one request at a time (a fork takes milliseconds), each fork's exit
-    status sent to its client when the fork ends."""
-
-    def __init__(self, root: Path, listener: socket.socket, key: str, lock: int,
-                 added: Mapping[str, str]) -> None:  # fmt: skip
-        self.root, self.listener, self.key, self.lock = root, listener, key, lock
-        self.added = added
-        self.children: dict[int, socket.socket] = {}
-        self.waker_r, self.waker_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.path = listener.getsockname()
-        self.inode = os.stat(self.path).st_ino  # (a socket's own fstat is another inode)
-
-    def loop(self) -> None:
-        signal.set_wakeup_fd(self.waker_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        last, serving = time.monotonic(), True
-        while True:
-            self.reap()
-            idle = not self.children
-            if idle and (not serving or time.monotonic() - last > IDLE_S):
-                return
-            if not self.root.is_dir():
-                return
-            watched = [self.listener.fileno(), self.waker_r] if serving else [self.waker_r]
-            ready, _, _ = select.select(watched, [], [], 5.0)
-            if self.waker_r in ready:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(self.waker_r, 512)
-            if not serving or self.listener.fileno() not in ready:
-                continue
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:  # out of descriptors for a moment: the client starts cold
-                continue
-            last = time.monotonic()
-            try:
-                pid = _handle(conn, self.key, self.added, self.close_in_fork)
-            except _Refused as refused:
-                with contextlib.suppress(OSError):
-                    conn.sendall(json.dumps({"refused": str(refused)}).encode() + b"\n")
-                conn.close()
-                print(f"cloudtrain-warm: refused a request: {refused}", flush=True)
-                if refused.stale:  # no more requests: the next job starts cold, and a new server
-                    serving = False
-                    self.stop_listening()
-                continue
-            self.children[pid] = conn
-            print(f"cloudtrain-warm: forked agent {pid}", flush=True)
-
-    def stop_listening(self) -> None:
-        """Close the socket, and remove its file unless a newer server's replaced it."""
-        if self.listener.fileno() < 0:
-            return
-        with contextlib.suppress(OSError):
-            if os.stat(self.path).st_ino == self.inode:
-                os.unlink(self.path)
-        self.listener.close()
-
-    def close_in_fork(self) -> None:
-        """In a fork: let go of what is the server's (its other clients' connections too)."""
-        self.listener.close()
-        for fd in (self.waker_r, self.waker_w, self.lock):
-            os.close(fd)
-        for conn in self.children.values():
-            conn.close()
-
-    def reap(self) -> None:
-        while self.children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            conn = self.children.pop(pid, None)
-            if conn is None:
-                continue
-            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            with contextlib.suppress(OSError):
-                conn.sendall(json.dumps({"status": code}).encode() + b"\n")
-            conn.close()
-
-
-class _Refused(Exception):
-    def __init__(self, why: str, stale: bool = False) -> None:
-        super().__init__(why)
-        self.stale = stale
-
-
-def _peer_uid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
-
-
-def _line(conn: socket.socket, first: bytes = b"") -> Any:
-    """The JSON line the peer sends (after `first`, read already), or None: the peer sends
-    nothing after it until it has an answer, so nothing past it is read."""
-    conn.settimeout(10)
-    chunks = [first]
-    while not chunks[-1].endswith(b"\n") and sum(map(len, chunks)) < _MAX_REQUEST:
-        more = conn.recv(65536)
-        if not more:
-            break
-        chunks.append(more)
-    conn.settimeout(None)
-    try:
-        return json.loads(b"".join(chunks))
-    except ValueError:
-        return None
-
-
-def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    conn.settimeout(10)
-    data, fds, _, _ = socket.recv_fds(conn, 65536, 3)
-    request = _line(conn, data)
-    if not isinstance(request, dict) or len(fds) != 3:
-        for fd in fds:
-            os.close(fd)
-        raise _Refused("a request that is not one")
-    return request, fds
-
-
-def _handle(conn: socket.socket, key: str, added: Mapping[str, str],
-            close_server: Callable[[], object]) -> int:  # fmt: skip
-    if _peer_uid(conn) != os.getuid():
-        raise _Refused("a request from another user")
-    try:
-        request, fds = _receive(conn)
-    except OSError as e:
-        raise _Refused(f"a request that could not be read ({e})") from None
-    try:
-        size, argv = request.get("size"), request.get("argv")
-        if not isinstance(size, int) or not isinstance(argv, list):
-            raise _Refused("a request without its environment's size and arguments")
-        if request.get("key") != key:
-            raise _Refused("the job's interpreter, packages or import-time variables are not "
-                           "this server's", stale=True)  # fmt: skip
-        start, end = _environ_region()
-        if size + len(_environ_block(added)) > end - start:
-            raise _Refused("the job's environment is larger than this server's room for it")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                close_server()
-                _become(conn, request, fds, added, argv)
-            except BaseException:  # on the job's stderr once its streams are the job's
-                traceback.print_exc()
-            finally:
-                os._exit(1)
-    finally:
-        for fd in fds:
-            os.close(fd)
-    with contextlib.suppress(OSError):  # a client gone: the agent runs on, and is reaped
-        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-    return pid
-
-
-def _become(
-    conn: socket.socket,
-    request: Mapping[str, Any],
-    fds: Sequence[int],
-    added: Mapping[str, str],
-    argv: Sequence[str],
-) -> None:
-    """In the fork: turn into the cold agent `python -m cloudtrain.jobs.elastic ARGV` would
-    be, with the job's environment (read here from the client: never by the server) and what
-    the server's imports `added`, run it, and exit with its status, which it also tells its
-    client itself (the server tells it again, and alone when a signal ended the agent). Never
-    returns."""
-    os.setsid()
-    signal.set_wakeup_fd(-1)
-    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(signum, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-    os.chdir(str(request["cwd"]))
-    os.umask(int(request["umask"]))
-    sent = _line(conn)
-    if not isinstance(sent, dict):
-        raise _Refused("the client sent no environment")
-    env = {**added, **{str(k): str(v) for k, v in sent.items()}}
-    start, end = _environ_region()
-    block = _environ_block(env)
-    if len(block) > end - start:  # not as its request said
-        raise _Refused("the job's environment is larger than this server's room for it")
-    os.environ.clear()  # the C library's environ now lives on the heap, not in the region
-    os.environ.update(env)
-    ctypes.memmove(start, block + b"\0" * (end - start - len(block)), end - start)
-    from cloudtrain.jobs import elastic
-
-    sys.argv = [elastic.__file__, *argv]
-    sys.path[0] = os.getcwd()
-    elastic.reseed()
-    code = _status(lambda: elastic.main(list(argv)))
-    threading._shutdown()  # type: ignore[attr-defined]  # as the interpreter ends: threads,
-    atexit._run_exitfuncs()  # then exit handlers (a fork's os._exit runs none)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    with contextlib.suppress(OSError):  # the client takes the first status it reads
-        conn.sendall(json.dumps({"status": code}).encode() + b"\n")
-    os._exit(code)
-
-
-def _status(body: Callable[[], object]) -> int:
-    """`body`'s exit status as the interpreter would give it."""
-    code = 0
-    try:
-        body()
-    except SystemExit as e:
-        if e.code is None:
-            code = 0
-        elif isinstance(e.code, int):
-            code = e.code
-        else:
-            print(e.code, file=sys.stderr)
-            code = 1
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        code = 128 + signal.SIGINT
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    return code & 0xFF
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from cloudtrain.node import procs
 from cloudtrain.node.procs import POLL_S, alive, find_processes, kill_matching, tell_job
 
 __all__ = ["find_processes", "kill_matching", "main", "tell_job", "whole_lines"]
@@ -87,7 +88,7 @@ def job_status(job_dir: Path) -> dict[str, object]:
         "ended": _ended(job_dir) if code_text is not None else None,
         "now": time.time(),  # the node's clock, which `ended` is read on
         "cancelled": (job_dir / "cancelled").exists(),
-        "stopped": (job_dir / "stopped").exists(),  # by cloudtrain's `kill` (another cause)
+        "stopped": (job_dir / procs.STOPPED).exists(),  # by cloudtrain's `kill` (another cause)
         "alive": pid is not None and alive(pid),
         "pid": pid,
         "log_bytes": log.stat().st_size if log.exists() else 0,
@@ -342,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.mark:
                 (args.job_dir / "cancelled").write_text(f"{time.time()}\n")
             # a wrapper this stop kills writes no exit code: it was stopped, it did not vanish
-            (args.job_dir / "stopped").write_text(f"{time.time()}\n")
+            (args.job_dir / procs.STOPPED).write_text(f"{time.time()}\n")
             pid_text = _read(args.job_dir / "pid")
             spare = int(pid_text) if pid_text and pid_text.isdigit() else None
         print(json.dumps(kill_matching(match, args.grace, spare)))

@@ -91,6 +91,10 @@ def find_processes(match: Mapping[str, str]) -> list[int]:
             if all(env.get(k) == v for k, v in wanted.items())]  # fmt: skip
 
 
+#: The file a job's stop (`kill --job-dir`) writes in the attempt's folder before its first
+#: signal: the job was stopped (it did not vanish), and the node stays (not a teardown).
+STOPPED = "stopped"
+
 #: The variables a node's processes name their node by: the coordinator's, and the warm
 #: client's (`cloudtrain.jobs.warm` renames its own in place, so that a job's stop signals
 #: its agent once; a teardown stops the client too).

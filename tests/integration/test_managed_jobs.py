@@ -75,6 +75,9 @@ def test_a_managed_job_replaces_a_killed_node_and_resumes_from_its_checkpoint(
     assert job["status"] == "succeeded"
     recoveries = job["detail"]["recoveries"]
     assert [(r["cause"], r["node"], r["replaced"]) for r in recoveries] == [("vanished", 1, [1])]
+    for index in (0, 1):  # the survivor's stopped agent and the replacement's bootstrap
+        served = (sh.home / "local" / "m" / f"node-{index}" / "warm" / "server.log").read_text()
+        assert "forked agent" in served, f"node {index}'s next attempt did not start warm"
     print(f"recovered {recoveries[0]['seconds']} s after the failure was seen, "
           f"{recoveries[0]['at'] - killed:.1f} s after the kill")  # fmt: skip
     # the steps it redid: from the last step seen before the loss back to the checkpoint's

@@ -79,7 +79,7 @@ def test_the_warm_server_keeps_no_jobs_secret(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert (warm.folder(node) / "sock").exists(), "the first job started no server"
         [server] = procs.find_processes({"CLOUDTRAIN_NODE_ROOT": str(node)})
-        assert b"--serve" in Path(f"/proc/{server}/cmdline").read_bytes()
+        assert b"cloudtrain.jobs.warmserver" in Path(f"/proc/{server}/cmdline").read_bytes()
         environ = Path(f"/proc/{server}/environ").read_bytes()
         assert first.encode() not in environ
         assert b"ONLY_FIRST=" not in environ

@@ -71,7 +71,7 @@ def server(node: Path) -> Iterator[subprocess.Popen[bytes]]:
     env = {**job_env(node), warm.PAD_VAR: "." * warm.PAD_BYTES}
     del env["CLOUDTRAIN_JOB_ID"]
     warm.folder(node).mkdir(mode=0o700)
-    argv = [sys.executable, "-m", "cloudtrain.jobs.warm", "--serve", str(node)]
+    argv = [sys.executable, "-m", "cloudtrain.jobs.warmserver", str(node)]
     with subprocess.Popen(argv, env=env, cwd=node, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT) as proc:  # fmt: skip
         assert proc.stdout is not None
@@ -208,7 +208,8 @@ if __name__ == "__main__":
 
 def stopped(workdir: Path, env: dict[str, str]) -> tuple[int, str]:
     """The exit status of a job stopped as the node stops one: every process found by its
-    ``CLOUDTRAIN_JOB_ID`` TERMed (then KILLed), once both ranks run."""
+    ``CLOUDTRAIN_JOB_ID`` TERMed (then KILLed), once both ranks run; its folder
+    (``CLOUDTRAIN_RUN_DIR``, when it has one) marked first, as `node kill --job-dir` does."""
     argv = [sys.executable, "-m", "cloudtrain.jobs.warm", "--standalone", "--nproc-per-node",
             "2", "--start-method", "fork", "slow.py"]  # fmt: skip
     with subprocess.Popen(argv, cwd=workdir, env=env, stdout=subprocess.PIPE,
@@ -219,6 +220,8 @@ def stopped(workdir: Path, env: dict[str, str]) -> tuple[int, str]:
             ticks += "TICK " in line
             if ticks == 2:
                 break
+        if "CLOUDTRAIN_RUN_DIR" in env:
+            (Path(env["CLOUDTRAIN_RUN_DIR"]) / procs.STOPPED).write_text("now\n")
         counts = procs.kill_matching({"CLOUDTRAIN_JOB_ID": env["CLOUDTRAIN_JOB_ID"]}, grace_s=20)
         rest = proc.stdout.read()
         code = proc.wait(timeout=60)
@@ -269,7 +272,7 @@ def test_a_job_whose_server_dies_under_it_still_ends_with_its_own_status(
         if code:  # the first run killed it: a new one, started by hand as the fixture does
             (warm.folder(node) / "sock").unlink()
             server = subprocess.Popen(
-                [sys.executable, "-m", "cloudtrain.jobs.warm", "--serve", str(node)],
+                [sys.executable, "-m", "cloudtrain.jobs.warmserver", str(node)],
                 env={**job_env(node), warm.PAD_VAR: "." * warm.PAD_BYTES}, cwd=node,
                 stdout=subprocess.DEVNULL,
             )  # fmt: skip
@@ -284,7 +287,8 @@ def test_a_job_whose_server_dies_under_it_still_ends_with_its_own_status(
 
 
 def test_a_cold_job_stopped_by_a_signal_starts_no_server(node: Path, workdir: Path) -> None:
-    """A stop (a cancel, `down`) must not leave a server behind that it did not find."""
+    """A teardown's stop (no mark on the job's folder) must not leave a server behind that it
+    did not find."""
     (workdir / "slow.py").write_text(SLOW)
     code, out = stopped(workdir, job_env(node))
     assert code != 0, out
@@ -296,3 +300,50 @@ def test_a_cold_job_stopped_by_a_signal_starts_no_server(node: Path, workdir: Pa
     servers = procs.find_processes({"CLOUDTRAIN_NODE_ROOT": str(node)})
     assert len(servers) == 1
     procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node)}, grace_s=5)
+
+
+def test_a_cold_job_stopped_as_a_job_starts_a_server_for_its_next_attempt(
+    node: Path, workdir: Path, tmp_path: Path
+) -> None:
+    """A recovery (or a cancel) stops a job and leaves the node: its next attempt starts warm."""
+    (workdir / "slow.py").write_text(SLOW)
+    run_dir = tmp_path / "attempt"
+    run_dir.mkdir()
+    code, out = stopped(workdir, job_env(node, CLOUDTRAIN_RUN_DIR=str(run_dir)))
+    assert code != 0, out
+    deadline = time.monotonic() + 60
+    while not (warm.folder(node) / "sock").exists():
+        assert time.monotonic() < deadline, (warm.folder(node) / "server.log").read_text()
+        time.sleep(0.1)
+    code, out = run(workdir, "cloudtrain.jobs.warm", job_env(node), "train.py")
+    assert code == 0, out
+    assert "forked agent" in (warm.folder(node) / "server.log").read_text()
+    assert procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node)}, grace_s=5)["terminated"] == 1
+
+
+def test_a_job_waits_for_a_server_that_is_starting_and_not_for_one_that_stopped_listening(
+    node: Path, workdir: Path
+) -> None:
+    """`--start` (a recovery readying a replacement) starts the server; a job that comes while
+    it still imports torch is served by it. A lock held by a server that no longer listens (a
+    stale one, its last job running) is no reason to wait."""
+    import fcntl
+
+    warm.folder(node).mkdir(mode=0o700)
+    with open(warm.folder(node) / "lock", "w") as held:  # a server that stopped listening
+        fcntl.flock(held, fcntl.LOCK_EX)
+        began = time.monotonic()
+        code, out = run(workdir, "cloudtrain.jobs.warm", job_env(node), "train.py")
+        assert code == 0, out
+        assert time.monotonic() - began < warm.STARTING_S
+        assert not (warm.folder(node) / "sock").exists()
+    started = subprocess.run([sys.executable, "-m", "cloudtrain.jobs.warm", "--start"],
+                             env=job_env(node), cwd=node, timeout=60, check=True)  # fmt: skip
+    assert started.returncode == 0
+    assert not (warm.folder(node) / "sock").exists(), "it should still import torch"
+    code, out = run(workdir, "cloudtrain.jobs.warm", job_env(node), "train.py")
+    assert code == 0, out
+    assert len(facts(out)) == 2
+    assert "forked agent" in (warm.folder(node) / "server.log").read_text()
+    assert procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node)}, grace_s=5)["terminated"] == 1
+    assert not (warm.folder(node) / warm.STARTING).exists()

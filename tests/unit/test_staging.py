@@ -11,7 +11,7 @@ from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call, FakeExecutor
 from cloudtrain.jobs.attempts import JobSpec
 from cloudtrain.jobs.coordinator import run_setup
-from cloudtrain.jobs.staging import Stager, past_torch
+from cloudtrain.jobs.staging import Stager, past_torch, readying
 from cloudtrain.model import Event, NodeInfo
 
 
@@ -167,3 +167,31 @@ def test_up_runs_before_unlock_under_the_clusters_lock_however_it_ends(tmp_path:
     assert None not in holders, "held (by this process) when it ran"
     assert locks.holder(tmp_path, "c1") is None, "and the lock is free after"
     assert api.down(state, tmp_path, "c1")
+
+
+def test_a_replacement_is_readied_once_when_past_its_torch_phase_and_every_event_passes_on() -> (
+    None
+):
+    import threading
+
+    heard: list[Event] = []
+    readied: list[int] = []
+    done = threading.Event()
+
+    def ready(n: NodeInfo) -> None:
+        readied.append(n.index)
+        done.set()
+
+    tap = readying(heard.append, [node(1)], ready)
+    events = [
+        Event("bootstrap", "torch: running", node=1),
+        Event("bootstrap", "verify: running", node=0),  # not one of the replacements
+        Event("bootstrap", "verify: running", node=1),
+        Event("bootstrap", "verify: ready", node=1),
+        Event("phase", "verify: 3 s"),
+    ]
+    for event in events:
+        tap(event)
+    assert done.wait(10)
+    assert heard == events
+    assert readied == [1]

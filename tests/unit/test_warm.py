@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.jobs import warm
+from cloudtrain.jobs import warm, warmserver
 
 PROBE = """
 import os, sys, time
-from cloudtrain.jobs import warm
+from cloudtrain.jobs import warm, warmserver
 warm._set_first_letter(warm.MARKERS, "C", "_")
 print(os.environ["CLOUDTRAIN_JOB_ID"], os.getenv("CLOUDTRAIN_JOB_ID"), flush=True)
 sys.stdin.readline()
@@ -71,7 +71,7 @@ def test_a_forked_agent_exits_as_the_interpreter_would(
     body: object, status: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert callable(body)
-    assert warm._status(body) == status
+    assert warmserver._status(body) == status
     err = capsys.readouterr().err
     if status == 1:
         assert "a message" in err or "ZeroDivisionError" in err
@@ -81,7 +81,7 @@ def test_an_interrupt_is_the_status_of_a_sigint() -> None:
     def interrupted() -> None:
         raise KeyboardInterrupt
 
-    assert warm._status(interrupted) == 128 + signal.SIGINT
+    assert warmserver._status(interrupted) == 128 + signal.SIGINT
 
 
 def test_what_torch_reads_at_import_is_in_the_fingerprint(tmp_path: Path) -> None:

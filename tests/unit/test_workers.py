@@ -223,3 +223,22 @@ def test_torchruns_flags_are_refused_for_the_runtimes_without_it() -> None:
         0,
         8,
     ]
+
+
+@pytest.mark.parametrize(
+    ("runtime", "entrypoint", "start_method", "readies"),
+    [
+        ("torch", ["train.py"], "fork", True),
+        ("torch", ["python", "-m", "pkg.train"], "fork", True),
+        ("torch", ["train.py"], "spawn", False),  # torchrun's own agent: nothing to warm
+        ("torch", ["bash", "run.sh"], "fork", False),  # not Python: torchrun's agent
+        ("tensorflow", ["train.py"], "fork", False),
+        ("horovod", ["train.py"], "fork", False),
+    ],
+)
+def test_only_a_forked_torch_job_readies_a_node_with_its_warm_server(
+    runtime: str, entrypoint: list[str], start_method: str, readies: bool
+) -> None:
+    job = JobSpec(entrypoint=tuple(entrypoint), runtime=runtime, start_method=start_method)
+    got = runtimes.get(runtime).prewarm(job)
+    assert got == (["-m", "cloudtrain.jobs.warm", "--start"] if readies else None)

@@ -4,7 +4,7 @@ Each runtime is one module here with one `Runtime` subclass (``torch``: torchrun
 elastic agent; ``tensorflow``: a worker per node with its ``TF_CONFIG``; ``horovod``: Horovod's
 workers and their gloo rendezvous); a package adds another with an entry point, found by name
 in `cloudtrain.spec.frameworks` (so the task file is checked before anything is imported).
-The coordinator asks a runtime four things and compares no runtime's name:
+The coordinator asks a runtime five things and compares no runtime's name:
 
 - `check`: refuse, before anything is made, what it cannot run (one line, `ConfigError`): the
   variables it wires itself set by the user (`wired`), torchrun's elastic flags where it has
@@ -12,7 +12,10 @@ The coordinator asks a runtime four things and compares no runtime's name:
 - `workers_per_node`: how many workers a node with that many GPUs runs (unless the job says);
 - `installs`: whether a node's agent must make its framework importable first (``runtime NAME``,
   `cloudtrain.node.runtimes`);
-- `argvs`: each node's command for one attempt (`Start`), the head's first.
+- `argvs`: each node's command for one attempt (`Start`), the head's first;
+- `prewarm`: the interpreter's arguments of a command, run with the job's environment, that
+  readies a node for the job's next start (none: nothing to ready); a recovery runs it on a
+  replacement node while the node's bootstrap checks its framework.
 
 How a failure reads (`cloudtrain.jobs.torchrun.read_failure`) and what a checkpoint is
 (`cloudtrain.jobs.checkpoints`) are the same for the three: their workers write a log and a
@@ -87,6 +90,11 @@ class Runtime:
     def argvs(self, start: Start) -> list[list[str]]:
         """Each node's command (`start.nodes`' order), started detached with the job's env."""
         raise NotImplementedError
+
+    def prewarm(self, job: JobSpec) -> list[str] | None:
+        """The arguments after the node's ``python`` of a short command that readies a node
+        for `job`'s next start (run with the job's env, in the node's root); None: none."""
+        return None
 
 
 @cache

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from cloudtrain.jobs.attempts import JobSpec
 from cloudtrain.jobs.runtimes import Runtime, Start
-from cloudtrain.jobs.torchrun import ELASTIC_MIN_RESTARTS, Launch
+from cloudtrain.jobs.torchrun import ELASTIC_MIN_RESTARTS, Launch, entrypoint_args, forks
 
 
 class Torch(Runtime):
@@ -37,3 +38,10 @@ class Torch(Runtime):
             ).argv()
             for node in start.nodes
         ]
+
+    def prewarm(self, job: JobSpec) -> list[str] | None:
+        """A forked job's agent comes from the node's warm server: start one (it imports torch
+        while the node does something else, such as the rest of its bootstrap)."""
+        if not forks(job.start_method, entrypoint_args(job.entrypoint)):
+            return None
+        return ["-m", "cloudtrain.jobs.warm", "--start"]
