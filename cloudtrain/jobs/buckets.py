@@ -1,4 +1,4 @@
-"""Checkpoints kept in an S3 bucket as well, named in the task (``checkpoint: s3://BUCKET/PREFIX``).
+"""Checkpoints kept in a bucket as well, named in the task (``checkpoint: s3://BUCKET/PREFIX``).
 
 No cloud credential ever reaches a node, so the bucket is written and read from the user's
 machine: a snapshot that `cloudtrain.jobs.checkpoints.Kept` made is pushed after it was made,
@@ -17,10 +17,9 @@ are uploaded. Then the bucket keeps the `keep` newest complete snapshots of the 
 a snapshot already complete there is not pushed again. A restore checks every file against the
 manifest and renames the whole snapshot into place, as `Kept` does.
 
-boto3 is imported when a bucket is first used (``pip install 'cloudtrain[aws]'``); it finds its
-endpoint (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``), credentials and ``AWS_PROFILE`` the
-way any AWS tool does. botocore's errors are mapped at this boundary by the provider's own
-mapping (`ProviderError`, `AuthError` …), each naming the bucket.
+The calls themselves are the cloud's: the plugin whose `Store` serves the URL's scheme opens
+the bucket (`cloudtrain.provision.store`: S3 is the AWS plugin's, ``providers/aws/_store.py``),
+imports its SDK when a call first needs it and maps its errors, each naming the bucket.
 """
 
 from __future__ import annotations
@@ -30,14 +29,14 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
 
-from cloudtrain.errors import CheckpointError, ConfigError, ProviderError, one_line
+from cloudtrain.errors import CheckpointError
 from cloudtrain.executors import received
+from cloudtrain.provision import registry
+from cloudtrain.provision.store import ObjectStore
 from cloudtrain.spec import parse_bucket_url
 
 log = logging.getLogger(__name__)
@@ -88,28 +87,26 @@ def _safe(rel: str) -> bool:
 
 
 class Bucket:
-    """A job's checkpoints under ``s3://BUCKET/PREFIX/<job>/``. `client`: an S3 client to use
-    (default: one from boto3's session, `profile` or ``AWS_PROFILE``). Nothing is imported or
-    called until a method needs it; a bad URL is a `ConfigError` at once."""
+    """A job's checkpoints under ``SCHEME://BUCKET/PREFIX/<job>/``, through `store` (default:
+    the one the plugin of the URL's scheme opens). Nothing is imported or called until a
+    method needs it; a bad URL, or a scheme no plugin serves, is a `ConfigError` at once."""
 
-    def __init__(self, url: str, *, profile: str | None = None, client: Any = None) -> None:
+    def __init__(self, url: str, store: ObjectStore | None = None) -> None:
         self.url = parse_bucket_url(url)
-        self._profile = profile
-        self._client = client
+        self.store = store or registry.store(self.url)
 
     def __str__(self) -> str:
         return str(self.url)
 
     def check(self) -> None:
-        """`ConfigError` unless boto3 can be imported (nothing is called)."""
-        with self._errors():
-            pass
+        """`ConfigError` unless the store's SDK can be imported (nothing is called)."""
+        self.store.check()
 
     # -- reading ------------------------------------------------------------------------------
 
     def snapshots(self, job_id: str) -> list[str]:
         """The names of the job's complete snapshots, oldest first."""
-        with self._errors():
+        with self.store.errors():
             return self._listing(job_id)[0]
 
     def newest(self, job_id: str) -> str | None:
@@ -120,7 +117,7 @@ class Bucket:
         """Download the job's newest complete snapshot into ``into/<name>`` (the folder of
         `Kept`), whole or not at all; None when the bucket has none. Blocks for the download.
         Raises `CheckpointError` when a file does not match the manifest."""
-        with self._errors():
+        with self.store.errors():
             complete = self._listing(job_id)[0]
             if not complete:
                 return None
@@ -151,7 +148,7 @@ class Bucket:
         dest = into / rel
         dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         expected = int(entry["size"])
-        body = self._s3().get_object(Bucket=self.url.bucket, Key=key)["Body"]
+        body = self.store.open(key)
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as out:  # no more than the manifest says, plus one byte
             while out.tell() <= expected:
@@ -163,8 +160,8 @@ class Bucket:
         if (size, digest) != (entry.get("size"), entry.get("sha256")):
             raise CheckpointError(
                 into.parent / name,
-                f"s3://{self.url.bucket}/{key} ({size} bytes) does not match its snapshot's "
-                f"manifest ({entry.get('size')} bytes)",
+                f"{self.url.scheme}://{self.url.bucket}/{key} ({size} bytes) does not match its "
+                f"snapshot's manifest ({entry.get('size')} bytes)",
             )
 
     # -- writing ------------------------------------------------------------------------------
@@ -175,7 +172,7 @@ class Bucket:
         Idempotent; blocks for the upload."""
         name = snapshot.name
         uploaded = copied = 0
-        with self._errors():
+        with self.store.errors():
             complete = self._listing(job_id)[0]
             if name not in complete:
                 files = manifest(snapshot)
@@ -185,23 +182,18 @@ class Bucket:
                     for rel, entry in self._manifest(job_id, previous).items():
                         key = self._key(job_id, previous, rel)
                         have[entry.get("size"), entry.get("sha256")] = key
-                s3 = self._s3()
                 for rel, entry in files.items():
                     key = self._key(job_id, name, rel)
                     same = have.get((entry["size"], entry["sha256"]))
                     if same is not None:
-                        s3.copy({"Bucket": self.url.bucket, "Key": same}, self.url.bucket, key)
+                        self.store.copy(same, key)
                         copied += 1
                     else:
-                        s3.upload_file(str(snapshot / rel), self.url.bucket, key)
+                        self.store.upload(snapshot / rel, key)
                         uploaded += 1
                 body = {"job": job_id, "snapshot": name, "files": files}
-                s3.put_object(
-                    Bucket=self.url.bucket,
-                    Key=self._key(job_id, name + MARKER),
-                    Body=json.dumps(body, indent=1).encode(),
-                    ContentType="application/json",
-                )
+                self.store.put(self._key(job_id, name + MARKER),
+                               json.dumps(body, indent=1).encode(), "application/json")  # fmt: skip
                 log.info(
                     "pushed checkpoint %s of %s to %s (%d uploaded, %d copied)",
                     *(name, job_id, self, uploaded, copied),
@@ -213,7 +205,7 @@ class Bucket:
         """Remove all but the `keep` newest complete snapshots of the job, and every incomplete
         one older than the newest complete one (an upload that was cut). A snapshot's manifest
         goes first, so a half-removed one is never complete. The number removed."""
-        with self._errors():
+        with self.store.errors():
             complete, folders = self._listing(job_id)
             if not complete:
                 return 0
@@ -225,8 +217,7 @@ class Bucket:
                 return 0
             self._delete([self._key(job_id, n + MARKER) for n in doomed if n in complete])
             for n in doomed:
-                prefix = self._key(job_id, n) + "/"
-                self._delete([o["Key"] for o in self._objects(prefix)])
+                self._delete(list(self.store.keys(self._key(job_id, n) + "/")))
         return len(doomed)
 
     # -- the bucket ---------------------------------------------------------------------------
@@ -236,36 +227,22 @@ class Bucket:
 
     def _listing(self, job_id: str) -> tuple[list[str], list[str]]:
         """The job's complete snapshots and its snapshot folders, each oldest first."""
-        complete, folders = set(), set()
         base = self._key(job_id) + "/"
-        pages = (
-            self._s3()
-            .get_paginator("list_objects_v2")
-            .paginate(Bucket=self.url.bucket, Prefix=base, Delimiter="/")
-        )
-        for page in pages:
-            for obj in page.get("Contents", []):
-                name = obj["Key"][len(base) :]
-                if name.endswith(MARKER) and name[: -len(MARKER)].isdigit():
-                    complete.add(name[: -len(MARKER)])
-            for sub in page.get("CommonPrefixes", []):
-                name = sub["Prefix"][len(base) :].rstrip("/")
-                if name.isdigit():
-                    folders.add(name)
+        keys, subs = self.store.listing(base)
+        complete, folders = set(), set()
+        for key in keys:
+            name = key[len(base) :]
+            if name.endswith(MARKER) and name[: -len(MARKER)].isdigit():
+                complete.add(name[: -len(MARKER)])
+        for sub in subs:
+            name = sub[len(base) :]
+            if name.isdigit():
+                folders.add(name)
         return sorted(complete, key=int), sorted(folders, key=int)
-
-    def _objects(self, prefix: str) -> Iterator[dict[str, Any]]:
-        pages = (
-            self._s3()
-            .get_paginator("list_objects_v2")
-            .paginate(Bucket=self.url.bucket, Prefix=prefix)
-        )
-        for page in pages:
-            yield from page.get("Contents", [])
 
     def _manifest(self, job_id: str, name: str) -> dict[str, dict[str, Any]]:
         key = self._key(job_id, name + MARKER)
-        body = self._s3().get_object(Bucket=self.url.bucket, Key=key)["Body"].read(_MANIFEST_MAX)
+        body = self.store.open(key).read(_MANIFEST_MAX)
         try:
             files = json.loads(body)["files"]
             if not isinstance(files, dict):
@@ -283,44 +260,5 @@ class Bucket:
         return files
 
     def _delete(self, keys: list[str]) -> None:
-        s3 = self._s3()
-        for start in range(0, len(keys), 1000):  # DeleteObjects takes 1000 at most
-            batch = [{"Key": k} for k in keys[start : start + 1000]]
-            answer = s3.delete_objects(Bucket=self.url.bucket, Delete={"Objects": batch})
-            for error in answer.get("Errors", []):
-                key, why = error.get("Key"), error.get("Message")
-                log.warning("%s: could not remove %s: %s", self, key, why)
-
-    def _s3(self) -> Any:
-        if self._client is None:
-            from cloudtrain.providers.aws._client import Clients
-
-            clients = Clients(profile=self._profile)
-            region = clients.session().region_name or "us-east-1"
-            self._client = clients.get("s3", region)
-        return self._client
-
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
-        """botocore's and boto3's errors as cloudtrain's, naming the bucket (boto3's transfers
-        wrap the botocore error they met: that one is mapped). boto3 missing: `ConfigError`."""
-        try:
-            from boto3.exceptions import Boto3Error
-        except ImportError:
-            raise ConfigError(
-                f"checkpoint {self}: a bucket needs boto3: pip install 'cloudtrain[aws]'"
-            ) from None
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        from cloudtrain.providers.aws._client import aws_errors
-
-        with aws_errors(str(self)):
-            try:
-                yield
-            except Boto3Error as exc:
-                inner = getattr(exc, "last_exception", None) or exc.__context__
-                if isinstance(inner, ClientError | BotoCoreError):
-                    raise inner from exc
-                raise ProviderError(
-                    "s3", type(exc).__name__, f"{one_line(str(exc))} in {self}"
-                ) from exc
+        for key, why in self.store.delete(keys):
+            log.warning("%s: could not remove %s: %s", self, key, why)

@@ -3,7 +3,8 @@
 A provider is one package. Its ``__init__`` defines ``PLUGIN``, a `Plugin` that names the provider
 and holds everything that differs per backend: the class that makes and removes its nodes, the
 options it takes beyond the spec, and, for a cloud, the offline credentials check, `cloudtrain
-check`'s quota reader and the price-list reader. The core (`cloudtrain.provision.registry`)
+check`'s quota reader and the price-list reader, and where its object storage keeps a job's
+checkpoints. The core (`cloudtrain.provision.registry`)
 reads nothing else of the package, and never a provider's name::
 
     # mycloud_cloudtrain/__init__.py
@@ -14,9 +15,10 @@ reads nothing else of the package, and never a provider's name::
     PLUGIN = Plugin("mycloud", _provider, options=OPTIONS)
 
 A package laid out as the built-in ones are (``provider.py``; for a cloud ``_credentials.py``,
-``_check.py``, ``_prices.py``) says so in one line: ``PLUGIN = laid_out(__name__, "MyCloudProvider",
-OPTIONS, cloud=True)``; the provider is then named as the package's last part (``mycloud`` for
-``mycloud_cloudtrain.mycloud``), which is the name its entry point must have.
+``_check.py``, ``_prices.py``; ``_store.py`` for a checkpoint store) says so in one line:
+``PLUGIN = laid_out(__name__, "MyCloudProvider", OPTIONS, cloud=True, store="mc")``; the
+provider is then named as the package's last part (``mycloud`` for ``mycloud_cloudtrain.
+mycloud``), which is the name its entry point must have.
 
 The loaders are functions, not imports, so that reading every plugin costs no SDK import (the
 CLI builds its flags from ``options`` on every start); each is typed, so mypy checks what a
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
     from cloudtrain.plan.prices import Reading
     from cloudtrain.provision.credentials import Presence
     from cloudtrain.provision.provider import Option, Provider
+    from cloudtrain.provision.store import ObjectStore, Store
+    from cloudtrain.spec import BucketURL
 
 
 class QuotaCheck(Protocol):
@@ -65,6 +69,8 @@ class Plugin:
       with one is a *cloud*: the optimizer chooses among the clouds, `check` checks them;
     - `quota`: its `QuotaCheck` for `cloudtrain check`;
     - `prices`: its price-list reader for ``cloudtrain catalog update``;
+    - `store`: its object storage, where a task's ``checkpoint:`` bucket of that scheme is
+      kept (`cloudtrain.provision.store`);
     - `default`: where a task that names no provider goes (one provider: this machine);
     - `for_tests`: known, but not offered in the CLI's help.
     """
@@ -77,6 +83,7 @@ class Plugin:
     prices: PriceReader | None = None
     default: bool = False
     for_tests: bool = False
+    store: Store | None = None
 
     @property
     def cloud(self) -> bool:
@@ -96,12 +103,19 @@ def laid_out(
     cloud: bool = False,
     default: bool = False,
     for_tests: bool = False,
+    store: str | None = None,
 ) -> Plugin:
     """The plugin of `package` (its ``__name__``), laid out as the built-in providers are:
     the class `provider` in ``provider.py``; for a `cloud`, ``_credentials.present(options)``,
-    the ``_check`` module (a `QuotaCheck`) and ``_prices.read(rows)``. Each is imported when
-    first used; `tests/unit/test_registry.py` loads every built-in one's."""
+    the ``_check`` module (a `QuotaCheck`) and ``_prices.read(rows)``; for a `store` (its URL
+    scheme), ``_store.open_store(url)``. Each is imported when first used;
+    `tests/unit/test_registry.py` loads every built-in one's."""
+    from cloudtrain.provision.store import Store
+
     name = package.rpartition(".")[2]
+
+    def open_store(url: BucketURL) -> ObjectStore:
+        return cast("ObjectStore", _attribute(f"{package}._store", "open_store")(url))
 
     def load_provider() -> type[Provider]:
         return cast("type[Provider]", _attribute(f"{package}.provider", provider))
@@ -115,6 +129,8 @@ def laid_out(
     def read(rows: Sequence[InstanceType]) -> Reading:
         return cast("Reading", _attribute(f"{package}._prices", "read")(rows))
 
+    kept = Store(store, open_store) if store else None
     if not cloud:
-        return Plugin(name, load_provider, options, default=default, for_tests=for_tests)
-    return Plugin(name, load_provider, options, presence, quota, read, default, for_tests)
+        return Plugin(name, load_provider, options, default=default, for_tests=for_tests,
+                      store=kept)  # fmt: skip
+    return Plugin(name, load_provider, options, presence, quota, read, default, for_tests, kept)

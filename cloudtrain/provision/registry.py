@@ -29,6 +29,8 @@ from cloudtrain.provision.plugin import Plugin
 if TYPE_CHECKING:
     from cloudtrain.model import Capability
     from cloudtrain.provision.provider import Option, Provider, ProviderContext
+    from cloudtrain.provision.store import ObjectStore
+    from cloudtrain.spec import BucketURL
 
 GROUP = "cloudtrain.providers"
 #: The package whose folders are the built-in providers.
@@ -145,6 +147,17 @@ def clouds() -> list[str]:
     """The clouds, sorted: the providers whose credentials are known offline (their prices are
     in the catalog; the optimizer chooses among them, `cloudtrain check` checks them)."""
     return sorted(p.name for p in every() if p.cloud)
+
+
+def store(url: BucketURL) -> ObjectStore:
+    """The bucket at `url`, opened by the plugin whose `Store` serves its scheme (its SDK not
+    imported yet); `ConfigError` naming the schemes served when none does."""
+    stores = {p.store.scheme: p.store for p in every() if p.store is not None}
+    if url.scheme not in stores:
+        served = ", ".join(f"{s}://" for s in sorted(stores)) or "none"
+        raise ConfigError(f"checkpoint {url}: no provider keeps checkpoints at "
+                          f"{url.scheme}://; the ones served: {served}")  # fmt: skip
+    return stores[url.scheme].open(url)
 
 
 def provider_class(name: str) -> type[Provider]:

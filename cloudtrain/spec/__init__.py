@@ -200,13 +200,15 @@ _RESERVED = (("xn--", "sthree-", "amzn-s3-demo-"), ("-s3alias", "--ol-s3", ".mra
 
 @dataclass(frozen=True)
 class BucketURL:
-    """Where a bucket keeps checkpoints: ``s3://BUCKET/PREFIX`` (`prefix` may be empty)."""
+    """Where a bucket keeps checkpoints: ``SCHEME://BUCKET/PREFIX`` (`prefix` may be empty; the
+    scheme names the object storage, whose plugin's `Store` serves it)."""
 
     bucket: str
     prefix: str = ""
+    scheme: str = "s3"
 
     def __str__(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        return f"{self.scheme}://{self.bucket}/{self.prefix}".rstrip("/")
 
 
 def parse_bucket_url(value: object, field: str = "checkpoint") -> BucketURL:

@@ -14,4 +14,4 @@ from cloudtrain.provision.provider import Option
 #: What `up --provider aws` takes beyond the spec (read by the CLI without importing boto3).
 OPTIONS = (Option("profile", "AWS: the credentials profile (default AWS_PROFILE).", account=True),)
 
-PLUGIN = laid_out(__name__, "AwsProvider", OPTIONS, cloud=True)
+PLUGIN = laid_out(__name__, "AwsProvider", OPTIONS, cloud=True, store="s3")

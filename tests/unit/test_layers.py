@@ -146,11 +146,6 @@ PROVIDERS_PACKAGE = "cloudtrain.providers"
 #: a provider only where a value is chosen (compared, assigned, defaulted, returned).
 WORDS = {"ssh", "local"}
 #: Core modules that still reach into a provider, each with what removes it. Only shrinks.
-NOT_YET = {
-    # the S3 checkpoint store uses the AWS provider's client: the store contract of issue 29
-    # (a `Plugin.store` per cloud, S3/GCS/Azure Blob) takes it into providers/aws
-    "jobs/buckets.py": ["import cloudtrain.providers.aws._client"],
-}
 
 
 def _module_text(node: ast.expr) -> str:
@@ -224,7 +219,8 @@ def provider_references(source: str) -> list[str]:
 
 def test_no_provider_is_named_outside_its_package() -> None:
     """The core learns what a provider takes and gives from its plugin (`Plugin`: options,
-    credentials, quota and price readers) and its class's `capabilities`, never from its name:
+    credentials, quota and price readers, checkpoint store) and its class's `capabilities`,
+    never from its name:
     a new provider is a folder, and no core module changes. The registry finds the folders."""
     named = {
         rel: found
@@ -232,7 +228,7 @@ def test_no_provider_is_named_outside_its_package() -> None:
         if (found := provider_references(path.read_text(encoding="utf-8")))
         for rel in [str(path.relative_to(ROOT))]
     }
-    assert named == NOT_YET
+    assert named == {}
 
 
 @pytest.mark.parametrize(

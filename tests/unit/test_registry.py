@@ -130,3 +130,15 @@ def test_each_clouds_plugin_hands_over_what_the_core_calls(
             plugin.prices([])
     else:
         assert plugin.prices([]).quotes == {}, "no rows asked: nothing read"
+
+
+def test_a_checkpoint_bucket_is_opened_by_the_plugin_of_its_scheme() -> None:
+    from cloudtrain.spec import BucketURL
+
+    url = BucketURL("ckpts", "team/run")
+    store = registry.store(url)
+    assert type(store).__module__ == "cloudtrain.providers.aws._store"
+    assert "boto3" not in repr(vars(store)), "no SDK client made before a call needs it"
+    with pytest.raises(ConfigError, match=r"^checkpoint gs://ckpts/team/run: no provider keeps "
+                       r"checkpoints at gs://; the ones served: s3://$"):  # fmt: skip
+        registry.store(BucketURL("ckpts", "team/run", scheme="gs"))
