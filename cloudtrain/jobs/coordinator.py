@@ -415,7 +415,7 @@ class Coordinator(Following):
             env = self._env(rec, node, [node], job)
             done = self._executor(node).run([node.python, *args], env=env, cwd=node.root,
                                             timeout=60)  # fmt: skip
-        except CloudtrainError as exc:
+        except (CloudtrainError, OSError) as exc:
             done = None
             log.info("job %s: node %d not readied: %s", rec.id, node.index, exc)
         if done is not None and done.returncode != 0:
