@@ -73,7 +73,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     under pytest 9.) xdist hands out the largest piece of work first: the jobs, then `BESIDE`."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class ProcessesOnOneWorker(LoadScopeScheduling):
+    class ProcessesOnOneWorker(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.split("::")[0] in BESIDE:
                 return f"{PROCESSES}:beside"
@@ -147,7 +147,7 @@ def my_ip_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh CLOUDTRAIN_HOME for one test."""
     path = tmp_path / "home"
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(path))

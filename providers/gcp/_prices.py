@@ -177,7 +177,7 @@ def _getter() -> Get:
         credentials, _ = google.auth.default(scopes=[SCOPE])
     except DefaultCredentialsError:
         raise PriceListError(_NO_CREDENTIALS) from None
-    session = AuthorizedSession(credentials)  # type: ignore[no-untyped-call]
+    session = AuthorizedSession(credentials)
 
     def get(url: str) -> dict[str, Any]:
         try:

@@ -47,11 +47,12 @@ def ec2(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 def tagged(ec2: Any, kind: str, cluster: str) -> list[Any]:
     cluster_filter = [res.cluster_filter(cluster)]
-    return {
+    found: list[Any] = {
         "groups": lambda: ec2.describe_security_groups(Filters=cluster_filter)["SecurityGroups"],
         "keys": lambda: ec2.describe_key_pairs(Filters=cluster_filter)["KeyPairs"],
         "addresses": lambda: ec2.describe_addresses(Filters=cluster_filter)["Addresses"],
     }[kind]()
+    return found
 
 
 def test_per_cluster_resources_are_made_once_and_deleted_by_tag(ec2: Any, tmp_path: Path) -> None:

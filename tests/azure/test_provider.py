@@ -200,7 +200,7 @@ def test_apply_sends_the_exact_requests(make: Make, azure: StandIn, tmp_path: Pa
     assert subnet["properties"]["networkSecurityGroup"]["id"].endswith("/cloudtrain-nsg")
     assert [e.kind for e in events].count("attempt") == 1
     known = (tmp_path / "home/keys/exp1/known_hosts").read_text()
-    assert all(n.public_ip in known and n.private_ip in known for n in nodes)
+    assert all(str(n.public_ip) in known and str(n.private_ip) in known for n in nodes)
 
 
 def test_a_single_a100_80gb_gets_plain_ubuntu_no_ppg_no_spot(make: Make, azure: StandIn) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 
 import pytest
 
@@ -37,12 +38,13 @@ def test_values_in_the_label_alphabet_make_the_exact_filter() -> None:
 
 @pytest.mark.parametrize("value", HOSTILE)
 def test_any_other_value_is_refused_naming_it(value: str) -> None:
-    for build, what in [
+    builds: list[tuple[Callable[[], object], str]] = [
         (lambda: res.label_filter("cloudtrain-cluster", value), "cloudtrain-cluster"),
         (lambda: res.name_filter(value), "name"),
         (lambda: res.labels("exp1", "ann", value), "cluster id"),
         (lambda: res.description("exp1", "ann", value), "cluster id"),
-    ]:
+    ]
+    for build, what in builds:
         with pytest.raises(ConfigError) as err:
             build()
         assert str(err.value).startswith(f"{what} {value!r} is not in GCE's label alphabet")

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,10 +29,10 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list
         yield made
 
 
-def executor(home: Path, host: SshHost, **kwargs: float) -> SshExecutor:
+def executor(home: Path, host: SshHost, **kwargs: Any) -> SshExecutor:
     return SshExecutor(
         host.host, user="root", port=host.port, options=access.ssh_options(home, "c1"), **kwargs
-    )  # type: ignore[arg-type]
+    )
 
 
 SHOW = "import json, os, sys; print(json.dumps([sys.argv[1:], os.environ.get('ODD')]))"

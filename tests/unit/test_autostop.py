@@ -39,7 +39,8 @@ def test_the_budget_ends_when_price_times_hours_reaches_it() -> None:
 def test_an_up_under_way_is_never_taken_for_a_stopped_cluster(
     state: State, status: str, intent: bool, settles: bool
 ) -> None:
-    state.put_cluster(ClusterSpec("c", "local", 1, limits=Limits(idle_minutes=5)), status=status)
+    spec = ClusterSpec("c", "local", 1, limits=Limits(idle_minutes=5))
+    state.put_cluster(spec, status=ClusterStatus(status))
     if intent:
         state.begin_intent("c", "apply", {})
     record = state.cluster("c")

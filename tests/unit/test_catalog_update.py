@@ -12,7 +12,7 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -135,7 +135,7 @@ def test_a_garbled_price_list_leaves_its_rows_and_the_other_clouds_update(
 def test_update_takes_the_providers_asked_and_refuses_unknown_ones() -> None:
     asked: list[list[InstanceType]] = []
 
-    def fake(rows: list[InstanceType]) -> Reading:
+    def fake(rows: Sequence[InstanceType]) -> Reading:
         asked.append(list(rows))
         raise PriceListError("no credentials")
 

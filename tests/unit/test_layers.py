@@ -38,8 +38,8 @@ def _imports(tree: ast.AST, known: set[str]) -> set[str]:
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _type_checking(node):
-            for child in node.orelse:
-                visit(child)
+            for branch in node.orelse:
+                visit(branch)
             return
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("cloudtrain"))

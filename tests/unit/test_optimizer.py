@@ -210,7 +210,7 @@ def test_failover_moves_on_only_when_nothing_is_left_and_names_every_refusal(
         error = QuotaError if spec.provider == "gcp" else CapacityError
         raise error(spec.provider, "Full", "no room")
 
-    monkeypatch.setattr(anywhere.api, "up", refuse)
+    monkeypatch.setattr("cloudtrain.api.up", refuse)
     events: list[str] = []
     with pytest.raises(CapacityError) as info:
         anywhere.up(state, tmp_path, _spec("V100:1", profile="dev", project="p1"), ranking,
@@ -235,7 +235,7 @@ def test_failover_stops_where_a_failed_attempt_left_a_record(
         state.put_cluster(placed, status=ClusterStatus.PARTIAL)
         raise CapacityError(placed.provider, "NoCapacity", "room for one node of two")
 
-    monkeypatch.setattr(anywhere.api, "up", half_made)
+    monkeypatch.setattr("cloudtrain.api.up", half_made)
     with pytest.raises(CapacityError, match="room for one node of two"):
         anywhere.up(state, tmp_path, spec, rank(spec, CLOUDS))
     assert calls == ["gcp"]  # never a second cluster of that name on aws

@@ -100,7 +100,8 @@ class PriceLists:
         region = re.search(r"armRegionName eq '([^']*)'", query)
         assert sku, query
         assert region, query
-        empty = {"BillingCurrency": "USD", "Items": [], "NextPageLink": None, "Count": 0}
+        empty: dict[str, object] = {"BillingCurrency": "USD", "Items": [], "NextPageLink": None,
+                                    "Count": 0}  # fmt: skip
         pages = _recorded("azure-retail.json").get(f"{sku[1]} {region[1]}", [empty])
         page = pages[int(seen.query.get("$skip", ["0"])[0]) // 100]
         text = json.dumps(page).replace("https://prices.azure.com:443", f"{self.url}/azure")

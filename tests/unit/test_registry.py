@@ -101,7 +101,7 @@ def test_a_built_in_name_is_known_without_reading_entry_points(
 
 
 def test_a_value_that_is_no_name_is_not_known() -> None:
-    assert [1] not in registry.known()
+    assert [1] not in list[object](registry.known())
     assert None not in registry.available()
 
 

@@ -128,9 +128,7 @@ def test_snapshots_missing_a_lost_nodes_shards_never_push_out_the_last_whole_one
     node_part(n0 / "ckpt-000001", 0, writers=[0, 1], save="a")
     node_part(n1 / "ckpt-000001", 1, writers=[0, 1], save="a")
     kept = Kept(tmp_path / "home", "j-1", keep=2)
-    whole = kept.pull_sharded(
-        [(0, LocalExecutor(), str(n0)), (1, LocalExecutor(), str(n1))], pytest.fail
-    )
+    whole = kept.pull_sharded([(0, LocalExecutor(), str(n0)), (1, LocalExecutor(), str(n1))], _fail)
     assert whole is not None
     assert shards.usable(whole)
     for number in (2, 3):  # node 1 is gone; node 0 saves on, alone
@@ -140,6 +138,10 @@ def test_snapshots_missing_a_lost_nodes_shards_never_push_out_the_last_whole_one
                 for f in old.iterdir():
                     f.unlink()
                 old.rmdir()
-        kept.pull_sharded([(0, LocalExecutor(), str(n0))], pytest.fail)
+        kept.pull_sharded([(0, LocalExecutor(), str(n0))], _fail)
     assert len(kept.snapshots()) == 3
     assert shards.newest_usable(kept.snapshots()) == whole
+
+
+def _fail(index: int, exc: Exception) -> None:
+    pytest.fail(f"node {index}: {exc}")

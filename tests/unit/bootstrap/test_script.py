@@ -607,7 +607,7 @@ def test_status_escapes_odd_paths(node: Node) -> None:
     ],
 )
 def test_bad_config_stops_before_any_phase(node: Node, keys: dict[str, str], message: str) -> None:
-    node.configure(stack_for("V100"), gpus=1, **keys)
+    node.configure(stack_for("V100"), gpus=1, **keys)  # type: ignore[arg-type]
     result = node.run()
     assert result.returncode == 78
     assert message in result.stderr

@@ -14,6 +14,7 @@ from cloudtrain.cli.options import parse_since
 from cloudtrain.errors import ConfigError
 from cloudtrain.model import NodeInfo
 from cloudtrain.providers.fake.provider import _CLOUDS, ZONES, FakeCloud
+from cloudtrain.records import ClusterStatus
 from cloudtrain.spec import ClusterSpec, Resources
 from cloudtrain.state import State
 from tests.conftest import Cli
@@ -78,7 +79,10 @@ def recorded(home: Path) -> float:
             spec = ClusterSpec(name, "aws", nodes, Resources("A100", 8, spot=spot))
             offer = {"region": "us-east-1", "price_per_node_hour": price, "spot": spot}
             st.put_cluster(
-                spec, status="up", price_per_hour=price * nodes, plan={"offers": [offer]}
+                spec,
+                status=ClusterStatus.UP,
+                price_per_hour=price * nodes,
+                plan={"offers": [offer]},
             )
             st.set_nodes(
                 name,

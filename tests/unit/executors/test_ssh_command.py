@@ -18,8 +18,9 @@ def test_the_script_runs_argv_with_env_in_cwd_as_given() -> None:
 
 
 def test_the_exit_code_is_the_commands_and_a_missing_cwd_stops_it() -> None:
-    run = lambda script: subprocess.run(REMOTE_SHELL.split(), input=script,  # noqa: E731
-                                        capture_output=True, text=True)  # fmt: skip
+    def run(script: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(REMOTE_SHELL.split(), input=script, capture_output=True, text=True)
+
     assert run(remote_script(["sh", "-c", "exit 7"])).returncode == 7
     missing = run(remote_script(["touch", "never"], cwd="/no/such/folder"))
     assert missing.returncode == 1

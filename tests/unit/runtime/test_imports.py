@@ -29,4 +29,4 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
     from cloudtrain import runtime
 
     with pytest.raises(AttributeError, match="no attribute 'save_shardedd'"):
-        _ = runtime.save_shardedd  # type: ignore[attr-defined]
+        _ = runtime.save_shardedd

@@ -130,13 +130,14 @@ def test_read_merges_attempts_and_nodes_in_time_and_keeps_only_names_and_numbers
     tmp_path: Path,
 ) -> None:
     home = tmp_path
-    for attempt, node, rows in [
+    written: list[tuple[int, int, list[object]]] = [
         (0, 0, [{"step": 1, "at": 1.0, "rank": 0, "loss": 2.0}, "not json",
                 {"step": 2, "at": 3.0, "rank": 0, "loss": 1.5}]),
         (0, 1, [{"step": 1, "at": 2.0, "rank": 1, "loss": 2.2}]),
         (1, 0, [{"step": 2, "at": 9.0, "rank": 0, "loss": 1.0, "=cmd()": 1,
                  "note": "\x1b]52;c;evil\x07", "\x1b[2J": 3, "ok": True}]),
-    ]:  # fmt: skip
+    ]  # fmt: skip
+    for attempt, node, rows in written:
         path = kept.copy_path(home, "j-1", attempt, node)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
