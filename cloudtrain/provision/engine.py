@@ -39,7 +39,7 @@ import ipaddress
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from cloudtrain import access
 from cloudtrain.boot import bootstrap
@@ -47,6 +47,9 @@ from cloudtrain.errors import CapacityError, ConfigError, ProviderError
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
 from cloudtrain.plan import planner
 from cloudtrain.spec import ClusterSpec
+
+if TYPE_CHECKING:
+    from cloudtrain.executors.base import Executor
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +150,48 @@ class Engine(abc.ABC):
     def catalog_offers(self, spec: ClusterSpec) -> Sequence[Offer]:
         """The catalog's offers for `spec`, cheapest first (no cloud call)."""
         return planner.offers(spec)
+
+    def refine(self, spec: ClusterSpec, offers: Sequence[Offer]) -> list[Offer]:
+        """`offers` as the cloud gives them now (read-only calls): each with the zones that
+        have the type and what else the cloud resolves (`Offer.extra`); `ConfigError`, naming
+        what was asked, when none is left. Input the cloud would refuse is refused before
+        the first call. Default: the catalog's offers as they are."""
+        return list(offers)
+
+    def api_endpoint(self, node: NodeInfo) -> str | None:
+        """The cloud API's URL for `node`'s region (a local one means a test stand-in, whose
+        node addresses are invented: SSH then reaches loopback only)."""
+        return None
+
+    # -- what every cloud does alike ----------------------------------------------------------
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        """The catalog's offers (`catalog_offers`) as the cloud gives them now (`refine`), with
+        the first attempt's requests; the SSH rule's address resolved before any call (none
+        found: refused)."""
+        offers = self.catalog_offers(spec)
+        cidr, _ = access.ssh_cidr(spec.ssh_cidr)
+        spec = dataclasses.replace(spec, ssh_cidr=cidr)
+        refined = self.refine(spec, offers)
+        return Plan(spec=spec, offers=tuple(refined), requests=self.requests(spec, refined[0]))
+
+    def executor(self, node: NodeInfo) -> Executor:
+        """SSH as the nodes' user (`bootstrap.NODE_USER`) with the cluster's key and its pinned
+        host keys: to the node's public address; with none, through the node it names as its
+        jump host to its private one (a node without a public address of its own), or to its
+        private one."""
+        from cloudtrain.executors.ssh import SshExecutor
+
+        options = access.ssh_options(self.home, node.cluster)
+        address = node.public_ip
+        if not address and node.jump and node.private_ip:
+            options += access.jump_options(options, node.jump, bootstrap.NODE_USER)
+            address = node.private_ip
+        address = address or node.private_ip
+        if not address:
+            raise ProviderError(self.name, "NoAddress", f"node {node.index} has no address yet")
+        local = access.local_endpoint(self.api_endpoint(node))
+        return SshExecutor(address, user=bootstrap.NODE_USER, options=options, loopback_only=local)
 
     def plan_offline(self, spec: ClusterSpec, why: str) -> Plan:
         """The plan from the catalog alone, for a dry run that cannot ask the cloud (no

@@ -48,9 +48,8 @@ from cloudtrain.model import (
     NodeInfo,
     Offer,
     OnEvent,
-    Plan,
 )
-from cloudtrain.plan import catalog, planner
+from cloudtrain.plan import catalog
 from cloudtrain.providers.aws import _resources as res
 from cloudtrain.providers.aws._cache import PlanCache, str_list
 from cloudtrain.providers.aws._client import Clients, aws_errors, concurrently, paginate
@@ -67,7 +66,7 @@ from cloudtrain.provision.provider import ProviderContext, default_owner, wait_f
 from cloudtrain.spec import ClusterSpec
 
 if TYPE_CHECKING:
-    from cloudtrain.executors.ssh import SshExecutor
+    pass
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -158,12 +157,9 @@ class AwsProvider(Engine):
         env = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         return tuple(sorted(found | ({env} if env else set())))
 
-    def plan(self, spec: ClusterSpec) -> Plan:
-        """Offers from the catalog, refined by EC2: the zones that offer the type, the image of
-        each region. Read-only calls; bad input is refused before any of them."""
-        offers = planner.offers(spec)
-        cidr, _ = access.ssh_cidr(spec.ssh_cidr)  # no address: refused before any call
-        spec = dataclasses.replace(spec, ssh_cidr=cidr)
+    def refine(self, spec: ClusterSpec, offers: Sequence[Offer]) -> list[Offer]:
+        """EC2's answer, region by region at once: the zones that offer the type, the image of
+        each region."""
         regions = {o.region: [x for x in offers if x.region == o.region] for o in offers}
         reads = [in_region(r, partial(self._refine, spec, of)) for r, of in regions.items()]
         found = dict(zip(regions, concurrently(reads), strict=True))
@@ -174,7 +170,7 @@ class AwsProvider(Engine):
                 f"aws offers {offers[0].instance_type} in no zone of {where} right now "
                 "(describe_instance_type_offerings); try another --region or GPU"
             )
-        return Plan(spec=spec, offers=tuple(refined), requests=self.requests(spec, refined[0]))
+        return refined
 
     def requests(self, spec: ClusterSpec, offer: Offer) -> list[dict[str, Any]]:
         """The RunInstances request of the first attempt, what the cloud resolves as named
@@ -496,20 +492,8 @@ class AwsProvider(Engine):
                     }
         return sorted(names - {""})
 
-    def executor(self, node: NodeInfo) -> SshExecutor:
-        """SSH as ``cloudtrain`` to the node's public address, or through the head to its
-        private one (multi-card nodes have no public address), with the cluster's key and its
-        pinned host key."""
-        from cloudtrain.executors.ssh import SshExecutor
-
-        options = access.ssh_options(self.home, node.cluster)
-        address = node.public_ip
-        if not address and node.jump and node.private_ip:
-            options += access.jump_options(options, node.jump, NODE_USER)
-            address = node.private_ip
-        address = address or node.private_ip
-        if not address:
-            raise ProviderError("aws", "NoAddress", f"node {node.index} has no address yet")
-        region = node.region or self.regions()[0]
-        local = access.local_endpoint(self.clients.ec2(region).meta.endpoint_url)
-        return SshExecutor(address, user=NODE_USER, options=options, loopback_only=local)
+    def api_endpoint(self, node: NodeInfo) -> str | None:
+        # (a multi-card node has no public address: the engine's executor reaches it through
+        # the head, its `jump`)
+        endpoint: str = self.clients.ec2(node.region or self.regions()[0]).meta.endpoint_url
+        return endpoint

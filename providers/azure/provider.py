@@ -30,8 +30,7 @@ from typing import Any, ClassVar
 from cloudtrain import access
 from cloudtrain.boot import bootstrap
 from cloudtrain.errors import CapacityError, ConfigError, ProviderError
-from cloudtrain.executors.ssh import SshExecutor
-from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan
+from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent
 from cloudtrain.plan import planner
 from cloudtrain.plan.catalog import Catalog
 from cloudtrain.providers.azure import _identity
@@ -87,13 +86,9 @@ class AzureProvider(Engine):
 
     # -- plan ---------------------------------------------------------------------------
 
-    def plan(self, spec: ClusterSpec) -> Plan:
-        """Catalog offers, narrowed to the zones where ``resource_skus`` says this subscription
-        may create the size. Read-only; bad input (a retired size, no subscription) is refused
-        before any call."""
-        offers = planner.offers(spec, self.catalog)
-        cidr, _ = access.ssh_cidr(spec.ssh_cidr)  # no address: refused before any call
-        spec = dataclasses.replace(spec, ssh_cidr=cidr)
+    def refine(self, spec: ClusterSpec, offers: Sequence[Offer]) -> list[Offer]:
+        """The zones where ``resource_skus`` says this subscription may create the size (no
+        subscription: refused before any call)."""
         _ = self.clients.subscription  # ConfigError before any call
         refined: list[Offer] = []
         reasons: list[str] = []
@@ -120,7 +115,7 @@ class AzureProvider(Engine):
                 f"azure cannot give {offers[0].instance_type} to this subscription now: "
                 f"{'; '.join(reasons)} (resource_skus); try another --region or GPU"
             )
-        return Plan(spec=spec, offers=tuple(refined), requests=self.requests(spec, refined[0]))
+        return refined
 
     def requests(self, spec: ClusterSpec, offer: Offer) -> tuple[dict[str, Any], ...]:
         return inst.plan_requests(spec, offer, self.owner)
@@ -353,13 +348,5 @@ class AzureProvider(Engine):
             groups = res.cluster_groups(self.clients, res.OWNER, self.owner)
         return sorted({str((g.get("tags") or {}).get(res.CLUSTER, "")) for g in groups} - {""})
 
-    def executor(self, node: NodeInfo) -> SshExecutor:
-        """SSH as ``cloudtrain`` to the node's public address (its private one when it has
-        none), with the cluster's key and its pinned host key."""
-        address = node.public_ip or node.private_ip
-        if not address:
-            raise ProviderError("azure", "NoAddress", f"node {node.index} has no address yet")
-        return SshExecutor(
-            address, user=NODE_USER, options=access.ssh_options(self.home, node.cluster),
-            loopback_only=access.local_endpoint(endpoint()),
-        )  # fmt: skip
+    def api_endpoint(self, node: NodeInfo) -> str | None:
+        return endpoint()

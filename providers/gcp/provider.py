@@ -43,9 +43,7 @@ from typing import Any, ClassVar
 from cloudtrain import access
 from cloudtrain.boot import bootstrap
 from cloudtrain.errors import ConfigError, ProviderError
-from cloudtrain.executors.ssh import SshExecutor
-from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan
-from cloudtrain.plan import planner
+from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent
 from cloudtrain.providers.gcp import _resources as res
 from cloudtrain.providers.gcp._client import Clients, import_compute, last
 from cloudtrain.providers.gcp._instances import (
@@ -102,12 +100,8 @@ class GcpProvider(Engine):
 
     # -- plan ---------------------------------------------------------------------------
 
-    def plan(self, spec: ClusterSpec) -> Plan:
-        """Offers from the catalog, narrowed to the zones whose accelerator types offer the GPU
-        (one read-only call per GPU type); bad input is refused before any call."""
-        offers = planner.offers(spec)
-        cidr, _ = access.ssh_cidr(spec.ssh_cidr)  # no address: refused before any call
-        spec = dataclasses.replace(spec, ssh_cidr=cidr)
+    def refine(self, spec: ClusterSpec, offers: Sequence[Offer]) -> list[Offer]:
+        """The zones whose accelerator types offer the GPU (one read-only call per GPU type)."""
         self._max_run_s(spec)  # a bad max_hours is refused before any call
         offered: dict[str, dict[str, int]] = {}
         refined: list[Offer] = []
@@ -131,7 +125,7 @@ class GcpProvider(Engine):
                 f"{offers[0].accelerator_count} in no catalog zone ({where}) right now "
                 "(acceleratorTypes.aggregatedList); try another --zone, --region or GPU"
             )
-        return Plan(spec=spec, offers=tuple(refined), requests=self.requests(spec, refined[0]))
+        return refined
 
     def requests(self, spec: ClusterSpec, offer: Offer) -> list[dict[str, Any]]:
         max_run_s = self._max_run_s(spec)
@@ -361,16 +355,8 @@ class GcpProvider(Engine):
         names |= {h.cluster for h in res.firewall_holders(self.clients) if h.owner == mine}
         return sorted(names - {""})
 
-    def executor(self, node: NodeInfo) -> SshExecutor:
-        """SSH as ``cloudtrain`` to the node's public address (its private one when it has
-        none), with the cluster's key and its pinned host key."""
-        address = node.public_ip or node.private_ip
-        if not address:
-            raise ProviderError("gcp", "NoAddress", f"node {node.index} has no address yet")
-        return SshExecutor(
-            address, user=bootstrap.NODE_USER, options=access.ssh_options(self.home, node.cluster),
-            loopback_only=access.local_endpoint(self.clients.endpoint),
-        )  # fmt: skip
+    def api_endpoint(self, node: NodeInfo) -> str | None:
+        return self.clients.endpoint
 
 
 def _holder(inst: Any) -> tuple[str, str]:
