@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from cloudtrain.errors import AuthError, CapacityError, ConfigError, ProviderError, QuotaError
+from cloudtrain.executors.ssh import SshExecutor
 from cloudtrain.model import Event
 from cloudtrain.providers.aws._client import Clients
 from cloudtrain.providers.aws._instances import compact, expand
@@ -154,6 +155,8 @@ def test_multi_card_nodes_are_reached_through_the_head_s_elastic_ip(
     pinned = (provider.home / "keys" / "exp1" / "known_hosts").read_text().split()
     assert {address["PublicIp"], *(n.private_ip for n in nodes)} <= set(pinned)
     head, other = provider.executor(nodes[0]), provider.executor(nodes[2])
+    assert isinstance(head, SshExecutor)
+    assert isinstance(other, SshExecutor)
     assert head.host == address["PublicIp"]
     assert "ProxyCommand" not in " ".join(head._options)
     assert other.host == nodes[2].private_ip
