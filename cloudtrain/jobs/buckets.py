@@ -37,7 +37,6 @@ from cloudtrain.errors import CheckpointError
 from cloudtrain.executors import received
 from cloudtrain.provision import registry
 from cloudtrain.provision.store import ObjectStore
-from cloudtrain.spec import parse_bucket_url
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +91,7 @@ class Bucket:
     method needs it; a bad URL, or a scheme no plugin serves, is a `ConfigError` at once."""
 
     def __init__(self, url: str, store: ObjectStore | None = None) -> None:
-        self.url = parse_bucket_url(url)
+        self.url = registry.bucket_url(url)
         self.store = store or registry.store(self.url)
 
     def __str__(self) -> str:

@@ -108,14 +108,17 @@ def laid_out(
     """The plugin of `package` (its ``__name__``), laid out as the built-in providers are:
     the class `provider` in ``provider.py``; for a `cloud`, ``_credentials.present(options)``,
     the ``_check`` module (a `QuotaCheck`) and ``_prices.read(rows)``; for a `store` (its URL
-    scheme), ``_store.open_store(url)``. Each is imported when first used;
-    `tests/unit/test_registry.py` loads every built-in one's."""
+    scheme), ``_store.open_store(url)`` and ``_store.refused(url)``. Each is imported when
+    first used; `tests/unit/test_registry.py` loads every built-in one's."""
     from cloudtrain.provision.store import Store
 
     name = package.rpartition(".")[2]
 
     def open_store(url: BucketURL) -> ObjectStore:
         return cast("ObjectStore", _attribute(f"{package}._store", "open_store")(url))
+
+    def refused(url: BucketURL) -> str | None:
+        return cast("str | None", _attribute(f"{package}._store", "refused")(url))
 
     def load_provider() -> type[Provider]:
         return cast("type[Provider]", _attribute(f"{package}.provider", provider))
@@ -129,7 +132,7 @@ def laid_out(
     def read(rows: Sequence[InstanceType]) -> Reading:
         return cast("Reading", _attribute(f"{package}._prices", "read")(rows))
 
-    kept = Store(store, open_store) if store else None
+    kept = Store(store, open_store, refused) if store else None
     if not cloud:
         return Plugin(name, load_provider, options, default=default, for_tests=for_tests,
                       store=kept)  # fmt: skip

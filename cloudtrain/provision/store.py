@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from cloudtrain.spec import BucketURL
+from cloudtrain.spec import BucketRule, BucketURL
 
 
 class Readable(Protocol):
@@ -66,7 +66,10 @@ class ObjectStore(Protocol):
 @dataclass(frozen=True)
 class Store:
     """What a provider's plugin gives for checkpoints kept in its cloud: the URL scheme it
-    serves (``s3``) and how to open a bucket of it (no SDK imported until a call needs it)."""
+    serves (``s3``), how to open a bucket of it (no SDK imported until a call needs it), and
+    its rule for the URL's bucket and prefix (why it refuses one, or None), which `spec`
+    applies before anything is made."""
 
     scheme: str
     open: Callable[[BucketURL], ObjectStore]
+    refused: BucketRule

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -34,6 +34,10 @@ TASK_FIELDS = (
 RESOURCE_FIELDS = ("accelerator", "spot", "region", "zone", "disk_gb", "image")
 
 
+def _empty() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
 @dataclass(frozen=True)
 class Known:
     """The names a spec may use. Passed in, so that validating reads neither the catalog nor
@@ -43,10 +47,8 @@ class Known:
     accelerators: Sequence[str]
     #: where a task that names no provider and no GPU goes (this machine)
     default: str
-
-
-def _empty() -> Mapping[str, Any]:
-    return MappingProxyType({})
+    #: the checkpoint buckets' schemes the plugins serve, each with its store's rule
+    stores: Mapping[str, BucketRule] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True)
@@ -190,12 +192,15 @@ def validate_job_id(value: object, field: str = "job id") -> str:
     )  # fmt: skip
 
 
-#: An S3 bucket name (3 to 63 lowercase letters, digits, '.' and '-', a letter or digit at
-#: each end), and a key prefix's parts: AWS's "safe characters" only.
-BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+#: A checkpoint bucket URL's scheme and bucket, as any object storage writes them; each store's
+#: own rule (its plugin's `Store.refused`) narrows the bucket and prefix further.
+_SCHEME_RE = re.compile(r"[a-z][a-z0-9]{0,15}")
+_BUCKET_PART_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,221}")
+#: A key prefix's parts: the characters every object storage takes unescaped.
 _KEY_PART_RE = re.compile(r"[A-Za-z0-9!_.*'()-]+")
-_IPV4_RE = re.compile(r"[0-9]+(\.[0-9]+){3}")
-_RESERVED = (("xn--", "sthree-", "amzn-s3-demo-"), ("-s3alias", "--ol-s3", ".mrap", "--x-s3"))
+
+#: Why a store refuses a URL (a clause naming what it allows), or None: a plugin's rule.
+BucketRule = Callable[["BucketURL"], str | None]
 
 
 @dataclass(frozen=True)
@@ -211,18 +216,25 @@ class BucketURL:
         return f"{self.scheme}://{self.bucket}/{self.prefix}".rstrip("/")
 
 
-def parse_bucket_url(value: object, field: str = "checkpoint") -> BucketURL:
-    """``s3://BUCKET[/PREFIX]``: an S3 bucket name as AWS allows them, and a prefix of parts
-    made of letters, digits and ``!_.*'()-`` (no empty, ``.`` or ``..`` part)."""
-    allowed = (
-        "write s3://BUCKET/PREFIX: a bucket name of 3 to 63 lowercase letters, digits, '.' "
-        "and '-' (a letter or digit at each end), and a prefix of letters, digits and "
-        "!_.*'()- between '/'"
+def parse_bucket_url(
+    value: object, field: str = "checkpoint", stores: Mapping[str, BucketRule] | None = None
+) -> BucketURL:
+    """``SCHEME://BUCKET[/PREFIX]``: a prefix of parts made of letters, digits and
+    ``!_.*'()-`` (no empty, ``.`` or ``..`` part). With `stores` (each served scheme's rule),
+    the scheme must be one of them and the URL what its store allows."""
+    served = (
+        ", ".join(f"{s}://BUCKET/PREFIX" for s in sorted(stores or ())) or "SCHEME://BUCKET/PREFIX"
     )
-    if not isinstance(value, str) or not value.startswith("s3://"):
-        raise SpecError(field, f"{field} {value!r} is not an S3 bucket URL; {allowed}")
-    bucket, _, prefix = value[len("s3://") :].partition("/")
-    if not _bucket_name(bucket):
+    allowed = f"write {served}, with a prefix of letters, digits and !_.*'()- between '/'"
+    scheme, sep, rest = value.partition("://") if isinstance(value, str) else ("", "", "")
+    if not sep or not _SCHEME_RE.fullmatch(scheme):
+        raise SpecError(field, f"{field} {value!r} is not a bucket URL; {allowed}")
+    if stores is not None and scheme not in stores:
+        raise SpecError(
+            field, f"{field} {value!r}: no provider keeps checkpoints at {scheme}://; {allowed}"
+        )
+    bucket, _, prefix = rest.partition("/")
+    if not _BUCKET_PART_RE.fullmatch(bucket):
         raise SpecError(field, f"{field} {value!r}: {bucket!r} is not a bucket name; {allowed}")
     prefix = prefix.rstrip("/")
     parts = prefix.split("/") if prefix else []
@@ -233,18 +245,11 @@ def parse_bucket_url(value: object, field: str = "checkpoint") -> BucketURL:
         )
     if len(prefix) > 512:
         raise SpecError(field, f"{field} {value!r}: the prefix is longer than 512 characters")
-    return BucketURL(bucket, prefix)
-
-
-def _bucket_name(name: str) -> bool:
-    """Whether S3 allows `name` for a new bucket (its naming rules)."""
-    return bool(
-        BUCKET_RE.fullmatch(name)
-        and ".." not in name
-        and not _IPV4_RE.fullmatch(name)
-        and not name.startswith(_RESERVED[0])
-        and not name.endswith(_RESERVED[1])
-    )
+    url = BucketURL(bucket, prefix, scheme)
+    refused = stores[scheme](url) if stores is not None else None
+    if refused:
+        raise SpecError(field, f"{field} {value!r}: {refused}")
+    return url
 
 
 def _whole(value: object, field: str, minimum: int, meaning: str = "") -> int:
@@ -433,10 +438,10 @@ def _run(data: Mapping[str, Any]) -> str | None:
     return run
 
 
-def _checkpoint(data: Mapping[str, Any]) -> str | None:
+def _checkpoint(data: Mapping[str, Any], known: Known) -> str | None:
     """`checkpoint:` as a normalized bucket URL, or None."""
     value = data.get("checkpoint")
-    return None if value is None else str(parse_bucket_url(value))
+    return None if value is None else str(parse_bucket_url(value, stores=known.stores))
 
 
 def task_from_dict(
@@ -506,7 +511,7 @@ def task_from_dict(
         setup=_opt_str(data, "setup", "setup"),
         run=_run(data),
         envs=MappingProxyType(envs),
-        checkpoint=_checkpoint(data),
+        checkpoint=_checkpoint(data, known),
         checkpoint_keep=validate_checkpoint_keep(data.get("checkpoint_keep", 2)),
         min_nodes=min_nodes,
         managed=_flag(data, "managed"),

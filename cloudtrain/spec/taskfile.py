@@ -37,7 +37,9 @@ def known() -> Known:
     from cloudtrain.plan import catalog
     from cloudtrain.provision import registry
 
-    return Known(registry.known(), catalog.load().accelerators(), registry.default())
+    return Known(
+        registry.known(), catalog.load().accelerators(), registry.default(), registry.bucket_rules()
+    )
 
 
 def load(path: Path, overrides: Mapping[str, Any] | None = None) -> TaskSpec:

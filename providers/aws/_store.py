@@ -9,6 +9,7 @@ the one mapped.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,29 @@ from cloudtrain.spec import BucketURL
 
 #: DeleteObjects takes this many keys at most.
 _DELETE_BATCH = 1000
+
+#: An S3 bucket name as AWS allows new ones: 3 to 63 lowercase letters, digits, '.' and '-', a
+#: letter or digit at each end, no '..', not an IPv4 address, none of the reserved affixes.
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_IPV4_RE = re.compile(r"[0-9]+(\.[0-9]+){3}")
+_RESERVED = (("xn--", "sthree-", "amzn-s3-demo-"), ("-s3alias", "--ol-s3", ".mrap", "--x-s3"))
+
+
+def refused(url: BucketURL) -> str | None:
+    """Why S3 refuses `url`'s bucket name (what it allows), or None."""
+    name = url.bucket
+    if (
+        _NAME_RE.fullmatch(name)
+        and ".." not in name
+        and not _IPV4_RE.fullmatch(name)
+        and not name.startswith(_RESERVED[0])
+        and not name.endswith(_RESERVED[1])
+    ):
+        return None
+    return (
+        f"{name!r} is not an S3 bucket name: 3 to 63 lowercase letters, digits, '.' and '-' "
+        "(a letter or digit at each end)"
+    )
 
 
 class S3Store:

@@ -442,7 +442,7 @@ def test_a_bucket_that_fails_leaves_the_local_snapshot_and_is_tried_again(
     ("job", "message"),
     [
         (JobSpec(("train.py",), checkpoint_keep=0), "checkpoint_keep 0 is not allowed"),
-        (JobSpec(("train.py",), checkpoint_url="gs://x/y"), "checkpoint 'gs://x/y' is not an S3"),
+        (JobSpec(("train.py",), checkpoint_url="zz://x/y"), "checkpoint 'zz://x/y': no provider"),
     ],
 )
 def test_submit_refuses_a_bad_bucket_or_keep_before_anything_is_made(

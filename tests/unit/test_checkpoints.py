@@ -116,21 +116,22 @@ def test_a_bucket_url_is_split_and_normalized(url: str, bucket: str, prefix: str
 @pytest.mark.parametrize(
     ("url", "why"),
     [
-        ("gs://ckpts/x", "is not an S3 bucket URL"),
-        ("https://ckpts.s3.amazonaws.com/x", "is not an S3 bucket URL"),
-        ("/data/ckpts", "is not an S3 bucket URL"),
-        ("S3://ckpts", "is not an S3 bucket URL"),
+        ("zz://ckpts/x", "no provider keeps checkpoints at zz://"),
+        ("https://ckpts.s3.amazonaws.com/x", "no provider keeps checkpoints at https://"),
+        ("/data/ckpts", "is not a bucket URL"),
+        ("S3://ckpts", "is not a bucket URL"),
         ("s3://", "'' is not a bucket name"),
-        ("s3://ab", "'ab' is not a bucket name"),
-        ("s3://" + "a" * 64, "is not a bucket name"),
         ("s3://Ckpts", "'Ckpts' is not a bucket name"),
-        ("s3://ck_pts", "'ck_pts' is not a bucket name"),
-        ("s3://-ckpts", "is not a bucket name"),
-        ("s3://ckpts-", "is not a bucket name"),
-        ("s3://ck..pts", "is not a bucket name"),
-        ("s3://192.168.1.1", "is not a bucket name"),
-        ("s3://xn--ckpts", "is not a bucket name"),
-        ("s3://ckpts-s3alias", "is not a bucket name"),
+        ("s3://ck pts", "'ck pts' is not a bucket name"),
+        ("s3://-ckpts", "'-ckpts' is not a bucket name"),
+        ("s3://ab", "'ab' is not an S3 bucket name"),
+        ("s3://" + "a" * 64, "is not an S3 bucket name"),
+        ("s3://ck_pts", "'ck_pts' is not an S3 bucket name"),
+        ("s3://ckpts-", "is not an S3 bucket name"),
+        ("s3://ck..pts", "is not an S3 bucket name"),
+        ("s3://192.168.1.1", "is not an S3 bucket name"),
+        ("s3://xn--ckpts", "is not an S3 bucket name"),
+        ("s3://ckpts-s3alias", "is not an S3 bucket name"),
         ("s3://ckpts/a//b", "the prefix part '' is not allowed"),
         ("s3://ckpts/a/../b", "the prefix part '..' is not allowed"),
         ("s3://ckpts/a b", "the prefix part 'a b' is not allowed"),
@@ -146,12 +147,14 @@ def test_a_bad_bucket_url_is_one_line_naming_field_value_and_rule(url: str, why:
     assert message.startswith(f"checkpoint {url!r}")
     assert why in message
     assert "\n" not in message
-    if "prefix is longer" not in why:
-        assert "write s3://BUCKET/PREFIX" in message
+    if "an S3 bucket name" in why:
+        assert "3 to 63 lowercase letters" in message
+    elif "prefix is longer" not in why:
+        assert "s3://BUCKET/PREFIX" in message
 
 
 def test_a_bucket_url_that_is_no_string_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"^checkpoint 3 is not an S3 bucket URL"):
+    with pytest.raises(ConfigError, match=r"^checkpoint 3 is not a bucket URL"):
         parse_bucket_url(3)
 
 

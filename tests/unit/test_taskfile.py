@@ -288,12 +288,12 @@ def test_checkpoint_fields_are_read_and_normalized(tmp_path: Path) -> None:
     ("text", "expected"),
     [
         (
-            "checkpoint: gs://ckpts/x",
-            ":3: checkpoint 'gs://ckpts/x' is not an S3 bucket URL; write s3://BUCKET/PREFIX",
+            "checkpoint: zz://ckpts/x",
+            ":3: checkpoint 'zz://ckpts/x': no provider keeps checkpoints at zz://; write ",
         ),
         ("checkpoint: s3://Ckpts/x", ":3: checkpoint 's3://Ckpts/x': 'Ckpts' is not a bucket"),
         ("checkpoint: s3://ckpts/a//b", ":3: checkpoint 's3://ckpts/a//b': the prefix part ''"),
-        ("checkpoint: 42", ":3: checkpoint 42 is not an S3 bucket URL"),
+        ("checkpoint: 42", ":3: checkpoint 42 is not a bucket URL"),
         ("checkpoint_keep: 0", ":3: checkpoint_keep 0 is not allowed; use a whole number of 1"),
         ("checkpoint_keep: two", ":3: checkpoint_keep 'two' is not allowed"),
         ("checkpoint_keep: true", ":3: checkpoint_keep True is not allowed"),

@@ -229,8 +229,8 @@ def test_yaml_errors_name_file_and_line(run_cli: Cli, home: Path, tmp_path: Path
 @pytest.mark.parametrize(
     ("field", "message"),
     [
-        ("checkpoint: gs://ckpts/runs", "checkpoint 'gs://ckpts/runs' is not an S3 bucket URL"),
-        ("checkpoint: s3://my_bucket", "checkpoint 's3://my_bucket': 'my_bucket' is not a bucket"),
+        ("checkpoint: zz://ckpts/runs", "checkpoint 'zz://ckpts/runs': no provider keeps"),
+        ("checkpoint: s3://my_bucket", "checkpoint 's3://my_bucket': 'my_bucket' is not an S3 bucket"),
         ("checkpoint_keep: 0", "checkpoint_keep 0 is not allowed; use a whole number of 1 or more"),
     ],
 )
