@@ -170,7 +170,12 @@ def run_cli(home: Path) -> Cli:
 
 
 # the cloud stand-ins, for tests/<cloud> and the contract suite
-pytest_plugins = ["tests.aws.fixtures", "tests.gcp.fixtures", "tests.azure.fixtures"]
+pytest_plugins = [
+    "tests.aws.fixtures",
+    "tests.aws.s3",
+    "tests.gcp.fixtures",
+    "tests.azure.fixtures",
+]
 
 
 def unavailable(message: str) -> NoReturn:

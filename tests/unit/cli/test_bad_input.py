@@ -230,7 +230,10 @@ def test_yaml_errors_name_file_and_line(run_cli: Cli, home: Path, tmp_path: Path
     ("field", "message"),
     [
         ("checkpoint: zz://ckpts/runs", "checkpoint 'zz://ckpts/runs': no provider keeps"),
-        ("checkpoint: s3://my_bucket", "checkpoint 's3://my_bucket': 'my_bucket' is not an S3 bucket"),
+        (
+            "checkpoint: s3://my_bucket",
+            "checkpoint 's3://my_bucket': 'my_bucket' is not an S3 bucket",
+        ),
         ("checkpoint_keep: 0", "checkpoint_keep 0 is not allowed; use a whole number of 1 or more"),
     ],
 )
