@@ -46,16 +46,6 @@ def ended(spec: ClusterSpec, now: float | None = None) -> bool:
     return at is not None and at <= (time.time() if now is None else now) + SKEW_S
 
 
-def end_text(spec: ClusterSpec, now: float | None = None) -> str | None:
-    """``its lifetime ended at 2026-12-04 14:02:11`` when the cluster's lifetime or budget is
-    over by this machine's clock (no grace: nothing is made for it after); else None."""
-    at = spec.limits.ends_at
-    if at is None or at > (time.time() if now is None else now):
-        return None
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
-    return f"its {spec.limits.ends_why} ended at {when}"
-
-
 def overdue(spec: ClusterSpec, found: list[NodeInfo], now: float | None = None) -> bool:
     """Whether a node of the cluster still bills `LATE_S` after its lifetime or budget ended
     (its agent is gone, or could not stop it)."""
@@ -72,7 +62,7 @@ def expire(state: State, home: Path, record: ClusterRecord, found: list[NodeInfo
     spec = record.spec
     live = [f"node {n.index} ({n.node_id})" for n in found if n.state not in HALTED]
     api.down(state, home, spec.name)
-    said = (f"{spec.name}: {end_text(spec)}, but {', '.join(live)} still ran (not stopped by "
+    said = (f"{spec.name}: {spec.limits.ended()}, but {', '.join(live)} still ran (not stopped by "
             "its agent); removed the cluster")  # fmt: skip
     state.add_event(spec.name, "down", said)
     return said

@@ -57,12 +57,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cloudtrain import locks
+from cloudtrain import lifecycle, locks
 from cloudtrain.errors import CloudtrainError, JobError, NodeLostError, NotFoundError
 from cloudtrain.jobs import checkpoints, preemptions, rehost, replacing, supervisor
 from cloudtrain.jobs.attempts import HEARTBEAT_S, Verdict, attempt_of, elastic
 from cloudtrain.jobs.coordinator import Coordinator
 from cloudtrain.jobs.staging import readying
+from cloudtrain.jobs.teardown import stop_jobs
 from cloudtrain.model import Event, NodeInfo
 from cloudtrain.provision.provider import Provider
 from cloudtrain.spec import ClusterSpec, validate_job_id
@@ -255,10 +256,8 @@ class Watcher:
     def _over(self, rec: JobRecord) -> str | None:
         """Why no recovery may make a node for `rec`'s cluster: its lifetime or budget ended
         (`up` refuses such a cluster too); None when it may."""
-        from cloudtrain import autostop
-
         record = self.state.cluster(rec.cluster)
-        ended = autostop.end_text(record.spec) if record is not None else None
+        ended = record.spec.limits.ended() if record is not None else None
         return f"cluster {rec.cluster!r}: {ended}; no node is made for it again" if ended else None
 
     def _recover(
@@ -460,7 +459,6 @@ class Watcher:
         bootstrap is waited for with the lock free (`replacing.wait_booted`): a replacement
         lost meanwhile is `NodeLostError` within a heartbeat, a cancel ends the wait; `ready`
         is given each replacement once it is past its torch phase (`staging.readying`)."""
-        from cloudtrain import api
 
         def wait(message: str) -> None:
             self._on_event(Event("wait", message))
@@ -469,7 +467,7 @@ class Watcher:
             record = self.state.cluster(rec.cluster)
             if record is None:
                 raise NotFoundError(f"the cluster {rec.cluster!r} of job {rec.id} is gone")
-            prov = (self._provider or (lambda s: api.provider_for(s, self.home)))(record.spec)
+            prov = self._provider_for(record.spec)
             found = prov.describe(rec.cluster, record.spec.cluster_id)
             running = [n for n in found if n.state == "running"]
             indices = {n.index for n in running}
@@ -481,7 +479,7 @@ class Watcher:
                       f"{', '.join(map(str, missing))} of {rec.cluster}")  # fmt: skip
             if made is not None:
                 made.extend(missing)
-            nodes = api.up(self.state, self.home, record.spec, self._on_event,
+            nodes = lifecycle.up(self.state, self.home, record.spec, self._on_event,
                            bootstrap_timeout_s=None, prov=prov, complete_only=True,
                            zones_last=zones_last)  # fmt: skip
             if self.bootstrap_timeout_s is not None:
@@ -502,21 +500,21 @@ class Watcher:
             return False
         record = self.state.cluster(rec.cluster)
         if made and record is not None:
-            from cloudtrain import api
-
-            prov = (self._provider or (lambda s: api.provider_for(s, self.home)))(record.spec)
+            prov = self._provider_for(record.spec)
             done = replacing.drop(self.state, self.home, prov, rec.cluster, made,
                                   self._on_event)  # fmt: skip
             self._say(rec, "recovery", f"job {rec.id}: cancelled during its recovery; {done}")
         return True
 
-    def _teardown(self, rec: JobRecord) -> None:
-        from cloudtrain import api
+    def _provider_for(self, spec: ClusterSpec) -> Provider:
+        return (self._provider or (lambda s: lifecycle.provider_for(s, self.home)))(spec)
 
+    def _teardown(self, rec: JobRecord) -> None:
         if self.state.cluster(rec.cluster) is None:
             return
         try:
-            api.down(self.state, self.home, rec.cluster, on_event=self._on_event)
+            lifecycle.down(self.state, self.home, rec.cluster, stop_jobs=stop_jobs,
+                           on_event=self._on_event)  # fmt: skip
         except CloudtrainError as exc:  # the job's status stands; the event says what is left
             self._say(rec, "down", f"job {rec.id}: could not tear down {rec.cluster}: {exc}; "
                       f"`cloudtrain down {rec.cluster}` again")  # fmt: skip

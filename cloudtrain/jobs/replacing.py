@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from cloudtrain import locks
+from cloudtrain import lifecycle, locks
 from cloudtrain.errors import (
     BootstrapError,
     CloudtrainError,
@@ -53,7 +53,6 @@ def wait_booted(
     `every_s` of a node the provider no longer runs, `BootstrapError` for a bootstrap that
     failed or timed out, `NotFoundError` when the cluster went meanwhile, and what `check`
     (asked as often) raises: how the caller ends the wait (a cancel)."""
-    from cloudtrain import api
     from cloudtrain.boot import readiness, wheel
 
     record = state.cluster(cluster)
@@ -84,7 +83,7 @@ def wait_booted(
             raise NotFoundError(f"cluster {cluster!r} was torn down while its nodes booted")
         state.add_event(cluster, "up", f"cluster {cluster!r} is whole: {len(nodes)} node(s) ready")
         if record.spec.limits:
-            api.hand_limits(state, home, record.spec)
+            lifecycle.hand_limits(state, home, record.spec)
 
 
 def drop(

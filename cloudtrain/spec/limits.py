@@ -69,6 +69,18 @@ class Limits:
             said.append(f"at {when}, when its {self.ends_why} ends")
         return "; ".join(said) or "never"
 
+    def ended_at(self, now: float | None = None) -> str | None:
+        """``2026-12-04 14:02:11``, when the lifetime or budget ended by this machine's clock
+        (no grace: nothing is made for it after); else None."""
+        if self.ends_at is None or self.ends_at > (time.time() if now is None else now):
+            return None
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.ends_at))
+
+    def ended(self, now: float | None = None) -> str | None:
+        """``its lifetime ended at 2026-12-04 14:02:11`` (`ended_at`), or None."""
+        when = self.ended_at(now)
+        return None if when is None else f"its {self.ends_why} ended at {when}"
+
     def resolved(self, created_at: float, price_per_hour: float) -> Limits:
         """With `ends_at`: `max_hours` after `created_at`, or when `max_cost` is spent at
         `price_per_hour` (the whole cluster's), whichever is first."""

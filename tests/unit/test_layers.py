@@ -267,3 +267,11 @@ def test_no_runtime_is_named_outside_its_module_and_the_node_side() -> None:
         and _strings(path) & names
     }
     assert not named
+
+
+def test_the_jobs_call_the_lifecycle_and_never_the_verbs_above_both() -> None:
+    """`api` gives the verbs over the lifecycle with the jobs' part filled in; the jobs call the
+    lifecycle itself, which learns how to stop jobs from its caller: no layer calls back up."""
+    jobs = {m for m in GRAPH if m.startswith("cloudtrain.jobs")}
+    assert not {m for m in jobs if "cloudtrain.api" in _reach(m)}
+    assert not {m for m in _reach("cloudtrain.lifecycle") if m in jobs | {"cloudtrain.api"}}
