@@ -1,4 +1,5 @@
-"""Checkpoints kept in a bucket as well, named in the task (``checkpoint: s3://BUCKET/PREFIX``).
+"""Checkpoints kept in a bucket as well, named in the task (``checkpoint: s3://BUCKET/PREFIX``,
+``gs://…``, ``az://ACCOUNT/CONTAINER/…``).
 
 No cloud credential ever reaches a node, so the bucket is written and read from the user's
 machine: a snapshot that `cloudtrain.jobs.checkpoints.Kept` made is pushed after it was made,
@@ -12,13 +13,14 @@ home) has the newest complete snapshot restored from the bucket first. In the bu
                                              once a newer one is complete
 
 A push uploads only what changed: a file whose size and sha256 match a file of the newest
-complete snapshot in the bucket is copied inside S3 (no byte leaves this machine); the others
-are uploaded. Then the bucket keeps the `keep` newest complete snapshots of the job. Idempotent:
-a snapshot already complete there is not pushed again. A restore checks every file against the
-manifest and renames the whole snapshot into place, as `Kept` does.
+complete snapshot in the bucket is copied inside the bucket (no byte passes this machine); the
+others are uploaded. Then the bucket keeps the `keep` newest complete snapshots of the job.
+Idempotent: a snapshot already complete there is not pushed again. A restore checks every file
+against the manifest and renames the whole snapshot into place, as `Kept` does.
 
 The calls themselves are the cloud's: the plugin whose `Store` serves the URL's scheme opens
-the bucket (`cloudtrain.provision.store`: S3 is the AWS plugin's, ``providers/aws/_store.py``),
+the bucket (`cloudtrain.provision.store`: S3, GCS and Azure Blob are the AWS, GCP and Azure
+plugins' ``_store.py``),
 imports its SDK when a call first needs it and maps its errors, each naming the bucket.
 """
 

@@ -16,7 +16,7 @@ so the newest snapshot is never a half-copied one, and `keep` of them are kept (
 with ``train --resume-from JOB``: every node gets it in its checkpoint folder before the job
 starts, and `runtime.load_checkpoint` finds it.
 
-With a bucket (the task's ``checkpoint: s3://BUCKET/PREFIX``, `cloudtrain.jobs.buckets`), each
+With a bucket (the task's ``checkpoint: SCHEME://BUCKET/PREFIX``, `cloudtrain.jobs.buckets`), each
 new snapshot is pushed there from this machine as well (``<job>/.pushed`` names the last one
 pushed, so a push that failed is tried again after the next pull), and a job resumed from one
 that this home keeps nothing of has the bucket's newest complete snapshot restored first.

@@ -21,4 +21,4 @@ OPTIONS = (
     Option("subscription", "Azure: the subscription (AZURE_SUBSCRIPTION_ID).", account=True),
 )
 
-PLUGIN = laid_out(__name__, "AzureProvider", OPTIONS, cloud=True)
+PLUGIN = laid_out(__name__, "AzureProvider", OPTIONS, cloud=True, store="az")

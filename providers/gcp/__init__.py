@@ -10,7 +10,7 @@ points every call, operation polling included, at another address (the tests' st
 Modules (the same names as every provider): `provider` (the contract), `_client` (clients,
 credentials, operation waits), `_errors` (GCE errors → cloudtrain's), `_instances` (the
 bulkInsert request, nodes read back), `_resources` (names, labels, firewall rules, placement
-policy).
+policy); `_store`, the checkpoint store of ``gs://BUCKET/PREFIX`` (google-cloud-storage).
 """
 
 from __future__ import annotations
@@ -28,4 +28,4 @@ OPTIONS = (
     Option("network", "GCP: the VPC network the nodes join (default 'default')."),
 )
 
-PLUGIN = laid_out(__name__, "GcpProvider", OPTIONS, cloud=True)
+PLUGIN = laid_out(__name__, "GcpProvider", OPTIONS, cloud=True, store="gs")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import parse_qs, unquote
 from wsgiref.types import StartResponse, WSGIEnvironment
@@ -26,7 +26,7 @@ from moto.moto_server.werkzeug_app import (
 from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.test import Client
 
-from tests.contract.stores import Seen
+from tests.contract.stores import Recorded, Recording, Seen
 
 BUCKET = "ckpts"
 
@@ -59,15 +59,10 @@ class Recorder:
 
     def __init__(self) -> None:
         self.inner = DomainDispatcherApplication(create_backend_app)
-        self.seen: list[Seen] = []
-        self.fail: Callable[[Seen], bool] | None = None
-        self._lock = threading.Lock()
+        self.recording = Recording()
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        seen = _seen(environ)
-        with self._lock:
-            self.seen.append(seen)
-        if self.fail is not None and self.fail(seen):
+        if self.recording.record(_seen(environ)):
             environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
             body = b"<Error><Code>InternalError</Code><Message>cut short</Message></Error>"
             start_response("500 Internal Server Error", [("Content-Type", "application/xml")])
@@ -76,25 +71,16 @@ class Recorder:
         return answer
 
 
-class S3StandIn:
+class S3StandIn(Recorded):
     """The contract's `StoreStandIn` over moto's S3."""
 
     url = f"s3://{BUCKET}/runs/bert"
     prefix = "runs/bert"
 
     def __init__(self, recorder: Recorder, endpoint: str, monkeypatch: pytest.MonkeyPatch):
-        self._recorder = recorder
         self._endpoint = endpoint
         self._monkeypatch = monkeypatch
-        self.seen = recorder.seen
-
-    @property
-    def fail(self) -> Callable[[Seen], bool] | None:
-        return self._recorder.fail
-
-    @fail.setter
-    def fail(self, pick: Callable[[Seen], bool] | None) -> None:
-        self._recorder.fail = pick
+        self.recording = recorder.recording
 
     def keys(self) -> set[str]:
         pages = _client().get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
@@ -147,6 +133,5 @@ def s3_store(s3_server: tuple[Recorder, str], monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
     boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
-    app.seen.clear()
-    app.fail = None
+    app.recording.reset()
     return S3StandIn(app, endpoint, monkeypatch)

@@ -8,12 +8,17 @@ gives one; `STORES` names them.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 #: The fixture of each scheme's stand-in.
-STORES = {"s3": "s3_store"}
+STORES = {
+    "s3": "s3_store",
+    "gs": "gcs_store",
+    "az": "azure_store",
+}
 
 
 @dataclass(frozen=True)
@@ -57,3 +62,42 @@ class StoreStandIn(Protocol):
     def unreachable(self) -> str:
         """Point the SDK at a closed port; the error code a call then gets."""
         ...
+
+
+class Recording:
+    """What a recorder in front of a stand-in saw, and which requests it fails."""
+
+    def __init__(self) -> None:
+        self.seen: list[Seen] = []
+        self.fail: Callable[[Seen], bool] | None = None
+        self._lock = threading.Lock()
+
+    def record(self, *seen: Seen) -> bool:
+        """Note one request (a batch's parts are several); whether `fail` picks it."""
+        with self._lock:
+            self.seen.extend(seen)
+            pick = self.fail
+        return pick is not None and any(pick(s) for s in seen)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.seen.clear()
+            self.fail = None
+
+
+class Recorded:
+    """A `StoreStandIn`'s `seen` and `fail`, its recorder's `Recording`."""
+
+    recording: Recording
+
+    @property
+    def seen(self) -> list[Seen]:
+        return self.recording.seen
+
+    @property
+    def fail(self) -> Callable[[Seen], bool] | None:
+        return self.recording.fail
+
+    @fail.setter
+    def fail(self, pick: Callable[[Seen], bool] | None) -> None:
+        self.recording.fail = pick
