@@ -12,9 +12,10 @@ For each N, against a local AWS stand-in (moto's server behind the shims in test
       the `instance_running` waiter (2 s delay, cloudtrain's poll interval).
 cloudtrain's plan reads (the zones that offer the type, the image) are cached for a day under
 CLOUDTRAIN_HOME, which the run shares, and so are botocore's parsed models
-(`providers/aws/_models.py`): the first `up` of a run reads the JSON and asks ("cold"), the
-later ones do not ("warm"), as a user's second `up` of the day; `--cold` empties the plan's
-cache before each. (The stand-in is reset between sizes and registers its image anew; moto
+(`cloudtrain/providers/aws/_models.py`): the first `up` of a run reads the JSON and asks
+("cold"), the later ones do not ("warm"), as a user's second `up` of the day; `--cold` empties
+the plan's cache before each. (The stand-in is reset between sizes and registers its image
+anew; moto
 does not check the image id a launch names, so a cached one still launches, as a real cached
 id would.)
 
@@ -132,8 +133,7 @@ def main() -> None:
     # As a wheel's install leaves it: cloudtrain's modules compiled once (the bare side's
     # boto3 was, by pip). A checkout run with PYTHONDONTWRITEBYTECODE (or read-only) would
     # charge every `up` with compiling ≈45 of them from source, ≈0.07 s.
-    for package in ("cloudtrain", "providers"):  # providers/ is cloudtrain.providers
-        compileall.compile_dir(REPO / package, quiet=1)
+    compileall.compile_dir(REPO / "cloudtrain", quiet=1)
     regions = sorted({r.region for r in catalog.load().rows if r.provider == "aws"})
     app = TimedApp()
     with StandIn(app) as aws, tempfile.TemporaryDirectory(prefix="cloudtrain-bench-") as tmp:

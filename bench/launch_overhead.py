@@ -149,8 +149,7 @@ def main() -> None:
     # As a wheel's install leaves it: cloudtrain's modules compiled once (torch was, by pip).
     # A checkout run with PYTHONDONTWRITEBYTECODE has no bytecode for them, and every CLI,
     # node command, agent and worker would compile them from source.
-    for package in ("cloudtrain", "providers"):  # providers/ is cloudtrain.providers
-        compileall.compile_dir(REPO / package, quiet=1)
+    compileall.compile_dir(REPO / "cloudtrain", quiet=1)
     with tempfile.TemporaryDirectory(prefix="cloudtrain-bench-") as tmp:
         env = {**os.environ, "CLOUDTRAIN_HOME": str(Path(tmp) / "home")}
         cli = [sys.executable, "-m", "cloudtrain.cli"]

@@ -20,13 +20,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     imports from source again (≈0.15 s of CPU for the controller's). Reading bytecode is
     allowed there; only writing it is not."""
     import compileall
-    import importlib
 
-    if hasattr(session.config, "workerinput"):
-        return  # xdist's workers: the controller has done it
-    for package in ("cloudtrain", "cloudtrain.providers", "cloudtrain.templates"):
-        for folder in importlib.import_module(package).__path__:
-            compileall.compile_dir(folder, quiet=1)
+    import cloudtrain
+
+    if not hasattr(session.config, "workerinput"):  # xdist's workers: the controller did it
+        compileall.compile_dir(Path(cloudtrain.__file__).parent, quiet=1)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

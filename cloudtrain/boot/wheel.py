@@ -2,9 +2,8 @@
 coordinator's version, with no package index involved. `readiness.hand_over_wheel` copies it to
 nodes whose bootstrap waits for it.
 
-Built from the imported package trees (``cloudtrain``, and ``cloudtrain.providers`` /
-``cloudtrain.templates``, which the package-dir mapping may keep elsewhere), so it works the same
-for a wheel install and an editable one. Cached under ``<home>/dist/<content hash>/``.
+Built from the imported package's tree, so it works the same for a wheel install and an
+editable one. Cached under ``<home>/dist/<content hash>/``.
 """
 
 from __future__ import annotations
@@ -20,18 +19,6 @@ from pathlib import Path
 import cloudtrain
 
 SKIP = ("__pycache__", ".pyc")
-
-
-def _trees() -> list[tuple[str, Path]]:
-    """(name in the wheel, folder on disk) of every package tree cloudtrain is made of."""
-    import cloudtrain.providers
-    import cloudtrain.templates
-
-    trees = [("cloudtrain", Path(cloudtrain.__file__).parent)]
-    for name, module in (("cloudtrain/providers", cloudtrain.providers),
-                         ("cloudtrain/templates", cloudtrain.templates)):  # fmt: skip
-        trees += [(name, Path(p)) for p in module.__path__]
-    return trees
 
 
 def _digest(data: bytes) -> str:
@@ -64,13 +51,10 @@ def build(home: Path) -> Path:
 
 def _files() -> dict[str, bytes]:
     files: dict[str, bytes] = {}
-    for name, folder in _trees():
-        for path in sorted(folder.rglob("*")):
-            if path.is_file() and not any(s in path.parts[-1] or s in path.parts for s in SKIP):
-                rel = path.relative_to(folder).as_posix()
-                if name == "cloudtrain" and rel.split("/")[0] in ("providers", "templates"):
-                    continue  # mapped packages come from their own trees
-                files[f"{name}/{rel}"] = path.read_bytes()
+    folder = Path(cloudtrain.__file__).parent
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not any(s in path.parts[-1] or s in path.parts for s in SKIP):
+            files[f"cloudtrain/{path.relative_to(folder).as_posix()}"] = path.read_bytes()
     return files
 
 

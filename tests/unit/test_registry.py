@@ -18,7 +18,7 @@ from cloudtrain.provision.plugin import Plugin
 from cloudtrain.provision.provider import ProviderContext
 from cloudtrain.spec import SpecError, validate_provider
 
-PROVIDERS = Path(registry.__file__).parents[2] / "providers"
+PROVIDERS = Path(registry.__file__).parents[1] / "providers"
 
 
 @pytest.fixture

@@ -60,18 +60,15 @@ def test_a_node_python_installs_it_and_runs_the_agent(tmp_path: Path) -> None:
     assert port.isdigit()
 
 
-def test_pyproject_lists_every_package_pip_must_ship() -> None:
-    """setuptools ships only the packages pyproject names (pip install, not this wheel)."""
+def test_every_folder_of_python_is_a_package_that_pip_ships() -> None:
+    """setuptools ships the packages it finds under ``cloudtrain*`` (`packages.find`); a folder of
+    modules without an ``__init__.py`` would be a namespace that `find` passes over."""
     import tomllib
 
     repo = Path(__file__).resolve().parents[2]
-    listed = set(
-        tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    )
-    found = {
-        ".".join(p.parent.relative_to(repo).parts)
-        for p in (repo / "cloudtrain").rglob("__init__.py")
-    }
-    found |= {"cloudtrain.providers." + ".".join(p.parent.relative_to(repo / "providers").parts)
-              for p in (repo / "providers").rglob("*/__init__.py")}  # fmt: skip
-    assert found - listed == set()
+    find = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert find == {"find": {"include": ["cloudtrain*"]}}
+    folders = {p.parent for p in (repo / "cloudtrain").rglob("*.py")} - {repo / "cloudtrain"}
+    assert {
+        f for f in folders if "__pycache__" not in f.parts and not (f / "__init__.py").exists()
+    } == set()
