@@ -54,8 +54,18 @@ def start_and_lose_node_1(sh: Shell, cluster: str, script: Path, *args: str) -> 
     extra = ["--", *args] if args else []
     start = sh("train", "-c", cluster, "--managed", "--detach", str(script), *extra)
     assert start.returncode == 0, start.stderr
-    copy = sh.home / "logs" / f"{cluster}-1" / "node-0.log"
-    wait_for(lambda: re.search(r"epoch 2/|tick 4\b", text(copy)), timeout=180, what="the job")
+    # rank 0 prints the epochs, on whichever node the rendezvous put it (the agents' order)
+    copies = [sh.home / "logs" / f"{cluster}-1" / f"node-{i}.log" for i in (0, 1)]
+
+    def going() -> bool:
+        return any(re.search(r"epoch 2/|tick 4\b", text(copy)) for copy in copies)
+
+    try:
+        wait_for(going, timeout=180, what="the job")
+    except AssertionError:
+        for copy in [*copies, copies[0].with_name("watch.log")]:
+            print(f"--- {copy.name}\n{text(copy)[-3000:]}")
+        raise
     kill_node(sh.home, cluster, 1)
     booting(sh.home, cluster, 1)
 
