@@ -2,11 +2,12 @@
 
 A node boots with cloud-init user-data (`templates/cloud-init.yaml.j2`; GCP images without
 cloud-init run the same as `templates/startup-script.sh.j2`). It holds: the ``cloudtrain`` user
-with the cluster's public key, the cluster's SSH host key (the coordinator pins it), stage 1 of
-the bootstrap (`templates/bootstrap.sh`: base packages, driver, venv, then the cloudtrain wheel
-the coordinator copies) and its settings (``/etc/cloudtrain/bootstrap.env``, from
-`cloudtrain.boot.gpustack`: the driver branch, CUDA build and wheel index for the node's GPU).
-Stage 2 (torch, NCCL settings, verify) comes with the wheel: `cloudtrain.node.bootstrap`.
+with the cluster's public key, the cluster's SSH host key (the coordinator pins it), the
+bootstrap (`templates/bootstrap.sh`: base packages, driver, venv, then the cloudtrain wheel the
+coordinator copies, then the phases that wheel brings) and its settings
+(``/etc/cloudtrain/bootstrap.env``, from `cloudtrain.boot.gpustack`: the driver branch, CUDA
+build and wheel index for the node's GPU). The phases run in the node's Python (torch, NCCL
+settings, verify) come with the wheel: `cloudtrain.node.bootstrap`.
 
 Where it goes is each cloud's business: its provider's `user_data` puts the document in the
 fields its cloud reads (EC2 ``UserData``, GCE metadata, Azure ``customData``), through `fit`
@@ -111,7 +112,7 @@ def render(template: str, **values: object) -> str:
 
 
 def script() -> str:
-    """Stage 1 of the bootstrap (static; it reads its settings from an env file)."""
+    """The bootstrap script (static; it reads its settings from an env file)."""
     return files("cloudtrain.templates").joinpath("bootstrap.sh").read_text()
 
 
@@ -129,7 +130,7 @@ def config(
     """The bootstrap's settings as ``KEY='value'`` lines (shell-quoted: safe to source).
     `torch_index` replaces the wheel index the GPU stack table picks (a mirror). `agent` says
     who runs the node's resident agent: ``systemd`` (a cloud node's unit, `agent_unit`) or
-    ``detached`` (stage 2 starts it, supervised: ssh and local nodes)."""
+    ``detached`` (the bootstrap starts it, supervised: ssh and local nodes)."""
     from cloudtrain.boot.gpustack import stack_for
 
     stack = stack_for(shape.accelerator, shape.instance_type)

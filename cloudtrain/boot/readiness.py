@@ -6,9 +6,10 @@ Every node's bootstrap writes ``<node root>/bootstrap/status.json`` (see `templa
 are ready, reporting each phase as it changes, and raises `BootstrapError` naming the node, the
 phase and the last lines of that phase's log when one fails.
 
-Between the bootstrap's two stages a node waits for cloudtrain's wheel: its status is then
+At its ``cloudtrain`` phase a node's bootstrap waits for cloudtrain's wheel: its status is then
 ``"state": "waiting", "waiting_for": "wheel", "wheel": "<where to put it>"``, and the
-`Handoff` copies the wheel there and starts the bootstrap again, which goes on into stage 2.
+`Handoff` copies the wheel there (atomically: the executors' copies are renamed into place),
+which the bootstrap, still running, installs before it goes on.
 
 Once a phase is over (done or skipped) on every node, one ``phase`` event says so, with the
 slowest node's time: what the cluster's event log keeps of a bootstrap.
@@ -23,7 +24,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.boot import bootstrap
 from cloudtrain.errors import BootstrapError, ConfigError, NodeLostError
 from cloudtrain.executors.base import Executor, fan_out
 from cloudtrain.model import Event, NodeInfo, OnEvent, ignore_event
@@ -65,17 +65,12 @@ def _failure(executor: Executor, node: NodeInfo, status: dict[str, Any]) -> Boot
 
 def hand_over_wheel(wheel: Callable[[], Path]) -> Handoff:
     """A `Handoff` that copies the wheel `wheel()` gives (this cloudtrain: made only when a
-    node needs it) to where a waiting node's status says, and runs the bootstrap again there
-    (it resumes at its ``cloudtrain`` phase and goes on into stage 2). The script and its
-    config are where cloud-init puts them, or where `NodeInfo.bootstrap` says (ssh nodes)."""
+    node needs it) to where a waiting node's status says; the bootstrap waiting there takes it
+    and goes on."""
 
     def handoff(node: NodeInfo, executor: Executor, target: str) -> None:
         built = wheel()
         executor.put(built, target or f"{node.root}/dist/{built.name}")
-        script, config = node.bootstrap or (bootstrap.NODE_SCRIPT, bootstrap.NODE_CONFIG)
-        executor.start_detached(["bash", str(script), str(config)],
-                                env={"CLOUDTRAIN_NODE_ROOT": node.root}, cwd="/",
-                                job_dir=f"{node.root}/bootstrap/rerun")  # fmt: skip
 
     return handoff
 
@@ -166,7 +161,7 @@ def wait_ready(
         statuses = fan_out(lambda pair: read_status(pair[1], pair[0]), pairs)
         for (node, executor), status in zip(pairs, statuses, strict=True):
             if status is None or status == handed.get(node.index):
-                continue  # not started, or the rerun has not written its first status yet
+                continue  # not started, or it has not seen the wheel yet
             where = f"{status.get('phase')}: {status.get('state')}"
             if seen.get(node.index) != where:
                 seen[node.index] = where

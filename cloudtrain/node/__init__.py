@@ -12,8 +12,8 @@ Stdlib only and quick to start, because it runs on every node for every job::
                      [--grace S] [--mark JOB_DIR]     all K=V (TERM, then KILL after S seconds)
     python -m cloudtrain.node agent --root ROOT       the resident agent (`cloudtrain.node.agent`):
         [--source S] [--endpoint URL]                 beats, and watches the notice if a source
-        [--ensure | --supervise]                      is given; --ensure starts it detached
-    python -m cloudtrain.node bootstrap run CONFIG    stage 2 of the node's bootstrap
+        [--ensure [--wait S] | --supervise]           is given; --ensure starts it detached
+    python -m cloudtrain.node bootstrap phase ...     a bootstrap phase in the node's Python
                                                       (`cloudtrain.node.bootstrap`)
     python -m cloudtrain.node spawn --envs JSON ...   a TensorFlow or Horovod job's workers
                                                       (`cloudtrain.node.spawn`)
@@ -235,7 +235,7 @@ def _agent(args: argparse.Namespace) -> int:
 
     root = args.root.absolute()
     if args.ensure:
-        print(json.dumps(agent.ensure(root, args.source, args.endpoint)))
+        print(json.dumps(agent.ensure(root, args.source, args.endpoint, wait_s=args.wait)))
         return 0
     if args.supervise:
         return agent.supervise(agent.argv(root, args.source, args.endpoint))
@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cloudtrain.node import agent, notices, selfstop, unattended
 
     words = list(sys.argv[1:] if argv is None else argv)
-    if words[:1] == ["bootstrap"]:  # stage 2, with its own arguments and --help
+    if words[:1] == ["bootstrap"]:  # the bootstrap's phases, with their own arguments and --help
         from cloudtrain.node import bootstrap
 
         return bootstrap.main(words[1:])
@@ -297,6 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode = p_agent.add_mutually_exclusive_group()
     mode.add_argument("--ensure", action="store_true", help="start it detached, supervised")
     mode.add_argument("--supervise", action="store_true", help="run it, again when it dies")
+    p_agent.add_argument(
+        "--wait", type=float, default=0.0, help="--ensure: seconds to wait for its first beat"
+    )
     p_agent.add_argument(
         "--halt",
         nargs="?",

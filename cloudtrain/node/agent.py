@@ -1,7 +1,7 @@
 """The resident node agent: one per node, from the end of its bootstrap to its teardown.
 
 Stdlib only. On a cloud node systemd runs it (``cloudtrain-agent.service``, restarted
-whenever it dies); on ssh and local nodes the bootstrap's stage 2 starts it detached under a
+whenever it dies); on ssh and local nodes the bootstrap starts it detached under a
 supervisor of its own (`ensure`), which starts it again when it dies, and the coordinator's
 heartbeat starts a new one when both are gone (`heal`)::
 

@@ -1,13 +1,15 @@
-"""Stage 2 of the node bootstrap: torch, the NCCL settings and the check that both work.
+"""The bootstrap's phases that run in the node's Python: torch, the NCCL settings, the check.
 
-Stage 1 (``templates/bootstrap.sh``, root, before any Python) makes the venv and installs the
-cloudtrain wheel the coordinator copied; it then replaces itself with this program, keeping its
-lock, and this program goes on with the same config file, phase records and status file::
+``templates/bootstrap.sh`` runs every phase of a node's bootstrap, keeps the phase records, writes
+the status file and holds the lock: it is their one writer. Once its ``python`` and
+``cloudtrain`` phases made the node's Python and installed cloudtrain in it, it runs each of
+these phases as::
 
-    python -m cloudtrain.node.bootstrap run CONFIG [--lock-fd N | --lock-dir D]
+    python -m cloudtrain.node.bootstrap phase NAME CONFIG SKIP_FILE
 
-Run by hand (no ``--lock-*``), it takes the lock itself and refuses to start before stage 1 is
-done. Its phases, in order (each idempotent, timed, logged to ``<log dir>/<phase>.log``):
+in a process whose output is the phase's log: its exit code is the phase's, a reason written to
+``SKIP_FILE`` says it was skipped, and SIGTERM (the script's own signal, passed on) kills what it
+runs and exits 143. The phases, each idempotent:
 
 =========  ====================================================================================
 torch      ``pip install CT_TORCH_VERSION --index-url CT_TORCH_INDEX`` unless the installed
@@ -19,17 +21,14 @@ verify     in the node's Python, not here: torch sees the GPUs and has kernels f
            NCCL all_reduce across them under ``torch.distributed.run``; CPU: a gloo all_reduce
 =========  ====================================================================================
 
-The status file and the records have the format ``bootstrap.sh``'s header gives; this module
-and the script are its two writers. The agent stays stdlib-only: torch is imported only by
-`cloudtrain.node.verify`, which the verify phase runs in the node's Python.
+The agent stays stdlib-only: torch is imported only by `cloudtrain.node.verify`, which the
+verify phase runs in the node's Python.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
-import json
 import os
 import re
 import shlex
@@ -37,17 +36,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from cloudtrain.node import agent
-
 ALL_PHASES = ("base", "nvidia-driver", "python", "cloudtrain", "torch", "nccl", "verify")
-PHASES = ("torch", "nccl", "verify")
 MODULE = "cloudtrain.node.bootstrap"
 #: The verify phase's probes, run in the node's Python (which has torch).
 VERIFY = "cloudtrain.node.verify"
@@ -59,7 +54,7 @@ TORCH_PROBE = (
     "info = runpy.run_path(os.path.join(spec.submodule_search_locations[0], 'version.py')); "
     "print(info['__version__'], info['cuda'])"
 )
-EXIT_LOCKED, EXIT_CONFIG = 69, 78
+EXIT_CONFIG = 78
 SIGNAL_EXITS = {signal.SIGHUP: 129, signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
@@ -89,7 +84,8 @@ def fail(message: str, code: int = 1) -> PhaseEnd:
 
 @dataclass(frozen=True)
 class Config:
-    """The keys of the config file (see ``bootstrap.sh``'s header), with its defaults."""
+    """The keys of the config file (see ``bootstrap.sh``'s header) the phases read, with their
+    defaults."""
 
     values: dict[str, str]
 
@@ -109,15 +105,11 @@ class Config:
         if not root.startswith("/"):
             raise ValueError(f"CT_ROOT must be an absolute path, not {root!r}")
         defaults = {
-            "CT_STATUS": f"{root}/bootstrap/status.json",
-            "CT_LOG_DIR": f"{root}/bootstrap/logs",
-            "CT_PHASES": " ".join(ALL_PHASES),
             "CT_INSTALL": "1",
             "CT_PYTHON": "python3",
             "CT_VENV": f"{root}/venv",
             "CT_GPU_COUNT": "0",
             "CT_EFA": "0",
-            "CT_LOCK_TIMEOUT": "600",
         }
         for key, value in defaults.items():
             values[key] = values.get(key) or value
@@ -129,10 +121,6 @@ class Config:
     @property
     def root(self) -> Path:
         return Path(self["CT_ROOT"])
-
-    @property
-    def boot_dir(self) -> Path:
-        return self.root / "bootstrap"
 
     @property
     def install(self) -> bool:
@@ -147,73 +135,6 @@ class Config:
         """The node's interpreter: the venv's, or CT_PYTHON in check-only mode."""
         return f"{self['CT_VENV']}/bin/python" if self.install else self["CT_PYTHON"]
 
-    @property
-    def phases(self) -> list[str]:
-        """The phases of CT_PHASES, in their fixed order."""
-        asked = set(self["CT_PHASES"].split())
-        return [p for p in ALL_PHASES if p in asked]
-
-    def inputs(self, phase: str) -> str:
-        """The config `phase` depends on, as one line: a change redoes the phase."""
-        keys = {
-            "torch": ("CT_INSTALL", "CT_PYTHON", "CT_VENV", "CT_TORCH_VERSION", "CT_TORCH_INDEX"),
-            "nccl": ("CT_ROOT", "CT_GPU_COUNT", "CT_ACCELERATOR", "CT_EFA",
-                     "CT_NCCL_SOCKET_IFNAME", "CT_NCCL_ENV"),
-            "verify": ("CT_INSTALL", "CT_PYTHON", "CT_VENV", "CT_GPU_COUNT", "CT_ACCELERATOR"),
-        }[phase]  # fmt: skip
-        return "py " + " ".join(shlex.quote(self[k]) for k in keys)
-
-
-@dataclass(frozen=True)
-class Record:
-    """One phase's line in ``<root>/bootstrap/phases/<phase>`` (``-`` for none)."""
-
-    state: str = "pending"
-    code: int | None = None
-    started: str | None = None
-    finished: str | None = None
-    inputs: str = ""
-
-    def finished_for(self, inputs: str) -> bool:
-        return self.state in ("done", "skipped") and self.inputs == inputs
-
-
-class Records:
-    """The phase records and the status file rendered from them."""
-
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        self.folder = config.boot_dir / "phases"
-
-    def read(self, phase: str) -> Record:
-        try:
-            lines = (self.folder / phase).read_text().split("\n")
-        except FileNotFoundError:
-            return Record()
-        state, code, started, finished = (lines[0].split() + ["-"] * 4)[:4]
-        return Record(state, int(code) if code.isdigit() else None,
-                      None if started == "-" else started, None if finished == "-" else finished,
-                      lines[1] if len(lines) > 1 else "")  # fmt: skip
-
-    def write(self, phase: str, record: Record) -> None:
-        fields = (record.state, record.code, record.started, record.finished)
-        line = " ".join("-" if f is None else str(f) for f in fields)
-        _write_atomic(self.folder / phase, f"{line}\n{record.inputs}\n")
-
-    def status(self, state: str, phase: str) -> None:
-        log_dir = self.config["CT_LOG_DIR"]
-        phases = []
-        for name in self.config.phases:
-            rec = self.read(name)
-            phases.append({"name": name, "state": rec.state, "started": rec.started,
-                           "finished": rec.finished, "exit_code": rec.code,
-                           "log": f"{log_dir}/{name}.log"})  # fmt: skip
-        doc = {"phase": phase, "state": state, "phases": phases}
-        try:
-            _write_atomic(Path(self.config["CT_STATUS"]), json.dumps(doc) + "\n")
-        except OSError as exc:
-            say(f"warning: cannot write {self.config['CT_STATUS']}: {exc}", sys.stderr)
-
 
 def _write_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.")
@@ -225,10 +146,6 @@ def _write_atomic(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def say(message: str, stream: TextIO | None = None) -> None:
@@ -385,137 +302,15 @@ PHASE_RUNNERS: dict[str, Callable[[Phase], None]] = {
 }
 
 
-# --- the run -----------------------------------------------------------------------------------
-
-
-class Stage2:
-    """One run of stage 2 over a config: records, status, signals."""
-
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        self.records = Records(config)
-        self.current: tuple[str, str] | None = None  # the phase running, and since when
-
-    def run_phase(self, name: str) -> int:
-        c = self.config
-        log_path = Path(c["CT_LOG_DIR"]) / f"{name}.log"
-        started, t0 = now(), time.monotonic()
-        self.current = (name, started)
-        self.records.write(name, Record("running", None, started, None, c.inputs(name)))
-        self.records.status("running", name)
-        code, reason = 0, None
-        with open(log_path, "a") as log:
-            log.write(f"==== {started}: phase {name} (CT_INSTALL={c['CT_INSTALL']})\n")
-            try:
-                PHASE_RUNNERS[name](Phase(c, log))
-            except PhaseEnd as end:
-                code, reason = end.code, str(end)
-                log.write(f"{'skipped' if code == 0 else 'error'}: {reason}\n")
-        self.current = None
-        state = "failed" if code else "skipped" if reason else "done"
-        self.records.write(name, Record(state, code, started, now(), c.inputs(name)))
-        took = f"{time.monotonic() - t0:.0f} s"
-        if state == "failed":
-            self.records.status("failed", name)
-            say(f"{name}: failed (exit {code}, {took}); the end of {log_path}:", sys.stderr)
-            tail = log_path.read_text(errors="replace").splitlines()[-20:]
-            print("".join(f"  | {line}\n" for line in tail), end="", file=sys.stderr, flush=True)
-        elif state == "skipped":
-            say(f"{name}: skipped, {reason} ({took})")
-        else:
-            say(f"{name}: done ({took})")
-        return code
-
-    def start_agent(self) -> None:
-        """Where the node's agent runs detached (``CT_AGENT=detached``: ssh and local nodes;
-        systemd runs it on clouds), start it unless it is resident: before the node says
-        ready, so a node that is ready has its agent."""
-        if self.config["CT_AGENT"] != "detached":
-            return
-        try:
-            beat = agent.ensure(self.config.root, wait_s=10)
-        except OSError as exc:  # the heartbeat starts it later
-            say(f"agent: did not start ({exc})", sys.stderr)
-            return
-        say(f"agent: {'started' if beat['launched'] else 'resident already'}")
-
-    def main(self) -> int:
-        """Run the stage-2 phases from the first one not done; 0 when the node is ready. A
-        signal records the running phase as failed (the command it ran is killed)."""
-        try:
-            return self._main()
-        except Interrupted as stop:
-            if self.current is not None:
-                (name, started), code = self.current, stop.code
-                self.records.write(name, Record("failed", code, started, now(),
-                                                self.config.inputs(name)))  # fmt: skip
-                self.records.status("failed", name)
-                say(f"{name}: interrupted (exit {code})", sys.stderr)
-            return stop.code
-
-    def _main(self) -> int:
-        c, phases = self.config, self.config.phases
-        mine = [p for p in phases if p in PHASES]
-        for name in phases:
-            if name not in PHASES and self.records.read(name).state not in ("done", "skipped"):
-                say(f"stage 1 has not finished its phase {name}: run bootstrap.sh", sys.stderr)
-                return EXIT_CONFIG
-        todo = [p for p in mine if not self.records.read(p).finished_for(c.inputs(p))]
-        if not todo:
-            self.start_agent()
-            self.records.status("ready", phases[-1])
-            say(f"ready: every phase already done ({c['CT_PHASES']})")
-            return 0
-        start = mine.index(todo[0])
-        if self.records.read(mine[start]).state != "pending":
-            say(f"resuming at {mine[start]}")
-        for name in mine[start:]:
-            self.records.write(name, Record(inputs=c.inputs(name)))
-        for name in mine[start:]:
-            code = self.run_phase(name)
-            if code:
-                return code
-        self.start_agent()
-        self.records.status("ready", phases[-1])
-        say("ready")
-        return 0
+# --- the command -------------------------------------------------------------------------------
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(SIGNAL_EXITS[signal.Signals(signum)])
 
 
-@contextlib.contextmanager
-def _lock(config: Config, fd: int | None, lock_dir: str | None) -> Iterator[None]:
-    """Hold the bootstrap's lock: stage 1's (inherited as `fd` or `lock_dir`), or our own."""
-    if fd is not None:
-        yield
-        return
-    if lock_dir is not None:
-        try:
-            yield
-        finally:
-            with contextlib.suppress(OSError):
-                (Path(lock_dir) / "pid").unlink()
-                Path(lock_dir).rmdir()
-        return
-    path = config.boot_dir / "lock"
-    with open(path, "a") as f:
-        deadline = time.monotonic() + int(config["CT_LOCK_TIMEOUT"])
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    say(f"another bootstrap run still holds {path}; giving up", sys.stderr)
-                    raise SystemExit(EXIT_LOCKED) from None
-                time.sleep(0.2)
-        yield
-
-
-def run(config_path: Path, lock_fd: int | None = None, lock_dir: str | None = None) -> int:
-    """Stage 2 over the config file; the exit code bootstrap.sh documents."""
+def run_phase(name: str, config_path: Path, skip_file: Path) -> int:
+    """Phase `name` over the config file, its log on stdout; its exit code (see the module)."""
     try:
         config = Config.load(config_path)
     except (OSError, ValueError) as exc:
@@ -525,12 +320,20 @@ def run(config_path: Path, lock_fd: int | None = None, lock_dir: str | None = No
                        ("PYTHONUNBUFFERED", "1")):  # fmt: skip
         os.environ.setdefault(key, value)
     os.chdir("/")  # a package in the caller's folder must not shadow torch
-    for folder in (config.boot_dir / "phases", Path(config["CT_LOG_DIR"])):
-        folder.mkdir(parents=True, exist_ok=True)
     for signum in SIGNAL_EXITS:
         signal.signal(signum, _on_signal)
-    with _lock(config, lock_fd, lock_dir):
-        return Stage2(config).main()
+    try:
+        PHASE_RUNNERS[name](Phase(config, sys.stdout))
+    except PhaseEnd as end:
+        if end.code:
+            print(f"error: {end}", flush=True)
+            return end.code
+        skip_file.write_text(f"{end}\n")
+        print(f"skipped: {end}", flush=True)
+    except Interrupted as stop:
+        print(f"interrupted (exit {stop.code})", flush=True)
+        return stop.code
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -540,13 +343,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p_run = sub.add_parser("run", help="stage 2 of the bootstrap")
-    p_run.add_argument("config", type=Path)
-    held = p_run.add_mutually_exclusive_group()
-    held.add_argument("--lock-fd", type=int, help="stage 1's lock, held on this descriptor")
-    held.add_argument("--lock-dir", help="stage 1's mkdir lock: removed at the end")
+    p_phase = sub.add_parser("phase", help="run one phase (bootstrap.sh does)")
+    p_phase.add_argument("name", choices=sorted(PHASE_RUNNERS))
+    p_phase.add_argument("config", type=Path)
+    p_phase.add_argument("skip_file", type=Path, help="where a skipped phase's reason goes")
     args = parser.parse_args(argv)
-    return run(args.config, args.lock_fd, args.lock_dir)
+    return run_phase(args.name, args.config, args.skip_file)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The verify phase's probes, run in the node's Python (which has torch), by stage 2 of the
-bootstrap (`cloudtrain.node.bootstrap`)::
+"""The verify phase's probes, run in the node's Python (which has torch), by the bootstrap's
+verify phase (`cloudtrain.node.bootstrap`)::
 
     python -m cloudtrain.node.verify check GPUS     torch sees GPUS usable GPUs (CPU: 0, and a
                                                     gloo all_reduce in this process)

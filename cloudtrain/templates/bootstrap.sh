@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# cloudtrain node bootstrap, stage 1: what needs root before a Python exists (base packages, the
-# NVIDIA driver, the venv) and the node agent from cloudtrain's wheel; then it hands over to
-# stage 2, `python -m cloudtrain.node.bootstrap run` (torch, NCCL settings, verify), which
-# resumes the same phases and the same status file. Static: the node's settings are in CONFIG.
+# cloudtrain node bootstrap: every phase, from what needs root before a Python exists (base
+# packages, the NVIDIA driver, the venv) and cloudtrain's wheel, to torch, the NCCL settings and
+# the check that both work. This script alone runs the phases, keeps their records, writes the
+# status file and holds the lock; the phases that need the node's Python (torch, nccl, verify)
+# it runs as `python -m cloudtrain.node.bootstrap phase NAME ...` from the wheel the cloudtrain
+# phase installed. Static: the node's settings are in CONFIG.
 #
 # Usage:  bootstrap.sh [CONFIG]        CONFIG defaults to /etc/cloudtrain/bootstrap.env
 #
@@ -26,6 +28,9 @@
 #   CT_CLOUDTRAIN_WHEEL    where the coordinator puts its cloudtrain wheel on this node
 #   CT_CLOUDTRAIN_VERSION  the cloudtrain version the node must have (optional)
 #   CT_LOCK_TIMEOUT        seconds a second run waits for the first one  [600]
+#   CT_WHEEL_TIMEOUT       seconds the cloudtrain phase waits for the wheel  [1800]
+#   CT_AGENT               "detached": start the node agent before saying ready (ssh and local
+#                          nodes; systemd runs it on clouds)  [none]
 #
 # Phases (each idempotent, timed, logged to $CT_LOG_DIR/<phase>.log; "check:" is CT_INSTALL=0):
 #   base           apt-get install python3-venv python3-pip rsync, those missing. check: skipped
@@ -34,11 +39,12 @@
 #                  check: fails unless such a driver is there
 #   python         the venv (Python >= 3.11). check: CT_PYTHON is Python >= 3.11
 #   cloudtrain     pip install CT_CLOUDTRAIN_WHEEL unless CT_CLOUDTRAIN_VERSION is there. No
-#                  wheel yet: the run ends in the state "waiting" (below); the coordinator
-#                  copies the wheel and runs this script again. check: it imports, that version
-#   torch, nccl, verify   stage 2 (cloudtrain/node/bootstrap.py)
+#                  wheel yet: the state is "waiting" (below) until the coordinator has copied it
+#                  there (atomically), for CT_WHEEL_TIMEOUT s at most. check: it imports, that
+#                  version
+#   torch, nccl, verify   in the node's Python: cloudtrain/node/bootstrap.py says what they do
 #
-# Status: $CT_STATUS, rewritten atomically at every change (stage 2 writes the same):
+# Status: $CT_STATUS, rewritten atomically at every change, by this script alone:
 #   {"phase": "<phase>", "state": "running"|"waiting"|"ready"|"failed",
 #    "phases": [{"name", "state": "pending"|"running"|"waiting"|"done"|"skipped"|"failed",
 #                "started", "finished": "<UTC ISO 8601>"|null, "exit_code": <int>|null, "log"}]}
@@ -46,9 +52,9 @@
 # One record per phase in $CT_ROOT/bootstrap/phases/ ("STATE CODE STARTED FINISHED" and the
 # config it ran with) is the truth behind it: a run starts at the first phase not done for the
 # config it has now, and redoes every phase after it. Runs are serialised by flock on
-# $CT_ROOT/bootstrap/lock (mkdir where flock is missing); stage 2 inherits the lock.
+# $CT_ROOT/bootstrap/lock (mkdir where flock is missing).
 #
-# Exit codes: 0 ready; 75 waiting for the wheel; otherwise the failed phase's, in particular
+# Exit codes: 0 ready; otherwise the failed phase's, in particular
 #   76 nvidia-driver installed but not loaded (reboot, then run again), 124 verify timed out,
 #   129, 130, 143 SIGHUP, SIGINT, SIGTERM (the running phase is recorded as failed);
 # before any phase runs (the status file is left as it is): 64 usage, 69 the lock was held for
@@ -60,15 +66,15 @@ set -u -o pipefail # no `set -e`: each phase runs in a subshell under `set -e`, 
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off PYTHONUNBUFFERED=1
 
 readonly ALL_PHASES="base nvidia-driver python cloudtrain torch nccl verify"
-readonly STAGE2_PHASES="torch nccl verify"
-readonly STAGE2=cloudtrain.node.bootstrap
+readonly PY_MODULE=cloudtrain.node.bootstrap # the phases run in the node's Python
 readonly BASE_PACKAGES="python3-venv python3-pip rsync"
 readonly MIN_PYTHON=3.11
-readonly EXIT_USAGE=64 EXIT_LOCKED=69 EXIT_WAITING=75 EXIT_REBOOT=76 EXIT_CONFIG=78
+readonly EXIT_USAGE=64 EXIT_LOCKED=69 EXIT_REBOOT=76 EXIT_CONFIG=78
 
 PHASES=()   # the phases of this run, in ALL_PHASES order
 CONFIG=""   # the config file
 CURRENT=""  # the phase running now
+PHASE_PID="" # the process running it
 LOCK_DIR="" # the mkdir lock we hold, if any
 REPLY=""    # the result of json_str and phase_inputs
 
@@ -78,7 +84,6 @@ die() { # die CODE MESSAGE: stop before any phase ran
   exit "$1"
 }
 now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
-stage2() { [[ " $STAGE2_PHASES " == *" $1 "* ]]; }
 
 # version_ge A B: true when dotted version A >= B (e.g. 580.65.06 >= 560.28.03).
 version_ge() {
@@ -149,6 +154,11 @@ load_config() {
   CT_CLOUDTRAIN_WHEEL=${CT_CLOUDTRAIN_WHEEL:-}
   CT_CLOUDTRAIN_VERSION=${CT_CLOUDTRAIN_VERSION:-}
   CT_LOCK_TIMEOUT=${CT_LOCK_TIMEOUT:-600}
+  CT_WHEEL_TIMEOUT=${CT_WHEEL_TIMEOUT:-1800}
+  CT_ACCELERATOR=${CT_ACCELERATOR:-}
+  CT_NCCL_SOCKET_IFNAME=${CT_NCCL_SOCKET_IFNAME:-}
+  CT_NCCL_ENV=${CT_NCCL_ENV:-}
+  CT_AGENT=${CT_AGENT:-}
 
   [[ $CT_INSTALL == [01] ]] || die "$EXIT_CONFIG" "CT_INSTALL must be 0 or 1, not '$CT_INSTALL'"
   [[ $CT_EFA == [01] ]] || die "$EXIT_CONFIG" "CT_EFA must be 0 or 1, not '$CT_EFA'"
@@ -156,6 +166,8 @@ load_config() {
     die "$EXIT_CONFIG" "CT_GPU_COUNT must be a number, not '$CT_GPU_COUNT'"
   [[ $CT_LOCK_TIMEOUT =~ ^[0-9]+$ ]] ||
     die "$EXIT_CONFIG" "CT_LOCK_TIMEOUT must be seconds, not '$CT_LOCK_TIMEOUT'"
+  [[ $CT_WHEEL_TIMEOUT =~ ^[0-9]+$ ]] ||
+    die "$EXIT_CONFIG" "CT_WHEEL_TIMEOUT must be seconds, not '$CT_WHEEL_TIMEOUT'"
   [[ $CT_STATUS == /* && $CT_LOG_DIR == /* && $CT_VENV == /* ]] ||
     die "$EXIT_CONFIG" "CT_STATUS, CT_LOG_DIR and CT_VENV must be absolute paths"
 
@@ -169,7 +181,7 @@ load_config() {
   done
   for p in $ALL_PHASES; do [[ $seen == *" $p "* ]] && PHASES+=("$p"); done
 
-  # What each selected phase needs, checked before anything runs (stage 2's too).
+  # What each selected phase needs, checked before anything runs.
   if [[ $seen == *" nvidia-driver "* ]] && ((CT_GPU_COUNT > 0)); then
     need+=(CT_MIN_DRIVER)
     [[ $CT_INSTALL == 1 ]] && need+=(CT_DRIVER_BRANCH)
@@ -188,7 +200,7 @@ load_config() {
   STATE_DIR=$BOOT_DIR/phases
 }
 
-# phase_inputs PHASE: REPLY = the config a stage-1 phase depends on, as one line.
+# phase_inputs PHASE: REPLY = the config a phase depends on, as one line: a change redoes it.
 phase_inputs() {
   local -a v=()
   case $1 in
@@ -198,6 +210,11 @@ phase_inputs() {
     cloudtrain)
       v=("$CT_INSTALL" "$CT_PYTHON" "$CT_VENV" "$CT_CLOUDTRAIN_WHEEL" "$CT_CLOUDTRAIN_VERSION")
       ;;
+    torch) v=("$CT_INSTALL" "$CT_PYTHON" "$CT_VENV" "$CT_TORCH_VERSION" "$CT_TORCH_INDEX") ;;
+    nccl)
+      v=("$CT_ROOT" "$CT_GPU_COUNT" "$CT_ACCELERATOR" "$CT_EFA" "$CT_NCCL_SOCKET_IFNAME" "$CT_NCCL_ENV")
+      ;;
+    verify) v=("$CT_INSTALL" "$CT_PYTHON" "$CT_VENV" "$CT_GPU_COUNT" "$CT_ACCELERATOR") ;;
   esac
   REPLY=""
   ((${#v[@]} == 0)) || printf -v REPLY '%q ' "${v[@]}"
@@ -290,9 +307,15 @@ release_lock() {
   LOCK_DIR=""
 }
 
-# A signal mid-phase: record the phase as failed so the status does not say "running" forever.
+# A signal mid-phase: the phase's process is told (a Python phase kills what it runs; a shell
+# phase ends with its command) and waited for, and the phase is recorded as failed so the status
+# does not say "running" forever.
 on_signal() {
   trap - INT TERM HUP
+  if [[ -n $PHASE_PID ]]; then
+    kill -TERM "$PHASE_PID" 2>/dev/null
+    wait "$PHASE_PID"
+  fi
   if [[ -n $CURRENT ]]; then
     read_record "$CURRENT"
     set_record "$CURRENT" failed "$1" "$REC_STARTED" "$(now)"
@@ -358,6 +381,13 @@ has_nvswitch() { # HGX boards (8× A100 SXM) have NVSwitches: PCI class 0680 fro
   out=$(lspci -n -d 10de: 2>/dev/null) || return 1
   [[ $out == *" 0680: "* ]]
 }
+# py_phase NAME: the phase, in the node's Python. The process becomes it (exec), so that a
+# signal reaches it; its exit code is the phase's, and a reason it writes to SKIP_FILE skips it.
+py_phase() {
+  node_python
+  exec "$REPLY" -m "$PY_MODULE" phase "$1" "$CONFIG" "$SKIP_FILE"
+}
+
 # --- phases --------------------------------------------------------------------------------
 
 phase_base() {
@@ -419,6 +449,23 @@ phase_python() {
   echo "python $version: $py"
 }
 
+# wait_for_wheel WHY: the status says "waiting" (with where the wheel goes) until the coordinator
+# has copied it there, then "running" again; no wheel in CT_WHEEL_TIMEOUT s fails the phase.
+wait_for_wheel() {
+  local t0=$SECONDS
+  echo "waiting up to $CT_WHEEL_TIMEOUT s for the coordinator to copy the cloudtrain wheel to \
+$CT_CLOUDTRAIN_WHEEL ($1)"
+  set_record cloudtrain waiting - "$PHASE_STARTED" -
+  write_status waiting cloudtrain
+  until [[ -f $CT_CLOUDTRAIN_WHEEL ]]; do
+    ((SECONDS - t0 < CT_WHEEL_TIMEOUT)) ||
+      fail 1 "no cloudtrain wheel at $CT_CLOUDTRAIN_WHEEL after $CT_WHEEL_TIMEOUT s"
+    sleep 1
+  done
+  set_record cloudtrain running - "$PHASE_STARTED" -
+  write_status running cloudtrain
+}
+
 phase_cloudtrain() {
   local py have probe='import cloudtrain; print(cloudtrain.__version__)'
   local want=${CT_CLOUDTRAIN_VERSION:-any version}
@@ -430,9 +477,7 @@ phase_cloudtrain() {
     return 0
   fi
   [[ $CT_INSTALL == 1 ]] || fail 1 "$py has cloudtrain ${have:-not installed}, need $want"
-  [[ -f $CT_CLOUDTRAIN_WHEEL ]] || fail "$EXIT_WAITING" \
-    "waiting for the coordinator to copy the cloudtrain wheel to $CT_CLOUDTRAIN_WHEEL \
-(installed: ${have:-none}, need: $want)"
+  [[ -f $CT_CLOUDTRAIN_WHEEL ]] || wait_for_wheel "installed: ${have:-none}, need: $want"
   echo "+ pip install $CT_CLOUDTRAIN_WHEEL"
   "$py" -m pip install --no-input "$CT_CLOUDTRAIN_WHEEL"
   have=$(py_out "$py" "$probe")
@@ -441,9 +486,15 @@ phase_cloudtrain() {
   echo "cloudtrain $have"
 }
 
+phase_torch() { py_phase torch; }
+phase_nccl() { py_phase nccl; }
+phase_verify() { py_phase verify; }
+
 # --- main ----------------------------------------------------------------------------------
 
 # run_phase PHASE: run it in a subshell under set -e, logged and recorded; returns its exit code.
+# The subshell runs in the background and is waited for: a signal then reaches on_signal at once,
+# not when the phase ends.
 run_phase() {
   local name=$1 log=$CT_LOG_DIR/$1.log skip_file=$BOOT_DIR/skipped.$1 started t0 rc state
   started=$(now)
@@ -455,18 +506,13 @@ run_phase() {
   printf '==== %s: phase %s (CT_INSTALL=%s)\n' "$started" "$name" "$CT_INSTALL" >>"$log"
   (
     set -e
-    SKIP_FILE=$skip_file
+    SKIP_FILE=$skip_file PHASE_STARTED=$started
     "phase_${name//-/_}"
-  ) >>"$log" 2>&1 </dev/null
+  ) >>"$log" 2>&1 </dev/null &
+  PHASE_PID=$!
+  wait "$PHASE_PID"
   rc=$?
-  CURRENT=""
-  if [[ $name == cloudtrain && $rc == "$EXIT_WAITING" ]]; then
-    # not a failure: the step between the stages, which the coordinator takes
-    set_record "$name" waiting - "$started" -
-    write_status waiting "$name"
-    say "$name: waiting for the coordinator to copy the cloudtrain wheel to $CT_CLOUDTRAIN_WHEEL"
-    return "$rc"
-  fi
+  PHASE_PID="" CURRENT=""
   state="done"
   if ((rc != 0)); then
     state=failed
@@ -487,25 +533,22 @@ run_phase() {
   return "$rc"
 }
 
-# start_stage2 PHASE: replace this process by stage 2 (it keeps the lock), which runs PHASE and
-# the stage-2 phases after it; when the node's Python cannot import it, PHASE fails here.
-start_stage2() {
-  local py=$CT_PYTHON log=$CT_LOG_DIR/$1.log lock=(--lock-fd 9) t
+# start_agent: on ssh and local nodes (CT_AGENT=detached) the node agent, started unless it runs
+# already, before the node says ready; one that does not start is only a warning (the node's
+# heartbeat starts it later).
+start_agent() {
+  local py=$CT_PYTHON
+  [[ $CT_AGENT == detached ]] || return 0
   [[ $CT_INSTALL == 1 ]] && py=$CT_VENV/bin/python
-  if ! "$py" -c "import $STAGE2" >>"$log" 2>&1 </dev/null; then
-    t=$(now)
-    echo "error: $py cannot import $STAGE2 (the cloudtrain phase installs it)" >>"$log"
-    set_record "$1" failed 1 "$t" "$t"
-    write_status failed "$1"
-    say "$1: failed: $py cannot import $STAGE2; see $log" >&2
-    return 1
+  if "$py" -m cloudtrain.node agent --root "$CT_ROOT" --ensure --wait 10 >/dev/null </dev/null; then
+    say "agent: running"
+  else
+    say "agent: did not start" >&2
   fi
-  [[ -n $LOCK_DIR ]] && lock=(--lock-dir "$LOCK_DIR")
-  exec "$py" -m "$STAGE2" run "$CONFIG" "${lock[@]}"
 }
 
 main() {
-  local i start=-1 rc last=-1
+  local i start=-1 rc
   (($# <= 1)) ||
     die "$EXIT_USAGE" "usage: bootstrap.sh [CONFIG]  (default /etc/cloudtrain/bootstrap.env)"
   CONFIG=${1:-/etc/cloudtrain/bootstrap.env}
@@ -520,25 +563,23 @@ main() {
   trap 'on_signal 143' TERM
 
   for i in "${!PHASES[@]}"; do
-    stage2 "${PHASES[i]}" && break
-    last=$i
-    if ((start < 0)) && ! finished "${PHASES[i]}"; then start=$i; fi
+    if ! finished "${PHASES[i]}"; then
+      start=$i
+      break
+    fi
   done
   if ((start >= 0)); then
     for ((i = start; i < ${#PHASES[@]}; i++)); do
       set_record "${PHASES[i]}" pending - - -
     done
     ((start > 0)) && say "resuming at ${PHASES[start]}"
-    for ((i = start; i <= last; i++)); do
+    for ((i = start; i < ${#PHASES[@]}; i++)); do
       run_phase "${PHASES[i]}"
       rc=$?
       ((rc == 0)) || return "$rc"
     done
   fi
-  if ((last + 1 < ${#PHASES[@]})); then
-    start_stage2 "${PHASES[last + 1]}"
-    return
-  fi
+  start_agent
   write_status ready "${PHASES[-1]}"
   if ((start < 0)); then
     say "ready: every phase already done ($CT_PHASES)"

@@ -66,12 +66,13 @@ class Azurite:
     manager that stops it. `extra`: more flags (``--oauth basic``, ``--cert``, ``--key``)."""
 
     def __init__(self, *extra: str) -> None:
+        program = azurite_path()  # first: a skip here leaves no folder behind
         self._folder = tempfile.TemporaryDirectory(prefix="azurite-")
         folder = Path(self._folder.name)
         self._log = folder / "azurite.log"
         with self._log.open("wb") as log:
             self.process = subprocess.Popen(
-                [azurite_path(), "--blobHost", "127.0.0.1", "--blobPort", "0", *FLAGS, *extra],
+                [program, "--blobHost", "127.0.0.1", "--blobPort", "0", *FLAGS, *extra],
                 cwd=folder, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         try:

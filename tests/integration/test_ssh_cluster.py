@@ -53,7 +53,7 @@ def test_ddp_across_two_ssh_hosts_and_down_leaves_nothing(sh: Shell, lab: Lab, n
     assert f"cluster {name} is up: 2 node(s)" in up.stdout
     assert "verify: ready" in up.stderr
     roots = [Path.home() / ".cloudtrain" / name / f"node-{i}" for i in range(2)]
-    for root in roots:  # each host runs its node's agent, detached, started by stage 2
+    for root in roots:  # each host runs its node's agent, detached, started by the bootstrap
         assert resident.beat(root)["resident"], root
         assert len([p for p in procs.find_processes({"CLOUDTRAIN_NODE_ROOT": str(root)})
                     if is_agent(p)]) == 2, "the agent and its supervisor"  # fmt: skip

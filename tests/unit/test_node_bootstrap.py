@@ -1,23 +1,24 @@
-"""Stage 2 of the bootstrap (`cloudtrain.node.bootstrap`) on its own: what it decides, and a run
-by hand with this Python (check-only, as the local provider does). The run behind stage 1, with
-stubs, is in tests/unit/bootstrap/test_script.py."""
+"""The bootstrap's Python phases (`cloudtrain.node.bootstrap`) on their own: what they decide, and
+each run as the script runs it, with this Python (check-only, as the local provider does). The
+whole bootstrap, run by the script with stubs, is in tests/unit/bootstrap/test_script.py."""
 
 from __future__ import annotations
 
 import ast
-import fcntl
-import json
+import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from cloudtrain.node import bootstrap as stage2
+from cloudtrain.node import bootstrap as phases
 from cloudtrain.node import verify
 
-SOURCE = Path(stage2.__file__)
+SOURCE = Path(phases.__file__)
 
 
 def outside_imports(source: Path) -> dict[str, set[str]]:
@@ -44,7 +45,7 @@ def outside_imports(source: Path) -> dict[str, set[str]]:
 
 def test_the_agent_stays_stdlib_only() -> None:
     """torch is imported only by the verify probes (`cloudtrain.node.verify`), which run in the
-    node's Python; stage 2 is the stdlib and the node agent (stdlib-only itself: `test_layers`)."""
+    node's Python; the phases are the stdlib."""
     assert outside_imports(SOURCE) == {}
     assert outside_imports(Path(verify.__file__)) == {
         "check": {"torch"}, "allreduce": {"torch", "torch.distributed"}}  # fmt: skip
@@ -64,7 +65,7 @@ def test_the_agent_stays_stdlib_only() -> None:
 def test_torch_matches_the_pin_and_the_index(
     info: str, requirement: str, index: str, fits: bool
 ) -> None:
-    assert stage2.torch_matches(info, requirement, index) is fits
+    assert phases.torch_matches(info, requirement, index) is fits
 
 
 def config(tmp_path: Path, **keys: str) -> Path:
@@ -74,72 +75,100 @@ def config(tmp_path: Path, **keys: str) -> Path:
     return path
 
 
-def test_the_config_file_defaults_and_phase_order(tmp_path: Path) -> None:
-    loaded = stage2.Config.load(config(tmp_path, CT_PHASES="verify torch python", CT_INSTALL="1"))
-    assert loaded.phases == ["python", "torch", "verify"]
+def test_the_config_file_and_its_defaults(tmp_path: Path) -> None:
+    loaded = phases.Config.load(config(tmp_path, CT_INSTALL="1"))
     assert loaded.python == f"{tmp_path}/root/venv/bin/python"
-    assert loaded["CT_STATUS"] == f"{tmp_path}/root/bootstrap/status.json"
+    assert (loaded.gpus, loaded["CT_EFA"], loaded["CT_NCCL_ENV"]) == (0, "0", "")
+    assert phases.Config.load(config(tmp_path, CT_INSTALL="0")).python == "python3"
     with pytest.raises(ValueError, match="CT_ROOT must be an absolute path"):
-        stage2.Config.load(config(tmp_path, CT_ROOT="relative"))
+        phases.Config.load(config(tmp_path, CT_ROOT="relative"))
 
 
 def test_nccl_settings_follow_the_fabric(tmp_path: Path) -> None:
-    efa = stage2.Config.load(config(tmp_path, CT_EFA="1", CT_ACCELERATOR="A100",
+    efa = phases.Config.load(config(tmp_path, CT_EFA="1", CT_ACCELERATOR="A100",
                                     CT_NCCL_SOCKET_IFNAME="ens5"))  # fmt: skip
-    assert stage2.nccl_settings(efa) == {
+    assert phases.nccl_settings(efa) == {
         "NCCL_SOCKET_IFNAME": "ens5", "GLOO_SOCKET_IFNAME": "ens5", "FI_PROVIDER": "efa",
         "NCCL_PROTO": "simple", "FI_EFA_USE_DEVICE_RDMA": "1",
     }  # fmt: skip
-    bad = stage2.Config.load(config(tmp_path, CT_NCCL_ENV="lower=1"))
-    with pytest.raises(stage2.PhaseEnd, match="'lower=1' is not KEY=value"):
-        stage2.nccl_settings(bad)
+    bad = phases.Config.load(config(tmp_path, CT_NCCL_ENV="lower=1"))
+    with pytest.raises(phases.PhaseEnd, match="'lower=1' is not KEY=value"):
+        phases.nccl_settings(bad)
 
 
-def run_by_hand(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cloudtrain.node.bootstrap", "run", str(path)],
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+def phase(name: str, path: Path, *command: str) -> subprocess.CompletedProcess[str]:
+    """The phase as the script runs it: its log on stdout, its reason to skip in a file."""
+    argv = [
+        sys.executable,
+        "-m",
+        *(command or ("cloudtrain.node.bootstrap",)),
+        "phase",
+        name,
+        str(path),
+        str(path.with_name(f"skipped.{name}")),
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
 
-def test_by_hand_it_refuses_before_stage_1_is_done(tmp_path: Path) -> None:
-    path = config(tmp_path, CT_INSTALL="0", CT_PYTHON=sys.executable, CT_PHASES="python verify")
-    done = run_by_hand(path)
-    assert done.returncode == 78
-    assert "stage 1 has not finished its phase python: run bootstrap.sh" in done.stderr
-    assert not (tmp_path / "root" / "bootstrap" / "status.json").exists()
-
-
-def test_by_hand_it_takes_the_lock(tmp_path: Path) -> None:
-    path = config(tmp_path, CT_INSTALL="0", CT_PHASES="nccl", CT_LOCK_TIMEOUT="0")
-    (tmp_path / "root" / "bootstrap").mkdir(parents=True)
-    with (tmp_path / "root" / "bootstrap" / "lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        done = run_by_hand(path)
-    assert done.returncode == 69
-    assert "another bootstrap run still holds" in done.stderr
-
-
-def test_by_hand_with_this_python_it_verifies_and_reports_ready(tmp_path: Path) -> None:
-    """Check-only, CPU: torch imports, nccl.env says CPU, a gloo all_reduce in one process."""
-    path = config(tmp_path, CT_INSTALL="0", CT_PYTHON=sys.executable, CT_PHASES="torch nccl verify")
-    done = run_by_hand(path)
-    assert done.returncode == 0, done.stderr
-    assert "cloudtrain-bootstrap: ready" in done.stdout
-    status = json.loads((tmp_path / "root" / "bootstrap" / "status.json").read_text())
-    assert (status["state"], status["phase"]) == ("ready", "verify")
-    assert {p["name"]: (p["state"], p["exit_code"]) for p in status["phases"]} == {
-        "torch": ("done", 0), "nccl": ("skipped", 0), "verify": ("done", 0)}  # fmt: skip
-    logs = tmp_path / "root" / "bootstrap" / "logs"
-    assert "gloo all_reduce across 1 process(es): ok" in (logs / "verify.log").read_text()
+def test_each_phase_with_this_python_check_only(tmp_path: Path) -> None:
+    """Check-only, CPU: torch imports, nccl.env says CPU (skipped, and why), a gloo all_reduce
+    in one process."""
+    path = config(tmp_path, CT_INSTALL="0", CT_PYTHON=sys.executable)
+    (tmp_path / "root").mkdir()
+    torch = phase("torch", path)
+    assert torch.returncode == 0, torch.stderr
+    assert "torch 2." in torch.stdout
+    nccl = phase("nccl", path)
+    assert nccl.returncode == 0, nccl.stderr
+    assert "skipped: CPU node: no NCCL settings" in nccl.stdout
+    assert (tmp_path / "skipped.nccl").read_text() == "CPU node: no NCCL settings\n"
     assert (tmp_path / "root" / "nccl.env").read_text().startswith("# cloudtrain: a CPU node")
-    again = run_by_hand(path)
-    assert again.returncode == 0
-    assert "every phase already done" in again.stdout
+    verify = phase("verify", path)
+    assert verify.returncode == 0, verify.stderr
+    assert "gloo all_reduce across 1 process(es): ok" in verify.stdout
+    assert not (tmp_path / "skipped.verify").exists()
 
 
-def test_stage_2_is_also_the_node_agents_bootstrap_command(tmp_path: Path) -> None:
-    """`python -m cloudtrain.node bootstrap ...` is stage 2 itself, arguments and all."""
-    done = subprocess.run([sys.executable, "-m", "cloudtrain.node", "bootstrap", "run",
-                           str(tmp_path / "missing.env")], capture_output=True, text=True,
-                          check=False)  # fmt: skip
-    assert done.returncode == stage2.EXIT_CONFIG
+def test_a_failed_phase_exits_with_its_code_and_says_why(tmp_path: Path) -> None:
+    path = config(tmp_path, CT_INSTALL="0", CT_PYTHON=str(tmp_path / "no-python"))
+    done = phase("torch", path)
+    assert done.returncode == 1
+    assert f"error: torch is not installed for {tmp_path / 'no-python'}" in done.stdout
+
+
+def test_a_signal_kills_what_the_phase_runs_and_exits_143(tmp_path: Path) -> None:
+    """The script passes its SIGTERM on to the phase: the command the phase runs (here the
+    verify probe, a Python that sleeps) is killed with it, not left behind."""
+    python = tmp_path / "python"
+    marker = tmp_path / "probe.pid"
+    python.write_text(f"#!/bin/sh\necho $$ > {marker}\nexec sleep 60\n")
+    python.chmod(0o755)
+    path = config(tmp_path, CT_INSTALL="0", CT_PYTHON=str(python))
+    argv = [
+        sys.executable,
+        "-m",
+        "cloudtrain.node.bootstrap",
+        "phase",
+        "verify",
+        str(path),
+        str(tmp_path / "skipped.verify"),
+    ]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as run:
+        deadline = time.monotonic() + 30
+        while not marker.exists() or not marker.read_text().strip():
+            assert time.monotonic() < deadline, "the probe never started"
+            time.sleep(0.05)
+        run.send_signal(signal.SIGTERM)
+        out, _ = run.communicate(timeout=30)
+    assert run.returncode == 143
+    assert "interrupted (exit 143)" in out
+    probe = int(marker.read_text())
+    with pytest.raises(ProcessLookupError):  # killed, and reaped by subprocess.run
+        os.kill(probe, 0)
+
+
+def test_a_phase_is_also_the_node_agents_bootstrap_command(tmp_path: Path) -> None:
+    """`python -m cloudtrain.node bootstrap ...` is this module, arguments and all."""
+    done = phase("nccl", tmp_path / "missing.env", "cloudtrain.node", "bootstrap")
+    assert done.returncode == phases.EXIT_CONFIG
     assert "cannot load the config file" in done.stderr

@@ -97,8 +97,8 @@ class LocalProvider:
 
     def _bootstrap(self, node: NodeInfo) -> None:
         """Start the same bootstrap cloud nodes run, in check-only mode: the phases that make
-        sense on this machine (this Python and its cloudtrain in stage 1; its torch and a gloo
-        all-reduce in stage 2, this cloudtrain's `cloudtrain.node.bootstrap`). Detached:
+        sense on this machine (this Python and its cloudtrain; its torch and a gloo all-reduce,
+        this cloudtrain's `cloudtrain.node.bootstrap`). Detached:
         `cloudtrain.boot.readiness` reads its status file like any node's."""
         root = Path(node.root)
         (root / "bootstrap").mkdir(exist_ok=True)

@@ -1,7 +1,7 @@
-"""templates/bootstrap.sh and its stage 2 (`cloudtrain.node.bootstrap`), run for real by bash in a
-sandbox: stub system commands first on PATH, a stub Python with a fake torch and a fake cloudtrain
-whose node agent is the real one (stubs/), tmp_path as CT_ROOT. One test uses the real Python with
-CT_INSTALL=0, as the local provider does."""
+"""templates/bootstrap.sh and its Python phases (`cloudtrain.node.bootstrap`), run for real by
+bash in a sandbox: stub system commands first on PATH, a stub Python with a fake torch and a
+fake cloudtrain whose node code is the real one (stubs/), tmp_path as CT_ROOT. One test uses the
+real Python with CT_INSTALL=0, as the local provider does."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ ALL = ["base", "nvidia-driver", "python", "cloudtrain", "torch", "nccl", "verify
 PHASE_KEYS = {"name", "state", "started", "finished", "exit_code", "log"}
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 BASE_PACKAGES = ("python3-venv", "python3-pip", "rsync")
+PY_PHASES = "cloudtrain.node.bootstrap"
 #: Runs start in the repository, where `cloudtrain/` would shadow the fake node agent unless the
 #: script leaves the caller's folder before it runs Python.
 CWD = Path(__file__).parents[3]
@@ -92,8 +93,8 @@ class Node:
         self.path = f"{self.bin}{os.pathsep}{os.environ['PATH']}"
 
     def configure(self, stack: GpuStack, gpus: int = 0, agent: bool = False, **keys: str) -> None:
-        """Write the config; `agent`: cloudtrain (whose node agent runs stage 2) is installed
-        already, for runs without the cloudtrain phase."""
+        """Write the config; `agent`: cloudtrain (whose node code runs the Python phases) is
+        installed already, for runs without the cloudtrain phase."""
         values = {
             "CT_ROOT": str(self.root),
             "CT_INSTALL": "1",
@@ -114,8 +115,11 @@ class Node:
         (self.state / name).write_text(text)
 
     def copy_wheel(self) -> None:
+        """As the executors copy: into a temporary name, renamed into place."""
         self.wheel.parent.mkdir(exist_ok=True)
-        self.wheel.write_bytes(b"a wheel")
+        part = self.wheel.with_name(f".{self.wheel.name}.part")
+        part.write_bytes(b"a wheel")
+        part.replace(self.wheel)
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CT_")}
@@ -159,16 +163,14 @@ class Node:
         lines = log.read_text().splitlines() if log.exists() else []
         return [line for line in lines if line.startswith(prefix)]
 
-    def stage2(self) -> list[str]:
-        """The calls that hand over to stage 2 (`python -m cloudtrain.node.bootstrap run`)."""
-        return [
-            "python -c import cloudtrain.node.bootstrap",
-            f"python -m cloudtrain.node.bootstrap run {self.config} --lock-fd 9",
-        ]
+    def py_phases(self, *names: str) -> list[str]:
+        """The calls that run the Python phases `names` (`python -m cloudtrain.node.bootstrap`)."""
+        skipped = self.root / "bootstrap" / "skipped"
+        return [f"python -m {PY_PHASES} phase {n} {self.config} {skipped}.{n}" for n in names]
 
     def work(self, prefix: str = "") -> list[str]:
-        """The calls, those that hand over to stage 2 left out."""
-        return [c for c in self.calls(prefix) if c not in self.stage2()]
+        """The calls, those that start a Python phase left out."""
+        return [c for c in self.calls(prefix) if not c.startswith(f"python -m {PY_PHASES} ")]
 
     def forget_calls(self) -> None:
         (self.state / "calls.log").unlink(missing_ok=True)
@@ -243,7 +245,7 @@ def test_cpu_node_from_scratch(node: Node) -> None:
         "python -m pip install --no-input torch==2.13.0 "
         "--index-url https://download.pytorch.org/whl/cpu",
     ]
-    assert node.calls("python -m cloudtrain.node.bootstrap") == [node.stage2()[1]]
+    assert node.calls(f"python -m {PY_PHASES}") == node.py_phases("torch", "nccl", "verify")
     assert node.calls("python -m cloudtrain.node.verify") == [
         "python -m cloudtrain.node.verify check 0"]  # fmt: skip
     assert node.calls("python -m torch.distributed.run") == []
@@ -321,7 +323,7 @@ def test_driver_that_does_not_load_asks_for_a_reboot(node: Node) -> None:
 
 
 def test_failed_phase_is_reported_then_resumed(node: Node) -> None:
-    node.configure(stack_for(None), agent=True)  # stage 1 then needs no pip
+    node.configure(stack_for(None), agent=True)  # the cloudtrain phase then needs no pip
     node.put("fail.pip", "3")
     result = node.run()
     assert result.returncode == 3
@@ -341,8 +343,8 @@ def test_failed_phase_is_reported_then_resumed(node: Node) -> None:
     assert result.returncode == 0, result.stderr
     assert "resuming at torch" in result.stdout
     assert node.calls("dpkg") == node.calls("apt-get") == node.calls("python -m venv") == []
-    assert node.calls()[:2] == node.stage2()
-    assert node.calls()[2].startswith("python -c import importlib.util")
+    assert node.calls()[:1] == node.py_phases("torch")
+    assert node.calls()[1].startswith("python -c import importlib.util")
     assert node.status()["state"] == "ready"
     assert {p: node.phase(p) for p in ("base", "python", "cloudtrain")} == before
     assert node.log("torch").count("==== ") == 2  # both attempts, in one log
@@ -356,7 +358,7 @@ def test_rerun_after_success_is_a_no_op(node: Node) -> None:
     node.forget_calls()
     result = node.run()
     assert result.returncode == 0
-    assert node.calls() == node.stage2()  # stage 2 finds its phases done too
+    assert node.calls() == []  # not even a Python phase starts
     assert node.status() == status
     assert "every phase already done" in result.stdout
 
@@ -377,9 +379,12 @@ def test_config_change_redoes_the_phases_that_depend_on_it(node: Node) -> None:
 
 
 def test_missing_wheel_waits_for_the_coordinator(node: Node) -> None:
+    """No wheel yet: the status says where it goes while the same run waits for it; once the
+    coordinator copied it there, the run installs it and goes on to the end."""
     node.configure(stack_for(None))
-    result = node.run()
-    assert result.returncode == 75
+    run = node.start()
+    status_file = node.root / "bootstrap" / "status.json"
+    _wait_for(lambda: status_file.exists() and '"waiting"' in status_file.read_text(), "waiting")
     status = node.status()
     assert (status["phase"], status["state"]) == ("cloudtrain", "waiting")
     assert (status["waiting_for"], status["wheel"]) == ("wheel", str(node.wheel))
@@ -387,18 +392,26 @@ def test_missing_wheel_waits_for_the_coordinator(node: Node) -> None:
     assert (node.phase("cloudtrain")["state"], node.phase("cloudtrain")["exit_code"]) == (
         "waiting", None)  # fmt: skip
     assert node.states()["torch"] == "pending"
-    assert "waiting for the coordinator to copy the cloudtrain wheel" in node.log("cloudtrain")
-    assert "waiting for the coordinator" in result.stdout
-    assert node.calls("python -m cloudtrain") == []  # stage 2 waits for the wheel too
+    assert "for the coordinator to copy the cloudtrain wheel" in node.log("cloudtrain")
+    assert node.calls("python -m cloudtrain") == []  # the Python phases wait for the wheel too
+    assert node.calls("python -m pip") == []
 
-    node.copy_wheel()  # what the coordinator does over SSH, before running the script again
-    node.forget_calls()
-    assert node.run().returncode == 0
-    assert node.calls()[0].startswith("python -c import cloudtrain")
+    node.copy_wheel()  # what the coordinator does, renamed into place
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 0, err
     installs = node.calls("python -m pip install")
     assert installs[0] == f"python -m pip install --no-input {node.wheel}"
-    assert installs[1].startswith("python -m pip install --no-input torch")  # then stage 2
+    assert installs[1].startswith("python -m pip install --no-input torch")  # then the torch phase
     assert node.status()["state"] == "ready"
+    assert node.phase("cloudtrain")["state"] == "done"
+
+
+def test_a_wheel_that_never_comes_fails_the_phase(node: Node) -> None:
+    node.configure(stack_for(None), CT_WHEEL_TIMEOUT="1")
+    result = node.run()
+    assert result.returncode == 1
+    assert (node.status()["state"], node.phase("cloudtrain")["exit_code"]) == ("failed", 1)
+    assert f"no cloudtrain wheel at {node.wheel} after 1 s" in result.stderr  # the log's tail
 
 
 def _wait_for(predicate: Any, what: str) -> None:
@@ -463,7 +476,8 @@ def test_mkdir_lock_where_flock_is_missing(node: Node) -> None:
 
 
 def test_terminated_run_is_recorded_and_resumes(node: Node) -> None:
-    """Stage 2 (the same process as stage 1, after exec) records the signal; pip is killed."""
+    """The signal reaches the script at once, which passes it on to the running phase (the
+    torch phase's Python kills its pip) and records the phase as failed."""
     node.configure(stack_for(None))
     node.copy_wheel()
     node.put("slow.pip", "2")

@@ -1,6 +1,6 @@
 """A fake cloudtrain: its version is in $STUB_STATE/cloudtrain-version once pip installed it.
-Its node agent is the real one ($STUB_AGENT: the real package's folder), so stage 2 of the
-bootstrap runs for real over the fake torch."""
+Its node code is the real one ($STUB_AGENT: the real package's folder), so the bootstrap's Python
+phases run for real over the fake torch."""
 
 import os
 from pathlib import Path
