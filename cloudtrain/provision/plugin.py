@@ -104,11 +104,13 @@ def laid_out(
     default: bool = False,
     for_tests: bool = False,
     store: str | None = None,
+    store_form: str = "BUCKET/PREFIX",
 ) -> Plugin:
     """The plugin of `package` (its ``__name__``), laid out as the built-in providers are:
     the class `provider` in ``provider.py``; for a `cloud`, ``_credentials.present(options)``,
     the ``_check`` module (a `QuotaCheck`) and ``_prices.read(rows)``; for a `store` (its URL
-    scheme), ``_store.open_store(url)`` and ``_store.refused(url)``. Each is imported when
+    scheme; `store_form`, its URLs after ``SCHEME://``), ``_store.open_store(url)`` and
+    ``_store.refused(url)``. Each is imported when
     first used; `tests/unit/test_registry.py` loads every built-in one's."""
     from cloudtrain.provision.store import Store
 
@@ -132,7 +134,7 @@ def laid_out(
     def read(rows: Sequence[InstanceType]) -> Reading:
         return cast("Reading", _attribute(f"{package}._prices", "read")(rows))
 
-    kept = Store(store, open_store, refused) if store else None
+    kept = Store(store, open_store, refused, store_form) if store else None
     if not cloud:
         return Plugin(name, load_provider, options, default=default, for_tests=for_tests,
                       store=kept)  # fmt: skip

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import ConfigError
 from cloudtrain.provision.plugin import Plugin
-from cloudtrain.spec import BucketRule, BucketURL, parse_bucket_url
+from cloudtrain.spec import BucketURL, parse_bucket_url
 
 if TYPE_CHECKING:
     from cloudtrain.model import Capability
     from cloudtrain.provision.provider import Option, Provider, ProviderContext
-    from cloudtrain.provision.store import ObjectStore
+    from cloudtrain.provision.store import ObjectStore, Store
 
 GROUP = "cloudtrain.providers"
 #: The package whose folders are the built-in providers.
@@ -149,15 +149,15 @@ def clouds() -> list[str]:
     return sorted(p.name for p in every() if p.cloud)
 
 
-def bucket_rules() -> dict[str, BucketRule]:
-    """The checkpoint buckets' schemes the plugins serve, each with its store's rule."""
-    return {p.store.scheme: p.store.refused for p in every() if p.store is not None}
+def stores() -> dict[str, Store]:
+    """The checkpoint buckets' schemes the plugins serve, each with its store."""
+    return {p.store.scheme: p.store for p in every() if p.store is not None}
 
 
 def bucket_url(value: object, field: str = "checkpoint") -> BucketURL:
     """The bucket URL `value`, its scheme one a plugin serves and allowed by that store's rule;
     `SpecError` (one line, naming `field` and what is allowed) otherwise."""
-    return parse_bucket_url(value, field, bucket_rules())
+    return parse_bucket_url(value, field, stores())
 
 
 def store(url: BucketURL) -> ObjectStore:

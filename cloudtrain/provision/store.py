@@ -66,10 +66,12 @@ class ObjectStore(Protocol):
 @dataclass(frozen=True)
 class Store:
     """What a provider's plugin gives for checkpoints kept in its cloud: the URL scheme it
-    serves (``s3``), how to open a bucket of it (no SDK imported until a call needs it), and
-    its rule for the URL's bucket and prefix (why it refuses one, or None), which `spec`
-    applies before anything is made."""
+    serves (``s3``), how to open a bucket of it (no SDK imported until a call needs it), its
+    rule for the URL's bucket and prefix (why it refuses one, or None), which `spec` applies
+    before anything is made, and its URLs' form after ``SCHEME://`` for the user (a
+    `spec.BucketStore`)."""
 
     scheme: str
     open: Callable[[BucketURL], ObjectStore]
     refused: BucketRule
+    form: str = "BUCKET/PREFIX"

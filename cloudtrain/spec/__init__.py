@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from cloudtrain.errors import SpecError as SpecError
 from cloudtrain.errors import suggest
@@ -47,8 +47,8 @@ class Known:
     accelerators: Sequence[str]
     #: where a task that names no provider and no GPU goes (this machine)
     default: str
-    #: the checkpoint buckets' schemes the plugins serve, each with its store's rule
-    stores: Mapping[str, BucketRule] = field(default_factory=_empty)
+    #: the checkpoint buckets' schemes the plugins serve, each with its store's form and rule
+    stores: Mapping[str, BucketStore] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True)
@@ -203,6 +203,18 @@ _KEY_PART_RE = re.compile(r"[A-Za-z0-9!_.*'()-]+")
 BucketRule = Callable[["BucketURL"], str | None]
 
 
+class BucketStore(Protocol):
+    """What validating a bucket URL needs of the store that serves its scheme."""
+
+    @property
+    def form(self) -> str:
+        """What follows ``SCHEME://`` in its URLs, for the user (``BUCKET/PREFIX``)."""
+
+    @property
+    def refused(self) -> BucketRule:
+        """Its rule for the URL's bucket and prefix."""
+
+
 @dataclass(frozen=True)
 class BucketURL:
     """Where a bucket keeps checkpoints: ``SCHEME://BUCKET/PREFIX`` (`prefix` may be empty; the
@@ -217,14 +229,13 @@ class BucketURL:
 
 
 def parse_bucket_url(
-    value: object, field: str = "checkpoint", stores: Mapping[str, BucketRule] | None = None
+    value: object, field: str = "checkpoint", stores: Mapping[str, BucketStore] | None = None
 ) -> BucketURL:
     """``SCHEME://BUCKET[/PREFIX]``: a prefix of parts made of letters, digits and
-    ``!_.*'()-`` (no empty, ``.`` or ``..`` part). With `stores` (each served scheme's rule),
+    ``!_.*'()-`` (no empty, ``.`` or ``..`` part). With `stores` (each served scheme's store),
     the scheme must be one of them and the URL what its store allows."""
-    served = (
-        ", ".join(f"{s}://BUCKET/PREFIX" for s in sorted(stores or ())) or "SCHEME://BUCKET/PREFIX"
-    )
+    forms = sorted(f"{scheme}://{store.form}" for scheme, store in (stores or {}).items())
+    served = ", ".join(forms) or "SCHEME://BUCKET/PREFIX"
     allowed = f"write {served}, with a prefix of letters, digits and !_.*'()- between '/'"
     scheme, sep, rest = value.partition("://") if isinstance(value, str) else ("", "", "")
     if not sep or not _SCHEME_RE.fullmatch(scheme):
@@ -246,7 +257,7 @@ def parse_bucket_url(
     if len(prefix) > 512:
         raise SpecError(field, f"{field} {value!r}: the prefix is longer than 512 characters")
     url = BucketURL(bucket, prefix, scheme)
-    refused = stores[scheme](url) if stores is not None else None
+    refused = stores[scheme].refused(url) if stores is not None else None
     if refused:
         raise SpecError(field, f"{field} {value!r}: {refused}")
     return url

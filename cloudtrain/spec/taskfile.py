@@ -38,7 +38,7 @@ def known() -> Known:
     from cloudtrain.provision import registry
 
     return Known(
-        registry.known(), catalog.load().accelerators(), registry.default(), registry.bucket_rules()
+        registry.known(), catalog.load().accelerators(), registry.default(), registry.stores()
     )
 
 

@@ -69,9 +69,11 @@ def test_the_core_takes_an_az_url_through_the_azure_plugin() -> None:
         with pytest.raises(ConfigError) as caught:
             registry.bucket_url(bad)
         assert str(caught.value) == f"checkpoint {bad!r}: {said}"
-    with pytest.raises(ConfigError, match=r"no provider keeps checkpoints at zz://; write .*"
-                       r"az://BUCKET/PREFIX, .*s3://BUCKET/PREFIX"):  # fmt: skip
+    with pytest.raises(ConfigError) as caught:
         registry.bucket_url("zz://ckpts/run")
+    said = str(caught.value)  # each store's own form
+    assert "no provider keeps checkpoints at zz://; write az://ACCOUNT/CONTAINER/PREFIX, " in said
+    assert "s3://BUCKET/PREFIX" in said
 
 
 def test_without_its_sdk_the_store_says_which_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,4 +21,11 @@ OPTIONS = (
     Option("subscription", "Azure: the subscription (AZURE_SUBSCRIPTION_ID).", account=True),
 )
 
-PLUGIN = laid_out(__name__, "AzureProvider", OPTIONS, cloud=True, store="az")
+PLUGIN = laid_out(
+    __name__,
+    "AzureProvider",
+    OPTIONS,
+    cloud=True,
+    store="az",
+    store_form="ACCOUNT/CONTAINER/PREFIX",
+)
