@@ -159,8 +159,7 @@ def up(
                 raise NotFoundError(
                     f"cluster {spec.name!r} is gone (torn down); nothing to complete"
                 )
-            return _up(state, home, spec, on_event, bootstrap_timeout_s, prov, zones_last,
-                       regions)  # fmt: skip
+            return _up(state, home, spec, on_event, bootstrap_timeout_s, prov, zones_last, regions)
         finally:
             if before_unlock is not None:
                 before_unlock()
@@ -210,10 +209,13 @@ def _up(
         the_plan = in_regions(the_plan, regions)
     the_plan = with_limits(the_plan, current.created_at if current else time.time())
     if zones_last:
-        the_plan = dataclasses.replace(the_plan, offers=tuple(
-            dataclasses.replace(o, zones=tuple(sorted(o.zones, key=lambda z: z in zones_last)))
-            for o in the_plan.offers
-        ))  # fmt: skip
+        the_plan = dataclasses.replace(
+            the_plan,
+            offers=tuple(
+                dataclasses.replace(o, zones=tuple(sorted(o.zones, key=lambda z: z in zones_last)))
+                for o in the_plan.offers
+            ),
+        )
     state.put_cluster(
         the_plan.spec,  # as resolved: where SSH is open from is recorded, not "the default"
         status=ClusterStatus.PROVISIONING,
@@ -333,13 +335,19 @@ def with_limits(the_plan: Plan, created_at: float) -> Plan:
         )
     if spec.limits.max_cost is not None:
         each = the_plan.price_per_hour / spec.num_nodes
-        refuse_spent_budget(spec.limits.max_cost, the_plan.price_per_hour,
-                            f"{spec.num_nodes} node(s) at ${each:.2f}/h")  # fmt: skip
+        refuse_spent_budget(
+            spec.limits.max_cost,
+            the_plan.price_per_hour,
+            f"{spec.num_nodes} node(s) at ${each:.2f}/h",
+        )
     limits = spec.limits.resolved(created_at, the_plan.price_per_hour)
     when = limits.ended_at()
     if when is not None:  # a node made now stops at once
-        flag, value = (("--max-hours", limits.max_hours) if limits.ends_why == "lifetime"
-                       else ("--max-cost", limits.max_cost))  # fmt: skip
+        flag, value = (
+            ("--max-hours", limits.max_hours)
+            if limits.ends_why == "lifetime"
+            else ("--max-cost", limits.max_cost)
+        )
         raise ConfigError(
             f"{flag} {value:g}: the {limits.ends_why} of cluster {spec.name!r} ended at {when} "
             f"(it counts from its first `up`); no node is made for it again: `cloudtrain down "
@@ -390,8 +398,15 @@ def wait_bootstrap(
         return {n.index for n in nodes} - listed
 
     try:
-        readiness.watch(nodes, prov.executor, lambda: wheel.build(home), lost, on_event=on_event,
-                        timeout_s=timeout_s, lost_every_s=lost_every_s)  # fmt: skip
+        readiness.watch(
+            nodes,
+            prov.executor,
+            lambda: wheel.build(home),
+            lost,
+            on_event=on_event,
+            timeout_s=timeout_s,
+            lost_every_s=lost_every_s,
+        )
     except BootstrapError as exc:
         state.set_cluster_status(cluster, ClusterStatus.FAILED)
         state.add_event(cluster, "bootstrap", str(exc))
@@ -451,8 +466,10 @@ def _ask_agents(state: State, home: Path, name: str, policy: list[str]) -> list[
     def one(node: NodeInfo) -> dict[str, Any]:
         ex = prov.executor(node)
         try:
-            done = ex.run([node.python, "-m", "cloudtrain.node", "autostop", "--root", node.root,
-                           *policy], timeout=60).check()  # fmt: skip
+            done = ex.run(
+                [node.python, "-m", "cloudtrain.node", "autostop", "--root", node.root, *policy],
+                timeout=60,
+            ).check()
         finally:
             ex.close()
         beat = {"node": node.index, **json.loads(done.stdout)}
@@ -499,9 +516,11 @@ def forget(state: State, home: Path, name: str, on_event: OnEvent = ignore_event
             found = prov.describe(name, record.spec.cluster_id)
             left = [] if found else prov.leftovers(name, record.spec.cluster_id)
         except ProviderError as exc:  # what is left, if anything, is still found by its tags
-            why = (f"{record.provider} cannot reach it ({exc}); whatever of it remains, "
-                   f"`cloudtrain down {name} --provider {record.provider}` finds by "
-                   "tag")  # fmt: skip
+            why = (
+                f"{record.provider} cannot reach it ({exc}); whatever of it remains, "
+                f"`cloudtrain down {name} --provider {record.provider}` finds by "
+                "tag"
+            )
         else:
             live = [n for n in found if n.state != UNREACHABLE]
             if live or left:
@@ -510,8 +529,11 @@ def forget(state: State, home: Path, name: str, on_event: OnEvent = ignore_event
                     f"cluster {name!r} still has {what} on {record.provider}; "
                     f"`cloudtrain down {name}` removes them"
                 )
-            why = (f"{record.provider} has none of its nodes reachable" if found
-                   else f"{record.provider} has nothing of it")  # fmt: skip
+            why = (
+                f"{record.provider} has none of its nodes reachable"
+                if found
+                else f"{record.provider} has nothing of it"
+            )
         for intent in state.open_intents(name):
             state.end_intent(intent.id, "forgotten")
         state.delete_cluster(name)
@@ -546,8 +568,12 @@ def _down(
     if found:
         on_event(Event("terminate", f"terminating {len(found)} node(s) of {name!r} on {pname}"))
     elif left:
-        on_event(Event("terminate", f"no node of {name!r} is left on {pname}; deleting what "
-                                    f"remains: {', '.join(left)}"))  # fmt: skip
+        on_event(
+            Event(
+                "terminate",
+                f"no node of {name!r} is left on {pname}; deleting what remains: {', '.join(left)}",
+            )
+        )
     earlier = state.open_intents(name)
     with state.intent(name, "terminate", {"provider": pname}):
         prov.terminate(name, cid)

@@ -91,8 +91,10 @@ def load_task(task_file: Path | None, **flags: Any) -> TaskSpec:
     task = with_access(task, flags.get("ssh_cidr"))
     cluster = task.cluster
     if cluster.provider == ANYWHERE:  # each cloud takes its own (`anywhere.on`)
-        return dataclasses.replace(task, cluster=dataclasses.replace(
-            cluster, extra={**cluster.extra, **loose_settings(flags)}))  # fmt: skip
+        return dataclasses.replace(
+            task,
+            cluster=dataclasses.replace(cluster, extra={**cluster.extra, **loose_settings(flags)}),
+        )
     settings = provider_settings(cluster.provider, flags)
     if not settings:
         return task
@@ -162,8 +164,9 @@ def bring_up(
         ranking = anywhere.rank(spec, price_cap)
         _show_ranking(app, spec, ranking, dry_run)
         if not dry_run:
-            _up_cheapest(app, spec, ranking, setup, down_on_failure, on_event or app.event,
-                         before_unlock)  # fmt: skip
+            _up_cheapest(
+                app, spec, ranking, setup, down_on_failure, on_event or app.event, before_unlock
+            )
             _preflight(app, spec.name, setup and preflight)
         return
     if dry_run:
@@ -180,8 +183,10 @@ def bring_up(
             markup=False,
         )
         if plan.unresolved:
-            app.out.print("not asked of the cloud (placeholders above): " + "; ".join(
-                plan.unresolved), markup=False)  # fmt: skip
+            app.out.print(
+                "not asked of the cloud (placeholders above): " + "; ".join(plan.unresolved),
+                markup=False,
+            )
         if spec.provider not in registry.available():
             app.note(f"note: the {spec.provider} provider cannot create clusters in this version")
         return
@@ -225,8 +230,7 @@ def _show_ranking(app: App, spec: ClusterSpec, ranking: Ranking, dry_run: bool) 
     for line in ranking.skipped:
         app.note(f"  left out: {line}")
     if dry_run:
-        tries = ", then ".join(f"{c.provider} ({', '.join(c.regions)})"
-                               for c in ranking.choices())  # fmt: skip
+        tries = ", then ".join(f"{c.provider} ({', '.join(c.regions)})" for c in ranking.choices())
         app.out.print(f"dry run: would try {tries}; nothing was created", markup=False)
 
 
@@ -284,8 +288,9 @@ def _bring_up(
             app.note(f"the bootstrap failed; tearing {spec.name!r} down (--down-on-failure)")
             api.down(app.state, app.home, spec.name, on_event=app.event)
         else:
-            app.note(f"the cluster is kept for inspection; `cloudtrain down {spec.name}` "
-                     "removes it")  # fmt: skip
+            app.note(
+                f"the cluster is kept for inspection; `cloudtrain down {spec.name}` removes it"
+            )
         raise
     record = app.state.cluster(spec.name)
     price = record.price_per_hour if record and record.price_per_hour is not None else 0.0
@@ -322,8 +327,15 @@ def up(
     """Create a cluster (or complete a half-made one) from flags and/or TASK_FILE, and wait
     until every node's bootstrap reports ready."""
     task = load_task(task_file, **flags)
-    bring_up(app, task, dry_run, setup=not no_setup, down_on_failure=down_on_failure,
-             max_price=flags.get("max_price"), preflight=not flags.get("no_preflight"))  # fmt: skip
+    bring_up(
+        app,
+        task,
+        dry_run,
+        setup=not no_setup,
+        down_on_failure=down_on_failure,
+        max_price=flags.get("max_price"),
+        preflight=not flags.get("no_preflight"),
+    )
 
 
 @click.command()
@@ -418,8 +430,14 @@ def down(
             raise ConfigError("nothing was torn down (pass --yes to skip the question)")
     for target, where, acct in targets:
         with app.err.status(f"tearing down {target}"):
-            done = api.down(app.state, app.home, str(target), provider_name=where,
-                            options=acct, on_event=app.event)  # fmt: skip
+            done = api.down(
+                app.state,
+                app.home,
+                str(target),
+                provider_name=where,
+                options=acct,
+                on_event=app.event,
+            )
         if done:
             app.out.print(f"cluster {target} is down; nothing of it is left running", markup=False)
         else:

@@ -17,8 +17,13 @@ if TYPE_CHECKING:
     from cloudtrain.spec import ClusterSpec
     from cloudtrain.state import ClusterRecord, EventRecord, JobRecord
 
-JOB_STYLES = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
-              "recovering": "magenta"}  # fmt: skip
+JOB_STYLES = {
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "yellow",
+    "running": "cyan",
+    "recovering": "magenta",
+}
 
 
 def ago(ts: float | None, now: float | None = None) -> str:
@@ -72,8 +77,9 @@ def ranking_table(spec: ClusterSpec, ranking: Ranking, most: int | None = None) 
     """The offers of every cloud at hand, cheapest first, as `up` tries them (the first
     `most`, and how many more)."""
     kind = "spot estimate" if spec.resources.spot else "on-demand"
-    table = Table(title=f"where {spec.name!r} can run, cheapest first ({kind})",
-                  title_justify="left")  # fmt: skip
+    table = Table(
+        title=f"where {spec.name!r} can run, cheapest first ({kind})", title_justify="left"
+    )
     for col in ("#", "provider", "region", "instance type", "GPUs/node", "$/node/h", "$/h"):
         table.add_column(col, justify="right" if col.startswith(("$", "#")) else "left")
     shown = ranking.offers if most is None else ranking.offers[:most]
@@ -125,8 +131,17 @@ def clusters_table(
     (`stops`: what its agents said)."""
     now = time.time() if now is None else now
     table = Table(title="clusters", title_justify="left")
-    for col in ("name", "provider", "nodes", "GPUs/node", "status", "$/h", "cost", "created",
-                "stops"):  # fmt: skip
+    for col in (
+        "name",
+        "provider",
+        "nodes",
+        "GPUs/node",
+        "status",
+        "$/h",
+        "cost",
+        "created",
+        "stops",
+    ):
         table.add_column(col, justify="right" if col in ("$/h", "cost") else "left")
     for c in clusters:
         spec = c.spec
@@ -189,16 +204,29 @@ def stops_text(spec: ClusterSpec, beats: Sequence[Mapping[str, Any]], now: float
     if not up:
         return lifetime_left(spec, now)
     idle = [b.get("idle_since") for b in up]
-    doing = ("busy" if any(i is None for i in idle)
-             else f"idle {span(now - max(float(i) for i in idle if i is not None))}")  # fmt: skip
+    doing = (
+        "busy"
+        if any(i is None for i in idle)
+        else f"idle {span(now - max(float(i) for i in idle if i is not None))}"
+    )
     due = [float(b["stops_at"]) for b in up if b.get("stops_at")]
     return f"{doing}, stops in {span(max(0.0, min(due) - now))}" if due else doing
 
 
 def jobs_table(jobs: Sequence[JobRecord]) -> Table:
     table = Table(title="jobs", title_justify="left")
-    columns = ("job", "cluster", "name", "status", "nodes×procs", "on each node", "started",
-               "duration", "exit", "recovered")  # fmt: skip
+    columns = (
+        "job",
+        "cluster",
+        "name",
+        "status",
+        "nodes×procs",
+        "on each node",
+        "started",
+        "duration",
+        "exit",
+        "recovered",
+    )
     for col in columns:
         table.add_column(col)
     for j in jobs:
@@ -237,8 +265,10 @@ def agent_line(beat: dict[str, Any], now: float | None = None) -> str:
         failed = " (the stop failed: it is tried again)" if beat.get("stop_failed") else ""
         return f"node {beat.get('node')}: stopped now, {beat['stopped']}{failed}"
     if beat.get("restarted"):
-        return (f"node {beat.get('node')}: its agent was not running ({beat['restarted']}); "
-                "started it again")  # fmt: skip
+        return (
+            f"node {beat.get('node')}: its agent was not running ({beat['restarted']}); "
+            "started it again"
+        )
     if not beat.get("resident"):
         return f"node {beat.get('node')}: its agent is not running"
     jobs, sessions = beat.get("jobs") or [], beat.get("sessions") or 0
@@ -250,14 +280,16 @@ def agent_line(beat: dict[str, Any], now: float | None = None) -> str:
         since = beat.get("idle_since")
         doing = f"idle for {duration(since, now)}" if since else "idle"
     stops = beat.get("stops_at")
-    when = (f", removes itself in {duration(now, max(now, float(stops)))}" if stops
-            else ", stays until `cloudtrain down`")  # fmt: skip
+    when = (
+        f", removes itself in {duration(now, max(now, float(stops)))}"
+        if stops
+        else ", stays until `cloudtrain down`"
+    )
     return f"node {beat.get('node')}: agent up, {doing}{when}"
 
 
 def event_json(e: EventRecord) -> dict[str, Any]:
-    return {"ts": e.ts, "cluster": e.cluster, "job": e.job_id, "kind": e.kind,
-            "message": e.message}  # fmt: skip
+    return {"ts": e.ts, "cluster": e.cluster, "job": e.job_id, "kind": e.kind, "message": e.message}
 
 
 def recoveries(job: JobRecord) -> str:

@@ -98,8 +98,11 @@ class SshProvider:
                 raise ConfigError("give --hosts or --inventory, not both")
             inventory = load_inventory(Path(str(opts["inventory"])))
             self.hosts = list(inventory.hosts)
-            defaults = {"identity": inventory.identity, "known_hosts": inventory.known_hosts,
-                        "python": inventory.python}  # fmt: skip
+            defaults = {
+                "identity": inventory.identity,
+                "known_hosts": inventory.known_hosts,
+                "python": inventory.python,
+            }
         identity = opts.get("identity") or defaults.get("identity") or "~/.ssh/id_ed25519"
         known = opts.get("known_hosts") or defaults.get("known_hosts") or "~/.ssh/known_hosts"
         self.identity = Path(str(identity)).expanduser()
@@ -122,10 +125,13 @@ class SshProvider:
     def _executor(self, host: Host) -> SshExecutor:
         identity = Path(host.identity) if host.identity else self.identity
         return SshExecutor(
-            host.address, user=host.user, port=host.port,
+            host.address,
+            user=host.user,
+            port=host.port,
             options=access.client_options(identity, self.known_hosts),
-            connect_timeout_s=self.connect_timeout_s, retry_s=1.0,
-        )  # fmt: skip
+            connect_timeout_s=self.connect_timeout_s,
+            retry_s=1.0,
+        )
 
     def plan(self, spec: ClusterSpec) -> Plan:
         if not self.hosts:
@@ -139,8 +145,16 @@ class SshProvider:
         for path, flag in keys:
             if not path.is_file():
                 raise ConfigError(f"{flag} {str(path)!r} is not a file")
-        offer = Offer("ssh", "byo", ("byo",), "byo", self.node_price, False,
-                      spec.resources.accelerator, spec.resources.count)  # fmt: skip
+        offer = Offer(
+            "ssh",
+            "byo",
+            ("byo",),
+            "byo",
+            self.node_price,
+            False,
+            spec.resources.accelerator,
+            spec.resources.count,
+        )
         requests = [{"action": "connect", "host": str(h)} for h in self.hosts[: spec.num_nodes]]
         return Plan(spec=spec, offers=(offer,), requests=tuple(requests))
 
@@ -157,11 +171,17 @@ class SshProvider:
                 f"{spec.num_nodes} asked for; `cloudtrain down {spec.name}` first"
             )
         for index, (host, fact) in enumerate(zip(hosts, facts, strict=True)):
-            on_event(Event("node", f"{host}: Python {fact['python']}, {fact['cpus']} CPUs, "
-                                   f"{fact['gpus']} GPUs", node=index))  # fmt: skip
+            on_event(
+                Event(
+                    "node",
+                    f"{host}: Python {fact['python']}, {fact['cpus']} CPUs, {fact['gpus']} GPUs",
+                    node=index,
+                )
+            )
             if host.gpus is not None and fact["gpus"] != host.gpus:
-                raise ConfigError(f"{host}: the inventory says {host.gpus} GPUs, nvidia-smi "
-                                  f"shows {fact['gpus']}")  # fmt: skip
+                raise ConfigError(
+                    f"{host}: the inventory says {host.gpus} GPUs, nvidia-smi shows {fact['gpus']}"
+                )
             if spec.resources.count and fact["gpus"] < spec.resources.count:
                 raise ConfigError(f"{host} has {fact['gpus']} GPUs, not {spec.resources.count}")
         fan_out(lambda i: self._make_node(spec, i, hosts[i], facts[i]), list(range(len(hosts))))
@@ -186,12 +206,19 @@ class SshProvider:
     def _make_node(self, spec: ClusterSpec, index: int, host: Host, fact: dict[str, Any]) -> None:
         root = self._root(str(fact["home"]), spec.name, index)
         python = f"{root}/venv/bin/python" if self.install else self.python
-        tags = json.dumps({"cluster": spec.name, "index": index, "host": str(host),
-                           "node_python": python, **fact})  # fmt: skip
+        tags = json.dumps(
+            {"cluster": spec.name, "index": index, "host": str(host), "node_python": python, **fact}
+        )
         shape = bootstrap.NodeShape("ssh", spec.resources.accelerator, spec.resources.count)
-        config = bootstrap.config(shape, install=self.install, phases=self.phases,
-                                  python=self.python, root=root,
-                                  torch_index=self.torch_index, agent="detached")  # fmt: skip
+        config = bootstrap.config(
+            shape,
+            install=self.install,
+            phases=self.phases,
+            python=self.python,
+            root=root,
+            torch_index=self.torch_index,
+            agent="detached",
+        )
         # the node's folders are the node user's alone (0700), also ones made looser before;
         # what is written in them is too (the executor's commands run under umask 077)
         folders = [str(Path(root).parent.parent), str(Path(root).parent), root]
@@ -210,24 +237,36 @@ class SshProvider:
             ex.put(script, f"{root}/bootstrap/bootstrap.sh")
             ex.start_detached(
                 ["bash", f"{root}/bootstrap/bootstrap.sh", f"{root}/bootstrap/bootstrap.env"],
-                env={"CLOUDTRAIN_NODE_ROOT": root}, cwd=root, job_dir=f"{root}/bootstrap/run",
-            )  # fmt: skip
+                env={"CLOUDTRAIN_NODE_ROOT": root},
+                cwd=root,
+                job_dir=f"{root}/bootstrap/run",
+            )
         finally:
             ex.release()
 
     def _node(self, cluster: str, index: int, host: Host) -> NodeInfo | None:
         ex = self._executor(host)
         try:
-            done = ex.run(["sh", "-c", f'cat "$HOME/.cloudtrain/{cluster}/node-{index}/node.json"'],
-                          timeout=60)  # fmt: skip
+            done = ex.run(
+                ["sh", "-c", f'cat "$HOME/.cloudtrain/{cluster}/node-{index}/node.json"'],
+                timeout=60,
+            )
         except ProviderError:  # what reaches it is known still: the executor needs it
             done = None
         finally:
             ex.release()
         if done is None or done.returncode == SSH_FAILED:  # no answer (a connection that
             # broke under load is no "node gone": that ended a bootstrap's wait once)
-            return NodeInfo(cluster, index, str(host), host.address, None, "unreachable",
-                            user=host.user, extra=MappingProxyType(_reach(host)))  # fmt: skip
+            return NodeInfo(
+                cluster,
+                index,
+                str(host),
+                host.address,
+                None,
+                "unreachable",
+                user=host.user,
+                extra=MappingProxyType(_reach(host)),
+            )
         if done.returncode != 0:  # the host answered: no node of the cluster there
             return None
         try:
@@ -236,13 +275,21 @@ class SshProvider:
         except (ValueError, KeyError, TypeError):  # half-written (the host went down while
             return None  # `apply` wrote it): no node; `apply` makes it again
         return NodeInfo(
-            cluster=cluster, index=index, node_id=str(host), private_ip=host.address,
-            public_ip=None, state="running", zone="byo", instance_type="byo",
-            root=root, python=tags.get("node_python", self.python), user=host.user,
+            cluster=cluster,
+            index=index,
+            node_id=str(host),
+            private_ip=host.address,
+            public_ip=None,
+            state="running",
+            zone="byo",
+            instance_type="byo",
+            root=root,
+            python=tags.get("node_python", self.python),
+            user=host.user,
             ifname=tags.get("ifname") or None,
             bootstrap=(f"{root}/bootstrap/bootstrap.sh", f"{root}/bootstrap/bootstrap.env"),
             extra=MappingProxyType({**_reach(host), "gpus": tags.get("gpus", 0)}),
-        )  # fmt: skip
+        )
 
     def describe(self, cluster: str, cluster_id: str | None = None) -> list[NodeInfo]:
         """The hosts that hold a node of `cluster`, and (state ``unreachable``) those that do
@@ -302,8 +349,14 @@ class SshProvider:
             index, host = item
             ex = self._executor(host)
             try:
-                done = ex.run(["sh", "-c", f'cat "$HOME/.cloudtrain/{cluster}/node-{index}'
-                               '.stopped.json" 2>/dev/null'], timeout=60)  # fmt: skip
+                done = ex.run(
+                    [
+                        "sh",
+                        "-c",
+                        f'cat "$HOME/.cloudtrain/{cluster}/node-{index}.stopped.json" 2>/dev/null',
+                    ],
+                    timeout=60,
+                )
             except ProviderError:
                 return []
             finally:
@@ -334,14 +387,19 @@ class SshProvider:
         port = node.extra.get("port")
         if node.user and node.private_ip and port is not None:
             key = node.extra.get("identity")
-            return self._executor(Host(str(node.user), str(node.private_ip), int(port),
-                                       key and str(key)))  # fmt: skip
+            return self._executor(
+                Host(str(node.user), str(node.private_ip), int(port), key and str(key))
+            )
         listed = [h for h in self.hosts if str(h) == node.node_id]
         if not listed:
-            raise ProviderError("ssh", "UnknownHost", f"node {node.index} ({node.node_id}): "
-                                "its record names no port and the cluster's hosts do not "
-                                f"list it; `cloudtrain status --refresh {node.cluster}` "
-                                "reads it again")  # fmt: skip
+            raise ProviderError(
+                "ssh",
+                "UnknownHost",
+                f"node {node.index} ({node.node_id}): "
+                "its record names no port and the cluster's hosts do not "
+                f"list it; `cloudtrain status --refresh {node.cluster}` "
+                "reads it again",
+            )
         return self._executor(listed[0])
 
 
