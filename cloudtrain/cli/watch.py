@@ -26,9 +26,9 @@ WATCHER_EXIT_S = 900.0
 
 
 def start_watching(app: App, job_id: str, policy: Policy) -> None:
-    from cloudtrain.jobs import managed
+    from cloudtrain.jobs import watched
 
-    pid = managed.start_watcher(app.home, job_id)
+    pid = watched.start_watcher(app.home, job_id)
     down = "; it tears the cluster down at the end" if policy.down else ""
     app.note(f"managed: its watcher (pid {pid}) recovers it up to {policy.max_recoveries} "
              f"time(s){down}")  # fmt: skip
@@ -37,18 +37,18 @@ def start_watching(app: App, job_id: str, policy: Policy) -> None:
 def restart_watchers(app: App) -> None:
     """Start a watcher for every open managed job that has none (it died, or this machine
     restarted): the next command any user runs puts recovery back on its feet."""
-    from cloudtrain.jobs import managed
+    from cloudtrain.jobs import watched
 
-    for job_id in managed.unwatched(app.state, app.home):
-        pid = managed.start_watcher(app.home, job_id)
+    for job_id in watched.unwatched(app.state, app.home):
+        pid = watched.start_watcher(app.home, job_id)
         app.note(f"the watcher of managed job {job_id} was not running; started it (pid {pid})")
 
 
 def follow_managed(app: App, job_id: str) -> JobRecord:
     """Stream the job's logs and recoveries until it ends, then wait for its watcher."""
-    from cloudtrain.jobs import managed
+    from cloudtrain.jobs import watched
 
-    rec = managed.follow_copies(app.state, app.home, job_id, app.node_line,
+    rec = watched.follow_copies(app.state, app.home, job_id, app.node_line,
                                 lambda m: app.note(f"cloudtrain: {m}"))  # fmt: skip
     _wait_for_watcher(app, job_id)
     return rec
@@ -56,10 +56,10 @@ def follow_managed(app: App, job_id: str) -> JobRecord:
 
 def _wait_for_watcher(app: App, job_id: str) -> None:
     """A watcher ends just after its job (after the teardown, with --down)."""
-    from cloudtrain.jobs import managed
+    from cloudtrain.jobs import watched
 
     began, told = time.monotonic(), False
-    while (pid := managed.watcher_pid(app.home, job_id)) is not None:
+    while (pid := watched.watcher_pid(app.home, job_id)) is not None:
         waited = time.monotonic() - began
         if waited > WATCHER_EXIT_S:
             app.note(f"warning: the watcher of {job_id} (pid {pid}) has not ended; it goes on "
@@ -87,7 +87,7 @@ def cancel_managed(app: App, rec: JobRecord) -> JobRecord:
     """Ask first (a watcher mid-recovery then starts nothing), then stop what runs and
     record the job cancelled; its watcher ends (tearing the cluster down with --down)."""
     from cloudtrain.errors import CloudtrainError
-    from cloudtrain.jobs import managed
+    from cloudtrain.jobs import managed, watched
 
     app.state.update_job(rec.id, detail={"cancel_requested": time.time()})
     coord = app.coordinator(rec.cluster)
@@ -103,7 +103,7 @@ def cancel_managed(app: App, rec: JobRecord) -> JobRecord:
     finally:
         coord.close()
     policy = managed.Policy.of(rec)
-    if managed.watcher_pid(app.home, rec.id) is not None:
+    if watched.watcher_pid(app.home, rec.id) is not None:
         _wait_for_watcher(app, rec.id)
     elif policy is not None and policy.down and app.state.cluster(rec.cluster) is not None:
         from cloudtrain import api
@@ -132,7 +132,7 @@ def watch(app: App, job_id: str, supervise: bool) -> None:
     already watched is left to its watcher.
     """
     from cloudtrain.errors import NotFoundError
-    from cloudtrain.jobs import managed
+    from cloudtrain.jobs import managed, watched
 
     rec = app.state.job(job_id)
     if rec is None:
@@ -142,9 +142,9 @@ def watch(app: App, job_id: str, supervise: bool) -> None:
     if supervise:
         _supervise(app, job_id)
         return
-    with managed.watching(app.home, job_id) as mine:
+    with watched.watching(app.home, job_id) as mine:
         if not mine:
-            pid = managed.watcher_pid(app.home, job_id)
+            pid = watched.watcher_pid(app.home, job_id)
             app.note(f"job {job_id} is watched already (pid {pid})")
             return
         if rec.finished:

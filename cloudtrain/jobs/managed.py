@@ -4,7 +4,9 @@ A managed job (``train --managed``) is watched by a process of its own on the us
 ``cloudtrain jobs watch JOB``, started detached so that it outlives the command that submitted
 the job. No cloud credential ever goes to a node: replacing a node is the watcher's business,
 through the same provider (and the same provisioning engine) as ``up``. One watcher per job: it
-holds ``<home>/locks/watch-<job>.lock`` while it runs (the kernel lets go when it dies). All it
+holds ``<home>/locks/watch-<job>.lock`` while it runs (the kernel lets go when it dies), by
+which any process finds it (`cloudtrain.jobs.watched`, which also starts it and follows the
+job's logs across attempts). All it
 knows is in the job's record, so a watcher that died is started again by its supervisor
 (`cloudtrain.jobs.supervisor`, at once, with no command), or when both are gone by the next
 ``status``, ``logs`` or ``jobs watch``, and goes on from where the record says::
@@ -49,31 +51,27 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
-import subprocess
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cloudtrain import lifecycle, locks
 from cloudtrain.errors import CloudtrainError, JobError, NodeLostError, NotFoundError
-from cloudtrain.jobs import checkpoints, preemptions, rehost, replacing, supervisor
+from cloudtrain.jobs import checkpoints, preemptions, rehost, replacing
 from cloudtrain.jobs.attempts import HEARTBEAT_S, Verdict, attempt_of, elastic
 from cloudtrain.jobs.coordinator import Coordinator
 from cloudtrain.jobs.staging import readying
 from cloudtrain.jobs.teardown import stop_jobs
 from cloudtrain.model import Event, NodeInfo
 from cloudtrain.provision.provider import Provider
-from cloudtrain.spec import ClusterSpec, validate_job_id
+from cloudtrain.spec import ClusterSpec
 from cloudtrain.state import JobRecord, State
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_RECOVERIES = 3
-#: The watcher's own output, beside the job's log copies.
-WATCH_LOG = "watch.log"
 #: Before it tries again after a recovery that failed (no capacity, a node that did not come).
 RETRY_PAUSE_S = 5.0
 
@@ -105,55 +103,6 @@ class Policy:
             retry_on_failure=bool(data.get("retry_on_failure")),
             down=bool(data.get("down")),
         )
-
-
-# -- one watcher per job ------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def watching(home: Path, job_id: str) -> Iterator[bool]:
-    """Hold the job's watcher lock for the block, if no other process holds it: yields whether
-    this process is the job's watcher."""
-    with locks.held_if_free(home, f"watch-{validate_job_id(job_id)}") as mine:
-        yield mine
-
-
-def watcher_pid(home: Path, job_id: str) -> int | None:
-    """The pid of the job's live watcher, or None when none runs."""
-    return locks.holder(home, f"watch-{validate_job_id(job_id)}")
-
-
-def start_watcher(home: Path, job_id: str) -> int:
-    """Start ``cloudtrain jobs watch JOB --supervise`` detached (its own session, no
-    terminal): the watcher under its supervisor, which starts it again when it dies
-    (`cloudtrain.jobs.supervisor`), their output in ``<home>/logs/<job>/watch.log``; the
-    supervisor's pid."""
-    folder = home / "logs" / job_id
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(folder / WATCH_LOG, "a") as out:
-        proc = subprocess.Popen(
-            [*supervisor.watch_argv(job_id), "--supervise"],
-            env={**os.environ, "CLOUDTRAIN_HOME": str(home)},
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return proc.pid
-
-
-def unwatched(state: State, home: Path) -> list[str]:
-    """The managed jobs still open that no watcher watches and no supervisor restarts (both
-    died, or the machine restarted)."""
-    return [
-        rec.id
-        for rec in state.jobs()
-        if not rec.finished
-        and rec.status != "pending"
-        and Policy.of(rec)
-        and watcher_pid(home, rec.id) is None
-        and supervisor.supervisor_pid(home, rec.id) is None
-    ]
 
 
 # -- the watcher ---------------------------------------------------------------------------
@@ -213,10 +162,14 @@ class Watcher:
             if rec.status == "recovering":  # an earlier watcher died mid-recovery, or it failed
                 verdict = Verdict("failed", str(rec.detail.get("recovering_cause") or "lost"))
             else:
-                regrow = (lambda index: self._regrow(rec, index, policy)) if elastic(
-                    rec) else None  # fmt: skip
-                verdict = coord.watch_attempt(rec.id, lambda i, line: None, append=True,
-                                              regrow=regrow, absent=rehost.absent(rec))  # fmt: skip
+                regrow = (lambda index: self._regrow(rec, index, policy)) if elastic(rec) else None
+                verdict = coord.watch_attempt(
+                    rec.id,
+                    lambda i, line: None,
+                    append=True,
+                    regrow=regrow,
+                    absent=rehost.absent(rec),
+                )
             rec = self._job(rec.id)
             if rec.finished:
                 return
@@ -271,13 +224,15 @@ class Watcher:
         self.state.update_job(
             rec.id, status="recovering", detail={"recovering_cause": verdict.cause}
         )
-        self._say(rec, "recovery",
-                  f"job {rec.id}: recovery {number}/{policy.max_recoveries}: {what}")  # fmt: skip
+        self._say(
+            rec, "recovery", f"job {rec.id}: recovery {number}/{policy.max_recoveries}: {what}"
+        )
         made: list[int] = []  # the nodes this recovery makes: a cancel takes them with it
         try:
             with contextlib.suppress(CloudtrainError):  # what still answers stops
-                coord.stop(rec.id, [n for n in self.state.nodes(rec.cluster)
-                                    if n.index != verdict.node])  # fmt: skip
+                coord.stop(
+                    rec.id, [n for n in self.state.nodes(rec.cluster) if n.index != verdict.node]
+                )
             snapshot = coord.pull_checkpoints(rec.id, lost=verdict.node)
             preempted = {
                 n.zone
@@ -299,8 +254,11 @@ class Watcher:
                 return
             self._count(rec, verdict, began, None, error=str(exc))
             if isinstance(exc, NodeLostError):  # a new loss: its replacement is made at once
-                self._say(rec, "recovery", f"job {rec.id}: recovery {number} failed: {exc}; "
-                          "it is made again")  # fmt: skip
+                self._say(
+                    rec,
+                    "recovery",
+                    f"job {rec.id}: recovery {number} failed: {exc}; it is made again",
+                )
                 return
             self._say(rec, "recovery", f"job {rec.id}: recovery {number} failed: {exc}")
             time.sleep(RETRY_PAUSE_S)
@@ -308,8 +266,12 @@ class Watcher:
         age = checkpoints.age(snapshot, began) if snapshot is not None else None
         self._count(rec, verdict, began, age, replaced=replaced)
         restored = f"the checkpoint kept {age:.0f} s before" if age is not None else "no checkpoint"
-        self._say(rec, "recovery", f"job {rec.id} recovered in {time.time() - began:.1f} s "
-                  f"(attempt {attempt_of(rec) + 1}), from {restored}")  # fmt: skip
+        self._say(
+            rec,
+            "recovery",
+            f"job {rec.id} recovered in {time.time() - began:.1f} s "
+            f"(attempt {attempt_of(rec) + 1}), from {restored}",
+        )
 
     def _regrow(self, rec: JobRecord, index: int, policy: Policy) -> bool:
         """An elastic job goes on without node `index`: make it again meanwhile (a recovery,
@@ -325,9 +287,13 @@ class Watcher:
         began = time.time()
         verdict = Verdict("failed", "lost", node=index, reason="was lost")
         if not counted:
-            self._say(rec, "recovery", f"job {rec.id}: recovery {used + 1}/"
-                      f"{policy.max_recoveries}: node {index} was lost; the others go on "
-                      "(elastic) while it is made again")  # fmt: skip
+            self._say(
+                rec,
+                "recovery",
+                f"job {rec.id}: recovery {used + 1}/"
+                f"{policy.max_recoveries}: node {index} was lost; the others go on "
+                "(elastic) while it is made again",
+            )
         try:
             replaced = self.complete_cluster(rec)
         except CloudtrainError as exc:
@@ -340,8 +306,12 @@ class Watcher:
         else:
             self._count(rec, verdict, began, None, replaced=replaced)
         took = time.time() - began
-        self._say(rec, "recovery", f"job {rec.id}: node {index} is back after {took:.1f} s; "
-                  "the job starts again on all its nodes")  # fmt: skip
+        self._say(
+            rec,
+            "recovery",
+            f"job {rec.id}: node {index} is back after {took:.1f} s; "
+            "the job starts again on all its nodes",
+        )
         return True
 
     def _rehost(
@@ -358,12 +328,17 @@ class Watcher:
         checkpoint, and the head is made again while they train (one recovery, counted once)."""
         began = time.time()
         names = ", ".join(str(n.index) for n in left)
-        self.state.update_job(rec.id, status="recovering",
-                              detail={"recovering_cause": verdict.cause})  # fmt: skip
-        self._say(rec, "recovery", f"job {rec.id}: recovery {number}/{policy.max_recoveries}: "
-                  f"node {verdict.node}, the rendezvous host, {verdict.reason}; node(s) {names} "
-                  "lost their rendezvous with it and start again on one of their own while it "
-                  "is made again")  # fmt: skip
+        self.state.update_job(
+            rec.id, status="recovering", detail={"recovering_cause": verdict.cause}
+        )
+        self._say(
+            rec,
+            "recovery",
+            f"job {rec.id}: recovery {number}/{policy.max_recoveries}: "
+            f"node {verdict.node}, the rendezvous host, {verdict.reason}; node(s) {names} "
+            "lost their rendezvous with it and start again on one of their own while it "
+            "is made again",
+        )
         try:
             with contextlib.suppress(CloudtrainError):  # stopped already, unless they hang
                 coord.stop(rec.id, left)
@@ -381,10 +356,14 @@ class Watcher:
         self._count(rec, verdict, began, age)
         self.state.update_job(rec.id, detail={rehost.ABSENT_KEY: [verdict.node]})
         restored = f"the checkpoint kept {age:.0f} s before" if age is not None else "no checkpoint"
-        self._say(rec, "recovery", f"job {rec.id} runs on node(s) {names} again in "
-                  f"{time.time() - began:.1f} s (attempt {attempt_of(rec) + 1}), rendezvous on "
-                  f"node {rehost.head_of(rec)}, from {restored}; node {verdict.node} is being "
-                  "made again")  # fmt: skip
+        self._say(
+            rec,
+            "recovery",
+            f"job {rec.id} runs on node(s) {names} again in "
+            f"{time.time() - began:.1f} s (attempt {attempt_of(rec) + 1}), rendezvous on "
+            f"node {rehost.head_of(rec)}, from {restored}; node {verdict.node} is being "
+            "made again",
+        )
 
     def _replaced(self, rec: JobRecord, index: int, replaced: list[int]) -> None:
         """Record `replaced` on the recovery that counted node `index`'s loss."""
@@ -405,12 +384,15 @@ class Watcher:
                 return
             rec = coord.relaunch(rec.id, snapshot)
         except CloudtrainError as exc:  # the next step recovers it as any lost attempt
-            self.state.update_job(rec.id, status="recovering",
-                                  detail={"recovering_cause": "lost"})  # fmt: skip
+            self.state.update_job(rec.id, status="recovering", detail={"recovering_cause": "lost"})
             self._say(rec, "recovery", f"job {rec.id}: could not start again: {exc}")
             return
-        self._say(rec, "recovery", f"job {rec.id} runs on {rec.num_nodes} node(s) again in "
-                  f"{time.time() - began:.1f} s (attempt {attempt_of(rec) + 1})")  # fmt: skip
+        self._say(
+            rec,
+            "recovery",
+            f"job {rec.id} runs on {rec.num_nodes} node(s) again in "
+            f"{time.time() - began:.1f} s (attempt {attempt_of(rec) + 1})",
+        )
 
     def _count(
         self,
@@ -475,13 +457,23 @@ class Watcher:
             if missing and len(indices) == len(running):  # what still bills, as the cloud says
                 self.state.set_nodes(rec.cluster, running)
         if missing:
-            self._say(rec, "recovery", f"job {rec.id}: replacing node(s) "
-                      f"{', '.join(map(str, missing))} of {rec.cluster}")  # fmt: skip
+            self._say(
+                rec,
+                "recovery",
+                f"job {rec.id}: replacing node(s) {', '.join(map(str, missing))} of {rec.cluster}",
+            )
             if made is not None:
                 made.extend(missing)
-            nodes = lifecycle.up(self.state, self.home, record.spec, self._on_event,
-                           bootstrap_timeout_s=None, prov=prov, complete_only=True,
-                           zones_last=zones_last)  # fmt: skip
+            nodes = lifecycle.up(
+                self.state,
+                self.home,
+                record.spec,
+                self._on_event,
+                bootstrap_timeout_s=None,
+                prov=prov,
+                complete_only=True,
+                zones_last=zones_last,
+            )
             if self.bootstrap_timeout_s is not None:
 
                 def check() -> None:
@@ -489,8 +481,16 @@ class Watcher:
                         raise JobError(rec.id, "cancelled", cancelled=True)
 
                 tap = self._on_event if ready is None else readying(self._on_event, nodes, ready)
-                replacing.wait_booted(self.state, self.home, prov, rec.cluster, nodes, tap,
-                                      self.bootstrap_timeout_s, check=check)  # fmt: skip
+                replacing.wait_booted(
+                    self.state,
+                    self.home,
+                    prov,
+                    rec.cluster,
+                    nodes,
+                    tap,
+                    self.bootstrap_timeout_s,
+                    check=check,
+                )
         return missing
 
     def _cancelled(self, rec: JobRecord, made: list[int]) -> bool:
@@ -501,8 +501,7 @@ class Watcher:
         record = self.state.cluster(rec.cluster)
         if made and record is not None:
             prov = self._provider_for(record.spec)
-            done = replacing.drop(self.state, self.home, prov, rec.cluster, made,
-                                  self._on_event)  # fmt: skip
+            done = replacing.drop(self.state, self.home, prov, rec.cluster, made, self._on_event)
             self._say(rec, "recovery", f"job {rec.id}: cancelled during its recovery; {done}")
         return True
 
@@ -513,54 +512,15 @@ class Watcher:
         if self.state.cluster(rec.cluster) is None:
             return
         try:
-            lifecycle.down(self.state, self.home, rec.cluster, stop_jobs=stop_jobs,
-                           on_event=self._on_event)  # fmt: skip
+            lifecycle.down(
+                self.state, self.home, rec.cluster, stop_jobs=stop_jobs, on_event=self._on_event
+            )
         except CloudtrainError as exc:  # the job's status stands; the event says what is left
-            self._say(rec, "down", f"job {rec.id}: could not tear down {rec.cluster}: {exc}; "
-                      f"`cloudtrain down {rec.cluster}` again")  # fmt: skip
+            self._say(
+                rec,
+                "down",
+                f"job {rec.id}: could not tear down {rec.cluster}: {exc}; "
+                f"`cloudtrain down {rec.cluster}` again",
+            )
         else:
             self._say(rec, "down", f"job {rec.id} ended {rec.status}; {rec.cluster} torn down")
-
-
-# -- following a managed job from any process ---------------------------------------------
-
-
-def follow_copies(
-    state: State,
-    home: Path,
-    job_id: str,
-    on_line: Callable[[int, str], None],
-    on_event: Callable[[str], None],
-    *,
-    poll_s: float = 0.2,
-) -> JobRecord:
-    """Stream a managed job's logs across its attempts, from the copies its watcher keeps,
-    and its recovery events, until it ends. Blocks; Ctrl-C stops following only."""
-    folder = home / "logs" / job_id
-    offsets: dict[Path, int] = {}
-    partial: dict[Path, bytes] = {}
-    seen = max((e.id for e in state.events(job_id=job_id, limit=1)), default=0)
-    while True:
-        rec = state.job(job_id)
-        if rec is None:
-            raise NotFoundError(f"no job {job_id!r}")
-        for event in state.events(job_id=job_id, limit=None):
-            if event.id > seen and event.kind in ("recovery", "preemption", "down"):
-                on_event(event.message)
-            seen = max(seen, event.id)
-        for copy in sorted(folder.glob("node-*.log")):
-            with open(copy, "rb") as f:
-                f.seek(offsets.get(copy, 0))
-                chunk = f.read()
-            offsets[copy] = offsets.get(copy, 0) + len(chunk)
-            *lines, rest = (partial.pop(copy, b"") + chunk).split(b"\n")
-            partial[copy] = rest
-            index = int(copy.stem.split("-")[1])
-            for line in lines:
-                on_line(index, line.decode(errors="replace"))
-        if rec.finished:
-            for copy, rest in partial.items():
-                if rest:
-                    on_line(int(copy.stem.split("-")[1]), rest.decode(errors="replace"))
-            return rec
-        time.sleep(poll_s)

@@ -1,6 +1,6 @@
 """A managed job's watcher, started again when it dies, with no command of the user's.
 
-`managed.start_watcher` starts the supervisor detached (``cloudtrain jobs watch JOB
+`watched.start_watcher` starts the supervisor detached (``cloudtrain jobs watch JOB
 --supervise``); it runs the watcher (``cloudtrain jobs watch JOB``) as its child and starts it
 again whenever it ends while the job is still open: killed (SIGKILL, the OOM killer) or crashed
 (an unexpected exception, exit 5)::
@@ -23,7 +23,7 @@ agent's supervisor's too (`cloudtrain.node.restarts`).
 One supervisor per job: it holds ``<home>/locks/supervise-<job>.lock`` (`supervisor_pid`).
 SIGTERM stops the watcher and the supervisor. A supervisor killed leaves its watcher going;
 when both are gone (the machine restarted), the next command starts both
-(`managed.unwatched`).
+(`watched.unwatched`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.jobs import managed
+from cloudtrain.jobs import watched
 from cloudtrain.node import procs
 from tests.integration.conftest import REPO, SCRIPTS, Shell, wait_for
 
@@ -231,8 +231,8 @@ def test_a_watcher_that_died_is_started_again_by_the_next_command(
     found = re.search(r"watcher \(pid (\d+)\)", start.stderr)
     assert found, start.stderr
     pid = int(found.group(1))  # its supervisor (which starts a dead watcher again)
-    wait_for(lambda: (managed.watcher_pid(sh.home, "w-1") or -1) > 0, what="the watcher")
-    watcher = managed.watcher_pid(sh.home, "w-1")
+    wait_for(lambda: (watched.watcher_pid(sh.home, "w-1") or -1) > 0, what="the watcher")
+    watcher = watched.watcher_pid(sh.home, "w-1")
     assert watcher is not None
     for each in (pid, watcher):  # both gone, as after a restart of the machine
         os.kill(each, signal.SIGKILL)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.jobs import managed, supervisor
+from cloudtrain.jobs import supervisor, watched
 from cloudtrain.node import procs
 from cloudtrain.state import State
 from tests.integration.conftest import Shell, wait_for
@@ -44,12 +44,12 @@ def job_status(home: Path, job_id: str) -> str:
 
 
 def live_watcher(home: Path, job_id: str) -> int | None:
-    pid = managed.watcher_pid(home, job_id)
+    pid = watched.watcher_pid(home, job_id)
     return pid if pid is not None and pid > 0 and procs.alive(pid) else None
 
 
 def no_crash(home: Path, job_id: str) -> None:
-    log = (home / "logs" / job_id / managed.WATCH_LOG).read_text()
+    log = (home / "logs" / job_id / watched.WATCH_LOG).read_text()
     assert "unexpected" not in log, log
     assert not list((home / "crashes").glob("*.txt")), log
 
@@ -78,7 +78,7 @@ def test_a_killed_watcher_comes_back_by_itself_and_the_job_goes_on(
              what="the job to succeed, recorded by the new watcher")  # fmt: skip
     wait_for(lambda: supervisor.supervisor_pid(sh.home, "sv-1") is None, timeout=30,
              what="the supervisor to end with the job")  # fmt: skip
-    log = (sh.home / "logs" / "sv-1" / managed.WATCH_LOG).read_text()
+    log = (sh.home / "logs" / "sv-1" / watched.WATCH_LOG).read_text()
     assert "the watcher of sv-1 was killed by signal 9 after" in log, log
     assert "job sv-1 succeeded" in log, log
     print(f"watcher back {back:.1f} s after its SIGKILL")
@@ -127,8 +127,8 @@ def test_a_failed_recovery_s_half_made_ssh_record_is_read_and_the_job_goes_on(
         wait_for(lambda: supervisor.supervisor_pid(sh.home, job) is None, timeout=30,
                  what="the watcher and its supervisor to end")  # fmt: skip
         no_crash(sh.home, job)
-        watched = (sh.home / "logs" / job / managed.WATCH_LOG).read_text()
-        assert f"the watcher of {job}" not in watched, "one watcher all along: none died"
+        said = (sh.home / "logs" / job / watched.WATCH_LOG).read_text()
+        assert f"the watcher of {job}" not in said, "one watcher all along: none died"
         log = (sh.home / "logs" / job / "node-1.log").read_text()
         assert "rank 1 done" in log, log
         assert sh("down", name).returncode == 0

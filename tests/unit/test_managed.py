@@ -13,7 +13,7 @@ import pytest
 from cloudtrain.errors import ConfigError
 from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call
-from cloudtrain.jobs import managed
+from cloudtrain.jobs import managed, watched
 from cloudtrain.jobs.attempts import JobSpec, Verdict
 from cloudtrain.jobs.coordinator import Coordinator
 from cloudtrain.jobs.torchrun import Launch, read_failure, rendezvous_first
@@ -255,15 +255,15 @@ def test_a_recovery_never_makes_anew_a_cluster_torn_down_meanwhile(tmp_path: Pat
 
 
 def test_one_watcher_per_job(tmp_path: Path) -> None:
-    assert managed.watcher_pid(tmp_path, "c1-1") is None
-    with managed.watching(tmp_path, "c1-1") as first:
+    assert watched.watcher_pid(tmp_path, "c1-1") is None
+    with watched.watching(tmp_path, "c1-1") as first:
         assert first
-        with managed.watching(tmp_path, "c1-1") as second:
+        with watched.watching(tmp_path, "c1-1") as second:
             assert not second, "a second watcher of the same job leaves it to the first"
-        assert managed.watcher_pid(tmp_path, "c1-1") == os.getpid()
-        with managed.watching(tmp_path, "c1-2") as other:
+        assert watched.watcher_pid(tmp_path, "c1-1") == os.getpid()
+        with watched.watching(tmp_path, "c1-2") as other:
             assert other, "another job has its own"
-    assert managed.watcher_pid(tmp_path, "c1-1") is None
+    assert watched.watcher_pid(tmp_path, "c1-1") is None
 
 
 def test_a_watcher_started_mid_recovery_finishes_the_recovery(setup: Setup) -> None:
