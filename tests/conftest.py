@@ -13,6 +13,17 @@ from click.testing import CliRunner, Result
 from cloudtrain.cli.main import cli
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A run started in the background by a non-interactive shell (``pytest &``, nohup)
+    inherits SIGINT ignored, and so would every process it starts: the CLI's Ctrl-C, which
+    the tests of the terminal send, would then do nothing and they would hang. A handler of
+    our own becomes the default again in every program these processes run."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """cloudtrain's bytecode, written once before any test: the suite starts hundreds of
     Pythons (the CLI, node commands, agents) from this checkout, and where the environment sets

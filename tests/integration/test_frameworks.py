@@ -27,7 +27,9 @@ def needs(module: str, install: str) -> None:
 
 
 def epochs(out: str) -> list[str]:
-    return re.findall(r"^\[node 0\] (epoch \d+/\d+ loss [\d.]+)$", out, re.MULTILINE)
+    """What rank 0 printed of each epoch, on whichever node it ran: torchrun's rendezvous ranks
+    the agents by address and pid, so under torchrun it may be node 1."""
+    return re.findall(r"^\[node \d+\] (epoch \d+/\d+ loss [\d.]+)$", out, re.MULTILINE)
 
 
 def accuracy(out: str) -> float:
