@@ -162,8 +162,14 @@ def _crypto() -> Any:
 
 def _keygen(keygen: str, *args: str) -> str:
     """``ssh-keygen ARGS``' output; its error is a `ConfigError` (a key it cannot make)."""
-    done = subprocess.run([keygen, *args], capture_output=True, text=True, check=False,
-                          stdin=subprocess.DEVNULL, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [keygen, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
         raise ConfigError(f"ssh-keygen could not make or read a key: {why}")

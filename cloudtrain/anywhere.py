@@ -92,8 +92,15 @@ def up(
     for i, choice in enumerate(choices):
         placed = on(spec, choice.provider)
         try:
-            return api.up(state, home, placed, on_event, bootstrap_timeout_s=bootstrap_timeout_s,
-                          regions=choice.regions, before_unlock=before_unlock)  # fmt: skip
+            return api.up(
+                state,
+                home,
+                placed,
+                on_event,
+                bootstrap_timeout_s=bootstrap_timeout_s,
+                regions=choice.regions,
+                before_unlock=before_unlock,
+            )
         except FAIL_OVER as exc:
             failed.append(str(exc))
             if state.cluster(spec.name) is not None or len(choices) == 1:
@@ -101,15 +108,24 @@ def up(
             if i == len(choices) - 1:
                 raise CapacityError(ANYWHERE, "NoCapacity", "; ".join(failed)) from exc
             following = choices[i + 1]
-            on_event(Event("failover", f"{exc}; trying {following.provider} "
-                           f"({', '.join(following.regions)})"))  # fmt: skip
+            on_event(
+                Event(
+                    "failover",
+                    f"{exc}; trying {following.provider} ({', '.join(following.regions)})",
+                )
+            )
         except ConfigError:
             record = state.cluster(spec.name)
             if record is None or record.provider == choice.provider:
                 raise
             # another `up` of this name placed it first, on another cloud: complete it there
-            return api.up(state, home, on(spec, record.provider), on_event,
-                          bootstrap_timeout_s=bootstrap_timeout_s)  # fmt: skip
+            return api.up(
+                state,
+                home,
+                on(spec, record.provider),
+                on_event,
+                bootstrap_timeout_s=bootstrap_timeout_s,
+            )
     raise CapacityError(ANYWHERE, "NoOffer", "nowhere to try")  # `rank` never ranks nothing
 
 

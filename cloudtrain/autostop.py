@@ -62,8 +62,10 @@ def expire(state: State, home: Path, record: ClusterRecord, found: list[NodeInfo
     spec = record.spec
     live = [f"node {n.index} ({n.node_id})" for n in found if n.state not in HALTED]
     api.down(state, home, spec.name)
-    said = (f"{spec.name}: {spec.limits.ended()}, but {', '.join(live)} still ran (not stopped by "
-            "its agent); removed the cluster")  # fmt: skip
+    said = (
+        f"{spec.name}: {spec.limits.ended()}, but {', '.join(live)} still ran (not stopped by "
+        "its agent); removed the cluster"
+    )
     state.add_event(spec.name, "down", said)
     return said
 
@@ -71,8 +73,11 @@ def expire(state: State, home: Path, record: ClusterRecord, found: list[NodeInfo
 def may_have_stopped(state: State, record: ClusterRecord) -> bool:
     """Whether cluster `record` has limits and was made: not while an `up` (or a `down`)
     of it is under way, whose nodes are not there yet (or going)."""
-    return (bool(record.spec.limits) and record.status not in IN_PROGRESS
-            and not state.open_intents(record.name))  # fmt: skip
+    return (
+        bool(record.spec.limits)
+        and record.status not in IN_PROGRESS
+        and not state.open_intents(record.name)
+    )
 
 
 def stopped_itself(spec: ClusterSpec, found: list[NodeInfo]) -> bool:
@@ -101,8 +106,13 @@ def settle(
     from cloudtrain.provision import registry
 
     spec = record.spec
-    why = (f"its {spec.limits.ends_why} ended" if ended(spec)
-           else "it was idle" if spec.limits.idle_minutes else "its nodes are gone")  # fmt: skip
+    why = (
+        f"its {spec.limits.ends_why} ended"
+        if ended(spec)
+        else "it was idle"
+        if spec.limits.idle_minutes
+        else "its nodes are gone"
+    )
     what = ", ".join(left) or "nothing"
     # a cloud's nodes boot from user-data and go with their machines; ssh and local nodes
     # leave their jobs' folders on the machine, beside their own (`selfstop.keep`)
@@ -118,5 +128,7 @@ def settle(
     if record.status != STOPPED:
         state.set_cluster_status(spec.name, STOPPED)
         state.add_event(spec.name, STOPPED, f"the nodes stopped themselves ({why}); kept: {what}")
-    return (f"{spec.name} stopped itself ({why}); `cloudtrain up` brings it back, "
-            f"`cloudtrain down {spec.name}` removes it (kept: {what})")  # fmt: skip
+    return (
+        f"{spec.name} stopped itself ({why}); `cloudtrain up` brings it back, "
+        f"`cloudtrain down {spec.name}` removes it (kept: {what})"
+    )

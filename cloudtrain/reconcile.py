@@ -40,14 +40,17 @@ def reconcile(
         known = {n.node_id: n for n in state.nodes(c.name)}
         found = [  # a node that does not answer keeps what was known of it
             dataclasses.replace(known[n.node_id], state=n.state)
-            if n.state == "unreachable" and n.node_id in known else n
+            if n.state == "unreachable" and n.node_id in known
+            else n
             for n in found
-        ]  # fmt: skip
+        ]
         before = set(known)
         after = {n.node_id for n in found}
         if before != after:
-            note(f"{c.name}: {len(before - after)} node(s) gone, {len(after - before)} "
-                     "new, since the last record; updated")  # fmt: skip
+            note(
+                f"{c.name}: {len(before - after)} node(s) gone, {len(after - before)} "
+                "new, since the last record; updated"
+            )
         for line in node_changes(c.provider, list(known.values()), found):
             state.add_event(c.name, "node", line)
         state.set_nodes(c.name, found)
@@ -77,8 +80,10 @@ def reconcile(
     if not others:
         return
     recorded = {c.name for c in state.clusters()}
-    accounts = {(c.provider, json.dumps(account(c.spec.extra, c.provider), sort_keys=True)): c
-                for c in clusters}  # fmt: skip
+    accounts = {
+        (c.provider, json.dumps(account(c.spec.extra, c.provider), sort_keys=True)): c
+        for c in clusters
+    }
     providers = [api.provider(registry.default(), home)] + [
         api.provider_for(c.spec, home)
         for (p, _), c in sorted(accounts.items())
@@ -88,9 +93,11 @@ def reconcile(
         pname = prov.name
         for name in prov.clusters():
             if name not in recorded:
-                note(f"warning: cluster {name!r} exists on {pname} (found by its tags) but "
-                         f"is not recorded here; `cloudtrain down {name} --provider {pname}` "
-                         "removes it")  # fmt: skip
+                note(
+                    f"warning: cluster {name!r} exists on {pname} (found by its tags) but "
+                    f"is not recorded here; `cloudtrain down {name} --provider {pname}` "
+                    "removes it"
+                )
 
 
 def node_changes(provider: str, recorded: list[NodeInfo], found: list[NodeInfo]) -> list[str]:
@@ -127,8 +134,11 @@ def every_cluster(
     wanted = {provider} if provider else {registry.default(), *(c.provider for c in records)}
     for pname in sorted(wanted):
         # the accounts to look in: the flags', else those the records were made in
-        recorded = {json.dumps(account(c.spec.extra, pname), sort_keys=True)
-                    for c in records if c.provider == pname}  # fmt: skip
+        recorded = {
+            json.dumps(account(c.spec.extra, pname), sort_keys=True)
+            for c in records
+            if c.provider == pname
+        }
         accounts = [dict(options)] if options else [json.loads(a) or None for a in sorted(recorded)]
         for acct in accounts or [None]:
             for cluster in api.provider(pname, home, acct).clusters():

@@ -184,8 +184,11 @@ def wait_ready(
         if all(s is not None and s.get("state") == "ready" for s in statuses):
             return
         if time.monotonic() > deadline:
-            slow = next(n for n, s in zip(nodes, statuses, strict=True)
-                        if s is None or s.get("state") != "ready")  # fmt: skip
+            slow = next(
+                n
+                for n, s in zip(nodes, statuses, strict=True)
+                if s is None or s.get("state") != "ready"
+            )
             raise BootstrapError(
                 str(slow.index),
                 seen.get(slow.index, "not started").split(":")[0],
@@ -214,9 +217,15 @@ def watch(
         on_event(Event("bootstrap", f"not watched: {exc}"))
         return False
     try:
-        wait_ready(nodes, executors, on_event=on_event, timeout_s=timeout_s,
-                   handoff=hand_over_wheel(wheel), lost=lost,
-                   lost_every_s=lost_every_s)  # fmt: skip
+        wait_ready(
+            nodes,
+            executors,
+            on_event=on_event,
+            timeout_s=timeout_s,
+            handoff=hand_over_wheel(wheel),
+            lost=lost,
+            lost_every_s=lost_every_s,
+        )
     finally:
         for ex in executors:
             ex.close()

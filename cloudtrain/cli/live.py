@@ -119,8 +119,12 @@ def following(app: App, job_id: str, *, live: bool = True) -> Iterator[None]:
         return
     reader = _Reader(app.home, job_id)
     if app.out.is_terminal:
-        with Live(get_renderable=lambda: _panel(reader.lines()), console=app.out,
-                  refresh_per_second=1 / REFRESH_S, redirect_stderr=False):  # fmt: skip
+        with Live(
+            get_renderable=lambda: _panel(reader.lines()),
+            console=app.out,
+            refresh_per_second=1 / REFRESH_S,
+            redirect_stderr=False,
+        ):
             yield
         return
     stop = threading.Event()

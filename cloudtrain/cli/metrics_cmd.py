@@ -107,13 +107,17 @@ def draw(lines: Sequence[Mapping[str, Any]], names: Sequence[str], out: Path, ti
     matplotlib.use("Agg")  # a file, never a window
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(names), 1, figsize=(8, 2.6 * len(names)), sharex=True,
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(names), 1, figsize=(8, 2.6 * len(names)), sharex=True, squeeze=False
+    )
     attempts = sorted({ln["attempt"] for ln in lines})
     for ax, name in zip(axes[:, 0], names, strict=True):
         for attempt in attempts:
-            points = [(ln["step"], ln[name]) for ln in lines
-                      if ln["attempt"] == attempt and ln.get(name) is not None]  # fmt: skip
+            points = [
+                (ln["step"], ln[name])
+                for ln in lines
+                if ln["attempt"] == attempt and ln.get(name) is not None
+            ]
             if points:
                 xs, ys = zip(*points, strict=True)
                 ax.plot(xs, ys, marker="o", markersize=3, label=f"attempt {attempt}")
@@ -133,8 +137,12 @@ def draw(lines: Sequence[Mapping[str, Any]], names: Sequence[str], out: Path, ti
 @click.command()
 @click.argument("job_id", callback=job_id_arg)
 @click.argument("names", nargs=-1, metavar="[METRIC]...")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
-              help="The image: .png, .svg or .pdf (default: JOB_ID.png).")  # fmt: skip
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The image: .png, .svg or .pdf (default: JOB_ID.png).",
+)
 @pass_app
 def plot(app: App, job_id: str, names: tuple[str, ...], output: Path | None) -> None:
     """Draw JOB_ID's reported metrics over the steps (default: every metric) to an image.
@@ -157,8 +165,9 @@ def plot(app: App, job_id: str, names: tuple[str, ...], output: Path | None) -> 
         have = ", ".join(map(_quoted, reported)) or none
         raise ConfigError(f"metric {unknown[0]!r}: job {job_id} reported {have}")
     if not reported:
-        raise ConfigError(f"job {job_id} reported no metrics (a script reports them with "
-                          "runtime.report)")  # fmt: skip
+        raise ConfigError(
+            f"job {job_id} reported no metrics (a script reports them with runtime.report)"
+        )
     try:
         draw(lines, list(names) or reported, output, f"job {job_id}")
     except OSError as exc:  # a folder that is not there, or not ours to write in

@@ -27,8 +27,12 @@ EVENTS_SHOWN = 20
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--cluster", "-c", callback=cluster_name,
-              help="Only this cluster: its jobs and its latest events.")  # fmt: skip
+@click.option(
+    "--cluster",
+    "-c",
+    callback=cluster_name,
+    help="Only this cluster: its jobs and its latest events.",
+)
 @click.option("--refresh", is_flag=True, help="Ask each provider which nodes really exist.")
 @click.argument("name", required=False, callback=cluster_name)
 @pass_app
@@ -62,9 +66,11 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
         app.note(interrupted_line(intent.action, intent.cluster, render.ago(intent.ts)))
     for c in clusters:
         if c.status == ClusterStatus.UNWATCHED:
-            app.note(f"warning: the wait for the bootstrap of {c.name!r} was interrupted; its "
-                     "nodes run, ready or not: `cloudtrain up` it again to wait, or "
-                     f"`cloudtrain down {c.name}`")  # fmt: skip
+            app.note(
+                f"warning: the wait for the bootstrap of {c.name!r} was interrupted; its "
+                "nodes run, ready or not: `cloudtrain up` it again to wait, or "
+                f"`cloudtrain down {c.name}`"
+            )
     refreshed = {}
     for c in clusters:
         running = [j for j in state.jobs(c.name) if not j.finished]
@@ -124,8 +130,11 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
         clusters = [c for c in state.clusters() if cluster is None or c.name == cluster]
         nodes = {c.name: state.nodes(c.name) for c in clusters}
         events = state.events(cluster, limit=EVENTS_SHOWN)
-    stops = {c.name: render.stops_text(c.spec, beats[c.name], now) for c in idle
-             if c.name in beats and c not in acted}  # fmt: skip
+    stops = {
+        c.name: render.stops_text(c.spec, beats[c.name], now)
+        for c in idle
+        if c.name in beats and c not in acted
+    }
     counts = {k: len(v) for k, v in nodes.items()}
     app.out.print(render.clusters_table(clusters, counts, stops, now, spent))
     if jobs:

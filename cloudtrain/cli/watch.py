@@ -30,8 +30,9 @@ def start_watching(app: App, job_id: str, policy: Policy) -> None:
 
     pid = watched.start_watcher(app.home, job_id)
     down = "; it tears the cluster down at the end" if policy.down else ""
-    app.note(f"managed: its watcher (pid {pid}) recovers it up to {policy.max_recoveries} "
-             f"time(s){down}")  # fmt: skip
+    app.note(
+        f"managed: its watcher (pid {pid}) recovers it up to {policy.max_recoveries} time(s){down}"
+    )
 
 
 def restart_watchers(app: App) -> None:
@@ -48,8 +49,9 @@ def follow_managed(app: App, job_id: str) -> JobRecord:
     """Stream the job's logs and recoveries until it ends, then wait for its watcher."""
     from cloudtrain.jobs import watched
 
-    rec = watched.follow_copies(app.state, app.home, job_id, app.node_line,
-                                lambda m: app.note(f"cloudtrain: {m}"))  # fmt: skip
+    rec = watched.follow_copies(
+        app.state, app.home, job_id, app.node_line, lambda m: app.note(f"cloudtrain: {m}")
+    )
     _wait_for_watcher(app, job_id)
     return rec
 
@@ -62,8 +64,10 @@ def _wait_for_watcher(app: App, job_id: str) -> None:
     while (pid := watched.watcher_pid(app.home, job_id)) is not None:
         waited = time.monotonic() - began
         if waited > WATCHER_EXIT_S:
-            app.note(f"warning: the watcher of {job_id} (pid {pid}) has not ended; it goes on "
-                     "in the background")  # fmt: skip
+            app.note(
+                f"warning: the watcher of {job_id} (pid {pid}) has not ended; it goes on "
+                "in the background"
+            )
             return
         if not told and waited > 2:
             app.note(f"waiting for the watcher of {job_id} (pid {pid}) to finish")
@@ -120,9 +124,12 @@ def jobs() -> None:
 
 @jobs.command()
 @click.argument("job_id", callback=job_id_arg)
-@click.option("--supervise", is_flag=True,
-              help="Run the watcher as a child, and start it again whenever it dies while the "
-                   "job is open (what `train --managed` starts in the background).")  # fmt: skip
+@click.option(
+    "--supervise",
+    is_flag=True,
+    help="Run the watcher as a child, and start it again whenever it dies while the "
+    "job is open (what `train --managed` starts in the background).",
+)
 @pass_app
 def watch(app: App, job_id: str, supervise: bool) -> None:
     """Watch JOB_ID and recover it until it ends, in the foreground.

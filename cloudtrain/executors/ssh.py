@@ -62,7 +62,7 @@ def control_dir() -> Path:
         raise ConfigError(
             f"ssh control folder {folder} is {what}, not this user's own folder: remove it, or "
             "set TMPDIR to a folder only you can write"
-        )  # fmt: skip
+        )
     if stat.S_IMODE(found.st_mode) & 0o077:
         folder.chmod(0o700)
     return folder
@@ -147,9 +147,11 @@ class SshExecutor:
         if (by_env or self.loopback_only) and not access.is_loopback(self.host):
             why = (
                 "CLOUDTRAIN_SSH_LOOPBACK_ONLY=1 (set by test suites so that no packet leaves "
-                "the machine)" if by_env else "its provider's endpoint is a local stand-in, "
+                "the machine)"
+                if by_env
+                else "its provider's endpoint is a local stand-in, "
                 "whose node addresses are invented"
-            )  # fmt: skip
+            )
             raise ProviderError(
                 "ssh", "Blocked", f"{self.host} is not a loopback address and {why}"
             )
@@ -169,11 +171,12 @@ class SshExecutor:
             message = done.stderr.strip()
             if any(m in message for m in HOST_KEY_CHANGED):
                 raise ProviderError(
-                    "ssh", "HostKeyMismatch",
+                    "ssh",
+                    "HostKeyMismatch",
                     f"{self.host}:{self.port} did not present the cluster's pinned host key. "
                     "Either this is not the node cloudtrain made (check the address), or "
                     "someone is in between; nothing was sent to it.",
-                )  # fmt: skip
+                )
             unreachable = any(m in message for m in UNREACHABLE)
             expired = time.monotonic() > deadline
             if not unreachable or expired:
@@ -199,9 +202,11 @@ class SshExecutor:
     ) -> RunResult:
         self._connect()
         done = self._local.run(
-            self._ssh(REMOTE_SHELL), timeout=timeout, on_output=on_output,
+            self._ssh(REMOTE_SHELL),
+            timeout=timeout,
+            on_output=on_output,
             stdin=remote_script(argv, env, cwd),
-        )  # fmt: skip
+        )
         return RunResult(tuple(argv), done.returncode, done.stdout, done.stderr)
 
     def start_detached(

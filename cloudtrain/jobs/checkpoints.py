@@ -105,8 +105,9 @@ class Kept:
         """The whole snapshots, oldest first."""
         if not self.folder.is_dir():
             return []
-        return sorted((p for p in self.folder.iterdir() if p.name.isdigit()),
-                      key=lambda p: int(p.name))  # fmt: skip
+        return sorted(
+            (p for p in self.folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)
+        )
 
     def newest(self) -> Path | None:
         found = self.snapshots()
@@ -143,8 +144,10 @@ class Kept:
         union = self.folder / ".union"
         shutil.rmtree(union, ignore_errors=True)
         order = [str(i) for i, _, _ in sources]
-        known = sorted((p for p in parts.iterdir() if p.is_dir()), key=lambda p: (
-            order.index(p.name) if p.name in order else len(order), p.name))  # fmt: skip
+        known = sorted(
+            (p for p in parts.iterdir() if p.is_dir()),
+            key=lambda p: (order.index(p.name) if p.name in order else len(order), p.name),
+        )
         for part in known:
             received.link_tree(part, union, keep_existing=True)
         if not union.is_dir() or not any(union.iterdir()):

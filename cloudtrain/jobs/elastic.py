@@ -123,8 +123,12 @@ def run_script(target: str) -> None:
     path = os.path.abspath(target)
     sys.path[0] = os.path.dirname(path)
     main = types.ModuleType("__main__")
-    main.__dict__.update(__file__=path, __builtins__=builtins, __cached__=None,
-                         __loader__=SourceFileLoader("__main__", path))  # fmt: skip
+    main.__dict__.update(
+        __file__=path,
+        __builtins__=builtins,
+        __cached__=None,
+        __loader__=SourceFileLoader("__main__", path),
+    )
     sys.modules["__main__"] = main
     with open(path, "rb") as source:
         code = compile(source.read(), path, "exec")
@@ -175,8 +179,11 @@ def launch(argv: Sequence[str]) -> Any:
     cuda: Any = torch.cuda
     args = torchrun.parse_args(list(argv))
     if args.start_method == "fork" and cuda.is_initialized():
-        print("cloudtrain: CUDA was initialised before the workers started; starting them "
-              "with spawn instead of fork", file=sys.stderr)  # fmt: skip
+        print(
+            "cloudtrain: CUDA was initialised before the workers started; starting them "
+            "with spawn instead of fork",
+            file=sys.stderr,
+        )
         args.start_method = "spawn"
     if args.start_method != "fork" or args.no_python or args.run_path:
         return torchrun.run(args)

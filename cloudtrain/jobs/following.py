@@ -59,9 +59,12 @@ class Following(Pulling):
         for node, status in zip(nodes, statuses, strict=True):
             why = (status.get("agent") or {}).get("restarted")
             if why:
-                self.state.add_event(rec.cluster, "agent",
-                                     f"node {node.index}'s agent was not running ({why}); "
-                                     "started again", job_id=rec.id)  # fmt: skip
+                self.state.add_event(
+                    rec.cluster,
+                    "agent",
+                    f"node {node.index}'s agent was not running ({why}); started again",
+                    job_id=rec.id,
+                )
 
     def _note_progress(self, rec: JobRecord, statuses: Sequence[Mapping[str, Any]]) -> None:
         """Record the furthest step a node reported (``detail["progress"]``); once a recovered
@@ -78,9 +81,12 @@ class Following(Pulling):
             redone = max(0, int(last["step_at_loss"]) - int(resumed))
             last.update(resumed_at_step=int(resumed), steps_redone=redone)
             detail["recoveries"] = recoveries
-            self.state.add_event(rec.cluster, "recovery",
-                                 f"job {rec.id}: resumed at step {resumed}, {redone} step(s) "
-                                 "redone", job_id=rec.id)  # fmt: skip
+            self.state.add_event(
+                rec.cluster,
+                "recovery",
+                f"job {rec.id}: resumed at step {resumed}, {redone} step(s) redone",
+                job_id=rec.id,
+            )
         self.state.update_job(rec.id, detail=detail)
 
     def _read_log(self, node: NodeInfo, rec: JobRecord, tail: int | None = None) -> str:
@@ -120,8 +126,13 @@ class Following(Pulling):
         self._note_agents(rec, nodes, statuses)
         self._note_progress(rec, statuses)
         statuses = preemptions.remembered(self._job(rec.id), nodes, statuses)  # node gone since
-        return judge(rec, nodes, statuses, lost or {},
-                     lambda node: read_failure(self._read_log(node, rec, tail=80)))  # fmt: skip
+        return judge(
+            rec,
+            nodes,
+            statuses,
+            lost or {},
+            lambda node: read_failure(self._read_log(node, rec, tail=80)),
+        )
 
     def record(
         self, rec: JobRecord, verdict: Verdict, *, ended_at: float | None = None
@@ -129,8 +140,12 @@ class Following(Pulling):
         """Record how the job ended (once: a job that already ended keeps its status), and
         when: `ended_at` as its nodes said (`State.finish_job` bounds it), else now."""
         if verdict.status == "failed":
-            detail = {"failed_node": verdict.node, "reason": verdict.reason,
-                      "log_tail": verdict.tail, "cause": verdict.cause}  # fmt: skip
+            detail = {
+                "failed_node": verdict.node,
+                "reason": verdict.reason,
+                "log_tail": verdict.tail,
+                "cause": verdict.cause,
+            }
             code: int | None = verdict.exit_code if verdict.exit_code is not None else -1
             message = f"failed: node {verdict.node} {verdict.reason}"
         else:
@@ -230,8 +245,7 @@ class Following(Pulling):
                     on_line(node.index, line)
 
                 with contextlib.suppress(ProviderError):  # unreachable: the status says so
-                    self._agent(node, "follow", run_dir(node, rec), timeout=None,
-                                on_output=emit)  # fmt: skip
+                    self._agent(node, "follow", run_dir(node, rec), timeout=None, on_output=emit)
             if self._closes != closes:  # left (Ctrl-C): the job goes on, nothing to judge
                 return
             status = self._status(node, rec)

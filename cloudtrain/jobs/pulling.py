@@ -32,14 +32,18 @@ class Pulling(JobNodes):
         def pull(node: NodeInfo) -> None:
             folder = job_dir(node, rec.id, attempt)
             try:
-                metrics.pull(metrics.copy_path(self.home, rec.id, attempt, node.index),
-                             lambda offset: self._agent(node, "metrics", folder, "--offset",
-                                                        str(offset)).check().stdout)  # fmt: skip
+                metrics.pull(
+                    metrics.copy_path(self.home, rec.id, attempt, node.index),
+                    lambda offset: (
+                        self._agent(node, "metrics", folder, "--offset", str(offset)).check().stdout
+                    ),
+                )
             except (CommandError, ProviderError, OSError) as exc:
                 if self._closes != closes:  # ended by `close` (Ctrl-C): not the node's fault
                     return
-                log.warning("could not copy the metrics of %s from node %d: %s", rec.id,
-                            node.index, exc)  # fmt: skip
+                log.warning(
+                    "could not copy the metrics of %s from node %d: %s", rec.id, node.index, exc
+                )
 
         fan_out(pull, ran_on(rec, nodes) if nodes is not None else self._job_nodes(rec))
 
@@ -62,8 +66,7 @@ class Pulling(JobNodes):
         newest = kept.newest()
 
         def warn(index: int, exc: Exception) -> None:
-            log.warning("could not copy the checkpoints of %s from node %d: %s", job_id,
-                        index, exc)  # fmt: skip
+            log.warning("could not copy the checkpoints of %s from node %d: %s", job_id, index, exc)
 
         override = rec.detail.get("checkpoint_dir")
         sharded = (rec.detail.get("spec") or {}).get("strategy") == "fsdp"

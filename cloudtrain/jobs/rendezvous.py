@@ -51,8 +51,12 @@ def listener(host: str, port: int) -> socket.socket:
         if exc.errno != errno.EADDRNOTAVAIL:
             sock.close()
             raise
-        log.warning("%s is not an address of this machine (%s): the rendezvous store listens "
-                    "on every interface", host, exc)  # fmt: skip
+        log.warning(
+            "%s is not an address of this machine (%s): the rendezvous store listens "
+            "on every interface",
+            host,
+            exc,
+        )
         sock.bind(("::" if family == socket.AF_INET6 else "", port))
     sock.listen(socket.SOMAXCONN)
     return sock
@@ -101,8 +105,10 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     # The rank-0 agent hosts a second store for the workers' process group (torch's store
     # sharing), made by this method with no address to listen on: give it one.
     if not hasattr(handler, SHARED_STORE_HOOK):
-        raise RuntimeError(f"this torch has no {SHARED_STORE_HOOK}; cloudtrain cannot bind its "
-                           "workers' store to one address")  # fmt: skip
+        raise RuntimeError(
+            f"this torch has no {SHARED_STORE_HOOK}; cloudtrain cannot bind its "
+            "workers' store to one address"
+        )
     setattr(handler, SHARED_STORE_HOOK, bound_store)
     return handler
 

@@ -64,9 +64,15 @@ def wait_booted(
         return {n.index for n in nodes} - running
 
     try:
-        if not readiness.watch(nodes, prov.executor, lambda: wheel.build(home), lost,
-                               on_event=on_event, timeout_s=timeout_s,
-                               lost_every_s=every_s):  # fmt: skip
+        if not readiness.watch(
+            nodes,
+            prov.executor,
+            lambda: wheel.build(home),
+            lost,
+            on_event=on_event,
+            timeout_s=timeout_s,
+            lost_every_s=every_s,
+        ):
             return  # a provider that cannot run commands on its nodes yet
     except NodeLostError:
         raise
@@ -115,8 +121,10 @@ def drop(
             elif not others:
                 prov.terminate(cluster, cid)
             else:
-                return (f"node(s) {which} stay: {prov.name} cannot remove a node and keep the "
-                        f"others; `cloudtrain down {cluster}` removes them")  # fmt: skip
+                return (
+                    f"node(s) {which} stay: {prov.name} cannot remove a node and keep the "
+                    f"others; `cloudtrain down {cluster}` removes them"
+                )
             state.set_nodes(cluster, others)
     except CloudtrainError as exc:
         log.warning("could not remove node(s) %s of %s: %s", which, cluster, exc)

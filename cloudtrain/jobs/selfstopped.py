@@ -44,9 +44,15 @@ def kept_nodes(nodes: Sequence[NodeInfo]) -> list[NodeInfo]:
 
 
 def bring_home(
-    state: State, home: Path, provider: Provider, cluster: str, nodes: Sequence[NodeInfo],
-    why: str, *, machines_stay: bool = True,
-) -> list[str]:  # fmt: skip
+    state: State,
+    home: Path,
+    provider: Provider,
+    cluster: str,
+    nodes: Sequence[NodeInfo],
+    why: str,
+    *,
+    machines_stay: bool = True,
+) -> list[str]:
     """Copy home the logs and checkpoints that the cluster's `nodes` (as recorded before they
     stopped themselves) kept, and record how each of its unfinished jobs ended (`why`: why the
     cluster stopped). One line per job recorded. Blocks; a node that cannot be read is logged
@@ -92,18 +98,26 @@ def _ending(
     codes = [s.get("exit_code") for s in read]
     ends = [s.get("ended") for s in read]
     before = (
-        bool(read) and len(read) == len(statuses) and stopped_at is not None
+        bool(read)
+        and len(read) == len(statuses)
+        and stopped_at is not None
         and all(isinstance(c, int) for c in codes)
         and all(isinstance(e, int | float) and e < stopped_at for e in ends)
-    )  # fmt: skip
+    )
     if before:
         if any(s.get("cancelled") for s in read):
             return "cancelled", first_nonzero(codes), {}
         code = first_nonzero(codes)
         if code is None:
             return "succeeded", 0, {}
-        return "failed", code, {"reason": f"failed: exited {code} before the cluster stopped "
-                                          f"itself ({why})", "cause": "exit"}  # fmt: skip
+        return (
+            "failed",
+            code,
+            {
+                "reason": f"failed: exited {code} before the cluster stopped itself ({why})",
+                "cause": "exit",
+            },
+        )
     reason = f"stopped: the cluster stopped itself ({why})"
     return "cancelled", first_nonzero(codes), {"reason": reason, "cause": CAUSE}
 

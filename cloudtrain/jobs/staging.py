@@ -52,8 +52,9 @@ def past_torch(event: Event) -> bool:
     return phase in AFTER or state == "ready"
 
 
-def readying(on_event: OnEvent, nodes: Sequence[NodeInfo],
-             ready: Callable[[NodeInfo], None]) -> OnEvent:  # fmt: skip
+def readying(
+    on_event: OnEvent, nodes: Sequence[NodeInfo], ready: Callable[[NodeInfo], None]
+) -> OnEvent:
     """`on_event`, and `ready(node)` run once, in a thread of its own (the wait it taps goes
     on), for each of `nodes` whose bootstrap goes past its torch phase: a recovery readies a
     replacement for its job while the bootstrap checks torch (`Coordinator.prewarm`)."""
@@ -65,8 +66,9 @@ def readying(on_event: OnEvent, nodes: Sequence[NodeInfo],
         node = by_index.get(event.node) if event.node is not None else None
         if node is not None and node.index not in begun and past_torch(event):
             begun.add(node.index)
-            threading.Thread(target=ready, args=(node,), daemon=True,
-                             name=f"cloudtrain-ready-{node.index}").start()  # fmt: skip
+            threading.Thread(
+                target=ready, args=(node,), daemon=True, name=f"cloudtrain-ready-{node.index}"
+            ).start()
 
     return tap
 
@@ -111,8 +113,9 @@ class Stager:
         node = self._nodes(index)
         if node is None:
             return
-        thread = threading.Thread(target=self._stage, args=(node, past), daemon=True,
-                                  name=f"cloudtrain-stage-{index}")  # fmt: skip
+        thread = threading.Thread(
+            target=self._stage, args=(node, past), daemon=True, name=f"cloudtrain-stage-{index}"
+        )
         self._threads[index] = thread
         thread.start()
 
@@ -137,8 +140,9 @@ class Stager:
                 ex.close()
         self.outcome[node.index] = "staged"
         what = "workdir and setup" if self.job.setup else "workdir"
-        self._on_event(Event("stage", f"{what} in place while the bootstrap finishes",
-                             node=node.index))  # fmt: skip
+        self._on_event(
+            Event("stage", f"{what} in place while the bootstrap finishes", node=node.index)
+        )
 
     def join(self) -> None:
         """Wait for every staging begun (a node's setup can take minutes); a node that did

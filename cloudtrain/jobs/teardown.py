@@ -29,11 +29,20 @@ def stop_jobs(state: State, home: Path, prov: Provider, name: str, on_event: OnE
                 try:
                     coord.cancel(job.id)
                 except CloudtrainError as exc:  # a node that does not answer must not
-                    on_event(Event("warning", f"could not stop job {job.id} on every "
-                                   f"node ({exc}); terminating anyway"))  # fmt: skip
+                    on_event(
+                        Event(
+                            "warning",
+                            f"could not stop job {job.id} on every "
+                            f"node ({exc}); terminating anyway",
+                        )
+                    )
                 if coord.finish(job.id, "cancelled"):  # its nodes could not say: gone now
-                    state.add_event(name, "job", f"job {job.id} cancelled: its cluster was "
-                                    "torn down", job_id=job.id)  # fmt: skip
+                    state.add_event(
+                        name,
+                        "job",
+                        f"job {job.id} cancelled: its cluster was torn down",
+                        job_id=job.id,
+                    )
         coord.archive_logs(name)
     finally:
         coord.close()

@@ -154,8 +154,11 @@ class Failure:
             return "its processes vanished"
         number = self.killed_by(agent_exit)
         if number is not None:
-            who = "its launcher" if self.worker_exit is None else (
-                f"rank {self.rank}" if self.rank is not None else "a rank")  # fmt: skip
+            who = (
+                "its launcher"
+                if self.worker_exit is None
+                else (f"rank {self.rank}" if self.rank is not None else "a rank")
+            )
             why = _why_killed(oom_kills) if number == signal.SIGKILL else ""
             return f"exited {agent_exit}: {who} was killed by {signal_name(number)}{why}"
         if self.worker_exit is not None and self.rank is not None:

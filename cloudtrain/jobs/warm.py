@@ -218,8 +218,12 @@ def ask(root: Path, argv: Sequence[str]) -> int | None:
     try:
         return int(json.loads(line)["status"])
     except (ValueError, KeyError, TypeError):
-        print(f"cloudtrain: the warm agent's server went away while it ran (pid {pid}); "
-              "its exit status is unknown", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"cloudtrain: the warm agent's server went away while it ran (pid {pid}); "
+            "its exit status is unknown",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
 
 
@@ -306,9 +310,13 @@ def start(root: Path, job_env: Mapping[str, str]) -> None:
     with open(here / "server.log", "ab") as log:
         subprocess.Popen(
             [sys.executable, "-m", "cloudtrain.jobs.warmserver", str(root)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            cwd=root, env=env, start_new_session=True,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=root,
+            env=env,
+            start_new_session=True,
+        )
 
 
 if __name__ == "__main__":

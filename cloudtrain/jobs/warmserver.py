@@ -53,8 +53,12 @@ def _serve(root: Path, lock: int) -> int:
 
     before = dict(os.environ)
     key = fingerprint(before)
-    for name in ("torch", "torch.distributed.run", "torch.distributed.launcher.api",
-                 *elastic.PRELOAD):  # fmt: skip
+    for name in (
+        "torch",
+        "torch.distributed.run",
+        "torch.distributed.launcher.api",
+        *elastic.PRELOAD,
+    ):
         importlib.import_module(name)
     # What those imports set (torch._inductor's cache folder…): a cold agent's imports set it
     # in the job's environment, so each fork adds it to its job's.
@@ -83,8 +87,9 @@ class _Server:
     """The accept loop: one request at a time (a fork takes milliseconds), each fork's exit
     status sent to its client when the fork ends."""
 
-    def __init__(self, root: Path, listener: socket.socket, key: str, lock: int,
-                 added: Mapping[str, str]) -> None:  # fmt: skip
+    def __init__(
+        self, root: Path, listener: socket.socket, key: str, lock: int, added: Mapping[str, str]
+    ) -> None:
         self.root, self.listener, self.key, self.lock = root, listener, key, lock
         self.added = added
         self.children: dict[int, socket.socket] = {}
@@ -202,8 +207,9 @@ def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return request, fds
 
 
-def _handle(conn: socket.socket, key: str, added: Mapping[str, str],
-            close_server: Callable[[], object]) -> int:  # fmt: skip
+def _handle(
+    conn: socket.socket, key: str, added: Mapping[str, str], close_server: Callable[[], object]
+) -> int:
     if _peer_uid(conn) != os.getuid():
         raise _Refused("a request from another user")
     try:
@@ -215,8 +221,10 @@ def _handle(conn: socket.socket, key: str, added: Mapping[str, str],
         if not isinstance(size, int) or not isinstance(argv, list):
             raise _Refused("a request without its environment's size and arguments")
         if request.get("key") != key:
-            raise _Refused("the job's interpreter, packages or import-time variables are not "
-                           "this server's", stale=True)  # fmt: skip
+            raise _Refused(
+                "the job's interpreter, packages or import-time variables are not this server's",
+                stale=True,
+            )
         start, end = warm.environ_region()
         if size + len(warm.environ_block(added)) > end - start:
             raise _Refused("the job's environment is larger than this server's room for it")

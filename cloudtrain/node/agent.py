@@ -98,8 +98,11 @@ def _ends(left_s: float) -> dict[str, Any]:
     """A deadline `left_s` seconds from now, as the policy keeps it: on the boot clock
     (``ends_boot``, with the boot's id), and on this node's wall clock (``ends_wall``: used
     only after a reboot, when the boot clock started again)."""
-    return {"ends_boot": time.clock_gettime(BOOT_CLOCK) + left_s, "boot_id": boot_id(),
-            "ends_wall": time.time() + left_s}  # fmt: skip
+    return {
+        "ends_boot": time.clock_gettime(BOOT_CLOCK) + left_s,
+        "boot_id": boot_id(),
+        "ends_wall": time.time() + left_s,
+    }
 
 
 def ends_in(policy: dict[str, Any]) -> float | None:
@@ -190,8 +193,9 @@ def said_when_stopped(node: str, text: str) -> str:
         return f"{node} removed itself"
 
 
-def _stop_node(root: Path, why: str, halt: str | None, metadata: str | None,
-               arm: str | None) -> bool:  # fmt: skip
+def _stop_node(
+    root: Path, why: str, halt: str | None, metadata: str | None, arm: str | None
+) -> bool:
     """The node stops: its jobs stopped, the reason left beside its folder; then either the
     folder deleted (ssh, local: the machines are the user's; its jobs' folders and checkpoints
     moved beside it first, `selfstop.keep`) or, with `halt`, the machine
@@ -229,8 +233,9 @@ def resident(
             print(f"cloudtrain-agent: one is resident at {root} already", flush=True)
             return 0
         if source is not None:
-            threading.Thread(target=_notices, args=(root, source, endpoint, interval_s),
-                             daemon=True).start()  # fmt: skip
+            threading.Thread(
+                target=_notices, args=(root, source, endpoint, interval_s), daemon=True
+            ).start()
         since = time.time()
         idle_since: float | None = since
         halt_tried = 0.0
@@ -248,12 +253,22 @@ def resident(
                 halt_tried = now
                 if _stop_node(root, due[1], halt, endpoint, arm) and halt is None:
                     return 0
-            beat = {"pid": os.getpid(), "since": since, "beat": now, "source": source,
-                    "endpoint": endpoint, "halt": halt, "arm": arm,
-                    "notice": notices.read(root) is not None,
-                    "jobs": jobs, "sessions": len(sessions), "idle_since": idle_since,
-                    "autostop": policy or None, "stops_in": due[0] if due else None,
-                    "stops_at": now + due[0] if due else None}  # fmt: skip
+            beat = {
+                "pid": os.getpid(),
+                "since": since,
+                "beat": now,
+                "source": source,
+                "endpoint": endpoint,
+                "halt": halt,
+                "arm": arm,
+                "notice": notices.read(root) is not None,
+                "jobs": jobs,
+                "sessions": len(sessions),
+                "idle_since": idle_since,
+                "autostop": policy or None,
+                "stops_in": due[0] if due else None,
+                "stops_at": now + due[0] if due else None,
+            }
             with contextlib.suppress(FileNotFoundError):  # the folder went away meanwhile
                 _write_atomic(agent_dir(root) / "beat.json", json.dumps(beat) + "\n")
             stop.wait(beat_s)
@@ -267,8 +282,7 @@ def _notices(root: Path, source: str, endpoint: str | None, interval_s: float) -
     def report(exc: Exception) -> None:
         print(f"cloudtrain-agent: {source}: {exc}", file=sys.stderr, flush=True)
 
-    notice = notices.watch(notices.source(source, endpoint), interval_s=interval_s,
-                           on_error=report)  # fmt: skip
+    notice = notices.watch(notices.source(source, endpoint), interval_s=interval_s, on_error=report)
     if notice is not None:
         told = procs.tell_job(root, notice)
         print(json.dumps({**notice.to_dict(), "signalled": told}), flush=True)
@@ -302,8 +316,12 @@ def view(root: Path) -> dict[str, Any]:
     now, policy, clock = beat(root), read_policy(root), time.time()
     idle_since = now.get("idle_since")
     due = stops_in(policy, idle_since if now["resident"] else None, clock) if policy else None
-    return {**now, "autostop": policy, "stops_in": due[0] if due else None,
-            "stops_at": clock + due[0] if due else None}  # fmt: skip
+    return {
+        **now,
+        "autostop": policy,
+        "stops_in": due[0] if due else None,
+        "stops_at": clock + due[0] if due else None,
+    }
 
 
 def argv(root: Path, source: str | None, endpoint: str | None) -> list[str]:

@@ -170,9 +170,14 @@ class Phase:
         """Run `argv` with its output in the log; its exit code (124 when it timed out)."""
         self.log.flush()
         try:
-            return subprocess.run(argv, stdout=self.log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, timeout=timeout,
-                                  check=False).returncode  # fmt: skip
+            return subprocess.run(
+                argv,
+                stdout=self.log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=timeout,
+                check=False,
+            ).returncode
         except subprocess.TimeoutExpired:
             self.echo(f"timed out after {timeout:.0f} s: {shlex.join(argv)}")
             return 124
@@ -188,8 +193,13 @@ class Phase:
     def probe(self, code: str) -> str | None:
         """The last line `code` prints in the node's Python; None when it fails."""
         try:
-            done = subprocess.run([self.config.python, "-c", code], capture_output=True,
-                                  text=True, stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+            done = subprocess.run(
+                [self.config.python, "-c", code],
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
         except OSError as exc:
             self.echo(f"probe {code!r}: {exc}")
             return None
@@ -227,8 +237,10 @@ def phase_torch(p: Phase) -> None:
             raise fail(f"torch is not installed for {py}")
         p.echo(f"torch {info.replace(' ', ', CUDA ', 1)}")
         if not torch_matches(info, req, index):
-            p.echo(f"warning: not {req or 'the pinned torch'} from "
-                   f"{index or 'the expected index'} (check-only mode keeps it)")  # fmt: skip
+            p.echo(
+                f"warning: not {req or 'the pinned torch'} from "
+                f"{index or 'the expected index'} (check-only mode keeps it)"
+            )
         return
     if info and torch_matches(info, req, index):
         p.echo(f"torch {info.replace(' ', ', CUDA ', 1)}: already installed")
@@ -291,8 +303,20 @@ def phase_verify(p: Phase) -> None:
     gpus, py = p.config.gpus, p.config.python
     p.check([py, "-m", VERIFY, "check", str(gpus)], VERIFY_TIMEOUT_S)
     if gpus > 0:
-        p.check([py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus),
-                 "-m", VERIFY, "allreduce"], VERIFY_TIMEOUT_S)  # fmt: skip
+        p.check(
+            [
+                py,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                str(gpus),
+                "-m",
+                VERIFY,
+                "allreduce",
+            ],
+            VERIFY_TIMEOUT_S,
+        )
 
 
 PHASE_RUNNERS: dict[str, Callable[[Phase], None]] = {
@@ -316,8 +340,11 @@ def run_phase(name: str, config_path: Path, skip_file: Path) -> int:
     except (OSError, ValueError) as exc:
         say(f"cannot load the config file {config_path}: {exc}", sys.stderr)
         return EXIT_CONFIG
-    for key, value in (("PIP_DISABLE_PIP_VERSION_CHECK", "1"), ("PIP_PROGRESS_BAR", "off"),
-                       ("PYTHONUNBUFFERED", "1")):  # fmt: skip
+    for key, value in (
+        ("PIP_DISABLE_PIP_VERSION_CHECK", "1"),
+        ("PIP_PROGRESS_BAR", "off"),
+        ("PYTHONUNBUFFERED", "1"),
+    ):
         os.environ.setdefault(key, value)
     os.chdir("/")  # a package in the caller's folder must not shadow torch
     for signum in SIGNAL_EXITS:

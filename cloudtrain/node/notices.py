@@ -95,9 +95,11 @@ class Imdsv2:
 
     def _fresh_token(self) -> str:
         status, body, _ = _request(
-            f"{self.endpoint}/latest/api/token", method="PUT", timeout=self.timeout,
+            f"{self.endpoint}/latest/api/token",
+            method="PUT",
+            timeout=self.timeout,
             headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.TTL_S)},
-        )  # fmt: skip
+        )
         if status != 200:
             raise OSError(f"IMDSv2 token: HTTP {status}")
         return body
@@ -106,9 +108,10 @@ class Imdsv2:
         for _ in range(2):  # an expired token is replaced once
             self._token = self._token or self._fresh_token()
             status, body, _ = _request(
-                f"{self.endpoint}/latest/meta-data/spot/instance-action", timeout=self.timeout,
+                f"{self.endpoint}/latest/meta-data/spot/instance-action",
+                timeout=self.timeout,
                 headers={"X-aws-ec2-metadata-token": self._token},
-            )  # fmt: skip
+            )
             if status == 401:
                 self._token = None
                 continue
@@ -167,8 +170,10 @@ class ScheduledEvents:
         if self.vm is None:
             status, body, _ = _request(
                 f"{self.endpoint}/metadata/instance/compute?api-version={self.COMPUTE_API}"
-                "&format=json", headers={"Metadata": "true"}, timeout=self.timeout,
-            )  # fmt: skip
+                "&format=json",
+                headers={"Metadata": "true"},
+                timeout=self.timeout,
+            )
             if status != 200:
                 raise OSError(f"instance/compute: HTTP {status}")
             found = json.loads(body)
@@ -182,8 +187,9 @@ class ScheduledEvents:
         vm = self._name()
         status, body, _ = _request(
             f"{self.endpoint}/metadata/scheduledevents?api-version={self.API}",
-            headers={"Metadata": "true"}, timeout=self.timeout,
-        )  # fmt: skip
+            headers={"Metadata": "true"},
+            timeout=self.timeout,
+        )
         if status != 200:
             raise OSError(f"scheduledevents: HTTP {status}")
         for event in json.loads(body).get("Events", []):
@@ -198,8 +204,10 @@ def source(name: str, endpoint: str | None = None, **options: Any) -> Source:
     """The notice source `name` (`ENDPOINTS`), at its link-local endpoint unless `endpoint`
     is given."""
     kinds: dict[str, Callable[..., Source]] = {
-        IMDSV2: Imdsv2, GCE_METADATA: GceMetadata, SCHEDULED_EVENTS: ScheduledEvents,
-    }  # fmt: skip
+        IMDSV2: Imdsv2,
+        GCE_METADATA: GceMetadata,
+        SCHEDULED_EVENTS: ScheduledEvents,
+    }
     if name not in kinds:
         raise ValueError(f"no preemption notice source {name!r}; known: {', '.join(kinds)}")
     return kinds[name](endpoint or ENDPOINTS[name], **options)

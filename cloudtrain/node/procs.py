@@ -87,8 +87,7 @@ def own_sshd() -> str | None:
 def find_processes(match: Mapping[str, str]) -> list[int]:
     """Pids whose environment holds every KEY=VALUE of `match` (never this process's own line)."""
     wanted = {k.encode(): v.encode() for k, v in match.items()}
-    return [pid for pid, env in environments()
-            if all(env.get(k) == v for k, v in wanted.items())]  # fmt: skip
+    return [pid for pid, env in environments() if all(env.get(k) == v for k, v in wanted.items())]
 
 
 #: The file a job's stop (`kill --job-dir`) writes in the attempt's folder before its first
@@ -112,8 +111,11 @@ def find_node(root: str) -> list[int]:
     """Pids of the one node whose root is `root` (exactly: ``node-1`` is not ``node-10``),
     whether or not its folder is still there."""
     exact = os.fsencode(root.rstrip("/"))
-    return [pid for pid, env in environments()
-            if any(env.get(name) == exact for name in NODE_ROOT_NAMES)]  # fmt: skip
+    return [
+        pid
+        for pid, env in environments()
+        if any(env.get(name) == exact for name in NODE_ROOT_NAMES)
+    ]
 
 
 def _names_under(env: Mapping[bytes, bytes], prefix: bytes) -> bool:

@@ -234,11 +234,17 @@ class Engine(abc.ABC):
         left behind), `QuotaError`/`AuthError` at once."""
         spec = plan.spec
         if spec.ssh_cidr in access.WORLD:
-            on_event(Event("warning", f"SSH is open to the whole internet ({spec.ssh_cidr}), "
-                                      "as asked"))  # fmt: skip
+            on_event(
+                Event("warning", f"SSH is open to the whole internet ({spec.ssh_cidr}), as asked")
+            )
         elif wide_cidr(spec.ssh_cidr):
-            on_event(Event("warning", f"SSH is open to {spec.ssh_cidr}, wider than a "
-                                      f"/{WIDEST_QUIET_PREFIX}, as asked"))  # fmt: skip
+            on_event(
+                Event(
+                    "warning",
+                    f"SSH is open to {spec.ssh_cidr}, wider than a "
+                    f"/{WIDEST_QUIET_PREFIX}, as asked",
+                )
+            )
         held = self.holders(spec.name)
         self._refuse_held(spec, held)
         # a node carries the name, so a name nobody holds has no nodes: a new cluster (the
@@ -260,13 +266,17 @@ class Engine(abc.ABC):
         for offer in offers:
             if self._attempt(spec, offer, missing, keys, attempts, on_event):
                 return self.wait(spec, offer.region, on_event)
-        kept = f"its {len(nodes)} running node(s) are kept" if nodes else (
-            "nothing of the cluster was left behind")  # fmt: skip
+        kept = (
+            f"its {len(nodes)} running node(s) are kept"
+            if nodes
+            else ("nothing of the cluster was left behind")
+        )
         raise CapacityError(
-            self.name, "NoCapacity",
+            self.name,
+            "NoCapacity",
             f"no zone had {len(missing)} × {offers[0].instance_type}: {'; '.join(attempts)}; "
             f"{kept}",
-        )  # fmt: skip
+        )
 
     def _refuse_held(self, spec: ClusterSpec, held: set[tuple[str, str]]) -> None:
         """`ConfigError` when the name is `held` by another owner, or by this owner under
@@ -319,8 +329,9 @@ class Engine(abc.ABC):
             prepared = self.prepare(spec, offer, keys, on_event)
             for zone in offer.zones or (None,):
                 place = f"{offer.region}/{zone}" if zone else offer.region
-                on_event(Event("attempt", f"{place}: creating {len(missing)} × "
-                                          f"{offer.instance_type}"))  # fmt: skip
+                on_event(
+                    Event("attempt", f"{place}: creating {len(missing)} × {offer.instance_type}")
+                )
                 try:
                     self.create(spec, offer, zone, missing, keys, prepared)
                 except CapacityError as exc:

@@ -105,21 +105,28 @@ def _number(value: object, field: str, top: float, allowed: str) -> float:
 def validate_idle_minutes(value: object, field: str = "--idle-minutes") -> float:
     """Minutes without a job before a cluster stops itself: above 0 (0.05 is 3 s), at most a
     week."""
-    allowed = (f"give minutes above 0 (0.05 is 3 s) and at most {MAX_IDLE_MINUTES} (a week), "
-               "or `cloudtrain autostop NAME --off`")  # fmt: skip
+    allowed = (
+        f"give minutes above 0 (0.05 is 3 s) and at most {MAX_IDLE_MINUTES} (a week), "
+        "or `cloudtrain autostop NAME --off`"
+    )
     return _number(value, field, MAX_IDLE_MINUTES, allowed)
 
 
 def validate_max_hours(value: object, field: str = "--max-hours") -> float:
     """Hours after `up` when the cluster is deleted: above 0, at most 120 days."""
-    return _number(value, field, MAX_HOURS, f"give hours above 0 (0.01 is 36 s) and at most "
-                   f"{MAX_HOURS} (120 days)")  # fmt: skip
+    return _number(
+        value,
+        field,
+        MAX_HOURS,
+        f"give hours above 0 (0.01 is 36 s) and at most {MAX_HOURS} (120 days)",
+    )
 
 
 def validate_max_cost(value: object, field: str = "--max-cost") -> float:
     """The cluster's budget in USD: above 0, at most a million."""
-    return _number(value, field, MAX_COST, f"give US dollars above 0 (12.50) and at most "
-                   f"{MAX_COST}")  # fmt: skip
+    return _number(
+        value, field, MAX_COST, f"give US dollars above 0 (12.50) and at most {MAX_COST}"
+    )
 
 
 def refuse_spent_budget(max_cost: float, price_per_hour: float, what: str) -> None:
@@ -128,9 +135,12 @@ def refuse_spent_budget(max_cost: float, price_per_hour: float, what: str) -> No
     least = price_per_hour * MIN_BUDGET_S / 3600
     if max_cost < least:
         cents = math.ceil(round(least * 100, 6)) / 100
-        raise SpecError("max_cost", f"--max-cost {max_cost:g}: a budget must pay for at least "
-                        f"one minute of the cluster ({what}: ${least:.4f}), the least a cloud "
-                        f"bills a started node; give at least {cents:.2f}")  # fmt: skip
+        raise SpecError(
+            "max_cost",
+            f"--max-cost {max_cost:g}: a budget must pay for at least "
+            f"one minute of the cluster ({what}: ${least:.4f}), the least a cloud "
+            f"bills a started node; give at least {cents:.2f}",
+        )
 
 
 def limits_from_dict(data: Mapping[str, Any]) -> Limits:
@@ -138,20 +148,27 @@ def limits_from_dict(data: Mapping[str, Any]) -> Limits:
     raw = {k: data.get(k) for k in FIELDS}
     down = raw["down_when_idle"] or False
     if not isinstance(down, bool):
-        raise SpecError("down_when_idle", f"down_when_idle {down!r} is not allowed; use true "
-                          "or false")  # fmt: skip
+        raise SpecError(
+            "down_when_idle", f"down_when_idle {down!r} is not allowed; use true or false"
+        )
     if down and raw["idle_minutes"] is None:
-        raise SpecError("down_when_idle", "down_when_idle needs idle_minutes (--idle-minutes "
-                          "N): how long idle before the cluster is deleted")  # fmt: skip
+        raise SpecError(
+            "down_when_idle",
+            "down_when_idle needs idle_minutes (--idle-minutes "
+            "N): how long idle before the cluster is deleted",
+        )
     return Limits(
-        idle_minutes=None if raw["idle_minutes"] is None
+        idle_minutes=None
+        if raw["idle_minutes"] is None
         else validate_idle_minutes(raw["idle_minutes"], "idle_minutes"),
         down_when_idle=down,
-        max_hours=None if raw["max_hours"] is None
+        max_hours=None
+        if raw["max_hours"] is None
         else validate_max_hours(raw["max_hours"], "max_hours"),
-        max_cost=None if raw["max_cost"] is None
+        max_cost=None
+        if raw["max_cost"] is None
         else validate_max_cost(raw["max_cost"], "max_cost"),
-    )  # fmt: skip
+    )
 
 
 def limits_of(data: Mapping[str, Any] | None) -> Limits:
