@@ -7,9 +7,9 @@ making smaller; one that mostly waits can run beside others. One test at a time:
 The run moves itself into a cgroup of its own (cgroup v1's ``cpuacct``, where this user may make
 one: root on this project's machines), so every process it starts, detached or not, is counted
 and nothing else on the machine is; without one it reads the whole machine's CPU
-(``/proc/stat``). Under xdist it refuses: with a cgroup per worker, tests that signal a terminal's
-process group or drive Chromium failed (seen 2026-12-06, not understood), and without one the
-workers' tests share the count.
+(``/proc/stat``). Under xdist it refuses: the workers' tests would share one count (a cgroup
+per worker was tried once, in a run whose failures came from SIGINT ignored by a background
+shell, since fixed in ``tests/conftest.py``; it is untried since).
 
 The table (slowest first) ends the report, and every test's line is written, tab-separated
 (node id, wall s, CPU s), to ``$CLOUDTRAIN_TEST_CPUTIME`` (a file of the run's own otherwise).
