@@ -66,7 +66,8 @@ set -u -o pipefail # no `set -e`: each phase runs in a subshell under `set -e`, 
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off PYTHONUNBUFFERED=1
 
 readonly ALL_PHASES="base nvidia-driver python cloudtrain torch nccl verify"
-readonly PY_MODULE=cloudtrain.node.bootstrap # the phases run in the node's Python
+readonly PY_PHASES="torch nccl verify" # run in the node's Python, by PY_MODULE
+readonly PY_MODULE=cloudtrain.node.bootstrap
 readonly BASE_PACKAGES="python3-venv python3-pip rsync"
 readonly MIN_PYTHON=3.11
 readonly EXIT_USAGE=64 EXIT_LOCKED=69 EXIT_REBOOT=76 EXIT_CONFIG=78
@@ -307,13 +308,14 @@ release_lock() {
   LOCK_DIR=""
 }
 
-# A signal mid-phase: the phase's process is told (a Python phase kills what it runs; a shell
-# phase ends with its command) and waited for, and the phase is recorded as failed so the status
-# does not say "running" forever.
+# A signal mid-phase: a Python phase is passed SIGTERM (it kills what it runs and ends); a shell
+# phase is left to end with the command it runs (apt-get, pip), as a signal to a foreground
+# phase would. Either is waited for, and the phase is recorded as failed so the status does not
+# say "running" forever.
 on_signal() {
   trap - INT TERM HUP
   if [[ -n $PHASE_PID ]]; then
-    kill -TERM "$PHASE_PID" 2>/dev/null
+    [[ " $PY_PHASES " == *" $CURRENT "* ]] && kill -TERM "$PHASE_PID" 2>/dev/null
     wait "$PHASE_PID"
   fi
   if [[ -n $CURRENT ]]; then
