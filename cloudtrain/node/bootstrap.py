@@ -338,7 +338,7 @@ def run_phase(name: str, config_path: Path, skip_file: Path) -> int:
     try:
         config = Config.load(config_path)
     except (OSError, ValueError) as exc:
-        say(f"cannot load the config file {config_path}: {exc}", sys.stderr)
+        say(f"cannot load the config file {str(config_path)!r}: {exc}", sys.stderr)
         return EXIT_CONFIG
     for key, value in (
         ("PIP_DISABLE_PIP_VERSION_CHECK", "1"),

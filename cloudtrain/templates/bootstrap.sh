@@ -352,8 +352,11 @@ apt_install() {
   as_root "${apt[@]}" update
   as_root "${apt[@]}" install "$@"
 }
-node_python() { # the interpreter phases use: the venv's, or CT_PYTHON in check-only mode
+python_path() { # REPLY = the node's Python: the venv's, or CT_PYTHON in check-only mode
   if [[ $CT_INSTALL == 1 ]]; then REPLY=$CT_VENV/bin/python; else REPLY=$CT_PYTHON; fi
+}
+node_python() { # python_path, for a phase: one that is not there fails it
+  python_path
   command -v "$REPLY" >/dev/null 2>&1 || fail 1 "no Python at $REPLY (the python phase makes it)"
 }
 # py_out PYTHON CODE: the last line CODE prints; when it fails, nothing (and its error to the log).
@@ -539,10 +542,9 @@ run_phase() {
 # already, before the node says ready; one that does not start is only a warning (the node's
 # heartbeat starts it later).
 start_agent() {
-  local py=$CT_PYTHON
   [[ $CT_AGENT == detached ]] || return 0
-  [[ $CT_INSTALL == 1 ]] && py=$CT_VENV/bin/python
-  if "$py" -m cloudtrain.node agent --root "$CT_ROOT" --ensure --wait 10 >/dev/null </dev/null; then
+  python_path
+  if "$REPLY" -m cloudtrain.node agent --root "$CT_ROOT" --ensure --wait 10 >/dev/null </dev/null; then
     say "agent: running"
   else
     say "agent: did not start" >&2
