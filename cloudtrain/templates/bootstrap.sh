@@ -308,14 +308,18 @@ release_lock() {
   LOCK_DIR=""
 }
 
-# A signal mid-phase: a Python phase is passed SIGTERM (it kills what it runs and ends); a shell
-# phase is left to end with the command it runs (apt-get, pip), as a signal to a foreground
-# phase would. Either is waited for, and the phase is recorded as failed so the status does not
-# say "running" forever.
+# A signal mid-phase: a Python phase, or the cloudtrain phase waiting for the wheel, is passed
+# SIGTERM (the first kills what it runs; the second only sleeps); any other shell phase is left
+# to end with the command it runs (apt-get, pip), as a signal to a foreground phase would.
+# Either is waited for, and the phase is recorded as failed so the status does not say
+# "running" forever.
 on_signal() {
   trap - INT TERM HUP
   if [[ -n $PHASE_PID ]]; then
-    [[ " $PY_PHASES " == *" $CURRENT "* ]] && kill -TERM "$PHASE_PID" 2>/dev/null
+    read_record "$CURRENT"
+    if [[ " $PY_PHASES " == *" $CURRENT "* || $REC_STATE == waiting ]]; then
+      kill -TERM "$PHASE_PID" 2>/dev/null
+    fi
     wait "$PHASE_PID"
   fi
   if [[ -n $CURRENT ]]; then

@@ -406,6 +406,20 @@ def test_missing_wheel_waits_for_the_coordinator(node: Node) -> None:
     assert node.phase("cloudtrain")["state"] == "done"
 
 
+def test_a_signal_while_it_waits_for_the_wheel_ends_it_at_once(node: Node) -> None:
+    node.configure(stack_for(None))
+    run = node.start()
+    status_file = node.root / "bootstrap" / "status.json"
+    _wait_for(lambda: status_file.exists() and '"waiting"' in status_file.read_text(), "waiting")
+    began = time.monotonic()
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=30)
+    assert run.returncode == 143
+    assert time.monotonic() - began < 10, "not left to wait out CT_WHEEL_TIMEOUT"
+    assert "cloudtrain: interrupted" in err
+    assert (node.status()["state"], node.phase("cloudtrain")["exit_code"]) == ("failed", 143)
+
+
 def test_a_wheel_that_never_comes_fails_the_phase(node: Node) -> None:
     node.configure(stack_for(None), CT_WHEEL_TIMEOUT="1")
     result = node.run()
