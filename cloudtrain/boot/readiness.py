@@ -177,6 +177,9 @@ def wait_ready(
                 handed[node.index] = status
                 continue
             if status.get("state") == "failed":
+                # a node killed as it goes away (its bootstrap TERMed) is lost, not failed
+                if lost is not None and node.index in set(lost()):
+                    raise NodeLostError(str(node.index), str(status.get("phase") or "?"))
                 raise _failure(executor, node, status)
             passed[node.index] = _passed(status)
         for line in _all_passed(passed, len(pairs), told):
