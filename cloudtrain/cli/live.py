@@ -125,7 +125,15 @@ def following(app: App, job_id: str, *, live: bool = True) -> Iterator[None]:
             refresh_per_second=1 / REFRESH_S,
             redirect_stderr=False,
         ):
-            yield
+            try:
+                yield
+            except KeyboardInterrupt:
+                # No node line may be printed while the panel stops: rich draws the panel
+                # again under a line printed then (its hook does not ask whether it stopped),
+                # with no newline after it, and the line saying what was stopped would be
+                # written onto that frame's last line.
+                app.stop_node_lines()
+                raise
         return
     stop = threading.Event()
 

@@ -3,13 +3,16 @@ recorded history, and the exact text of a frame as a terminal of 80 columns show
 
 from __future__ import annotations
 
+import contextlib
 import io
+import threading
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from cloudtrain.cli import live
-from cloudtrain.cli.app import console
+from cloudtrain.cli.app import App, TerminalConsole, console
 
 LINES: list[dict[str, Any]] = [
     {"attempt": 0, "step": 0, "at": 100.0, "rank": 0, "total_steps": 120},
@@ -56,3 +59,35 @@ def test_a_frame_as_a_terminal_shows_it() -> None:
         "│ node 0 running · node 1 exited                           │\n"
         "╰──────────────────────────────────────────────────────────╯\n"
     )
+
+
+def test_a_node_line_printed_as_ctrl_c_stops_the_panel_draws_no_frame_after_it(
+    tmp_path: Path,
+) -> None:
+    """Node lines come from the followers' threads: one printed while the panel stopped made
+    rich draw the panel again, with no newline, and the line after it (what Ctrl-C stopped)
+    went onto that frame's last line. Once Ctrl-C is in, no node line is printed."""
+    out = io.StringIO()
+    term = TerminalConsole(file=out, width=80, force_terminal=True, force_interactive=True)
+    app = App(home=tmp_path, out=term, err=term)
+    printing = threading.Event()
+
+    def lines() -> None:
+        while app._nodes_heard:
+            app.node_line(1, "tick")
+            printing.set()
+
+    for _ in range(20):  # the race is a window of a few statements: give it many tries
+        app._nodes_heard, printing = True, threading.Event()
+        thread = threading.Thread(target=lines, daemon=True)
+        with contextlib.suppress(KeyboardInterrupt), live.following(app, "j-1"):
+            thread.start()
+            printing.wait(5)
+            raise KeyboardInterrupt
+        app.stop_node_lines()  # as `train` does, before it says what it stopped
+        thread.join(5)
+        # the panel's end shows the cursor again: no frame may be drawn after it
+        after = out.getvalue().rsplit("\x1b[?25h", 1)[1]
+        assert "╭" not in after, after[:400]
+        out.seek(0)
+        out.truncate()
