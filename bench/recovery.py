@@ -132,11 +132,16 @@ def until_epoch(proc: subprocess.Popen[str], epoch: int) -> list[str]:
     raise SystemExit("the job ended before the kill:\n" + "".join(lines[-40:]))
 
 
+TIMELINE = False  # --timeline: print each line after the kill with its time since the kill
+
+
 def after_kill(lines: list[str], killed: float, proc: subprocess.Popen[str]) -> float:
     """Read `proc` to its end; when the first step after the kill came (perf_counter)."""
     first = None
     for line in proc.stdout or ():
         lines.append(line)
+        if TIMELINE and first is None:
+            print(f"  {time.perf_counter() - killed:6.2f}  {line.rstrip()[:150]}", flush=True)
         if MARK in line and first is None:
             first = time.perf_counter()
     proc.wait()
@@ -215,7 +220,12 @@ def main() -> None:
     parser.add_argument("--kill-after", type=int, default=3, metavar="EPOCH")
     parser.add_argument("--case", action="append", choices=CASES, help="default: every case")
     parser.add_argument("--quick", action="store_true", help="one round of 5 epochs (CI)")
+    parser.add_argument(
+        "--timeline", action="store_true", help="print the lines after a kill with their times"
+    )
     args = parser.parse_args()
+    global TIMELINE
+    TIMELINE = args.timeline
     if args.quick:
         args.rounds, args.epochs, args.kill_after = 1, 5, 2
     cases = args.case or list(CASES)

@@ -328,13 +328,18 @@ class Following(Pulling):
         for thread in regrowing.values():  # a node made again is the next attempt's
             thread.join()
         copies.close()
-        self.pull_metrics(rec, [n for n in nodes if n.index not in lost])
-        self.pull_checkpoints(job_id)
-        if self._job(job_id).finished:
-            return None
-        if restart is not None:
-            return Verdict("failed", "regrow", node=restart, reason="is back")
-        statuses = fan_out(lambda n: self._status(n, rec), nodes)
+        last = [n for n in nodes if n.index not in lost]  # their last metrics, meanwhile
+        metrics = threading.Thread(target=self.pull_metrics, args=(rec, last), daemon=True)
+        metrics.start()
+        try:
+            self.pull_checkpoints(job_id)
+            if self._job(job_id).finished:
+                return None
+            if restart is not None:
+                return Verdict("failed", "regrow", node=restart, reason="is back")
+            statuses = fan_out(lambda n: self._status(n, rec), nodes)
+        finally:
+            metrics.join()
         return self._verdict(rec, nodes, statuses, lost=lost)
 
     def logs(self, job_id: str, on_line: OnLine, *, follow: bool = False) -> JobRecord:

@@ -202,7 +202,9 @@ class Watcher:
             if left:  # the rendezvous host was lost: the others start again on their own
                 self._rehost(coord, rec, verdict, used + 1, policy, left)
                 return
-            self._recover(coord, rec, verdict, used + 1, policy)
+            # a verdict the attempt's follower gave: it stopped the others before it ended
+            settled = rec.status != "recovering"
+            self._recover(coord, rec, verdict, used + 1, policy, stopped=settled)
         finally:
             coord.close()
 
@@ -214,8 +216,18 @@ class Watcher:
         return f"cluster {rec.cluster!r}: {ended}; no node is made for it again" if ended else None
 
     def _recover(
-        self, coord: Coordinator, rec: JobRecord, verdict: Verdict, number: int, policy: Policy
+        self,
+        coord: Coordinator,
+        rec: JobRecord,
+        verdict: Verdict,
+        number: int,
+        policy: Policy,
+        *,
+        stopped: bool = False,
     ) -> None:
+        """Start the job again after `verdict`: what still runs of it is stopped (unless
+        `stopped`: its follower saw every node that answers end), the newest checkpoint
+        brought home, the cluster made whole, and the next attempt started."""
         began = time.time()
         if verdict.node is not None:
             what = f"node {verdict.node} {verdict.reason}"
@@ -229,10 +241,12 @@ class Watcher:
         )
         made: list[int] = []  # the nodes this recovery makes: a cancel takes them with it
         try:
-            with contextlib.suppress(CloudtrainError):  # what still answers stops
-                coord.stop(
-                    rec.id, [n for n in self.state.nodes(rec.cluster) if n.index != verdict.node]
-                )
+            if not stopped:
+                with contextlib.suppress(CloudtrainError):  # what still answers stops
+                    coord.stop(
+                        rec.id,
+                        [n for n in self.state.nodes(rec.cluster) if n.index != verdict.node],
+                    )
             snapshot = coord.pull_checkpoints(rec.id, lost=verdict.node)
             preempted = {
                 n.zone

@@ -99,6 +99,21 @@ def test_a_vanished_node_is_recovered_as_the_next_attempt(setup: Setup) -> None:
     assert f"job {job_id}: recovery 1/3: node 1 its processes vanished" in messages
 
 
+def test_a_survivor_its_follower_stopped_is_not_stopped_again_by_the_recovery(
+    setup: Setup,
+) -> None:
+    """The follower stops the others as soon as one node fails, and ends once none of them
+    runs: the recovery that follows goes straight on (each stop is an agent call, in the
+    downtime), unless it was begun by a watcher that died (then nothing saw them stop)."""
+    watcher, provider, nodes, _ = setup
+    nodes.outcomes = {0: {1: "vanished"}}
+    job_id = submit(setup, managed.Policy())
+    assert watcher.run(job_id).status == "succeeded"
+    kills = [c.argv for ex in provider.executors.values() for c in ex.calls
+             if c.argv[1:4] == ("-m", "cloudtrain.node", "kill")]  # fmt: skip
+    assert len(kills) == 1, kills  # node 0's, by the follower
+
+
 def test_an_elastic_job_whose_rendezvous_host_vanished_goes_on_on_its_own_rendezvous(
     setup: Setup,
 ) -> None:
