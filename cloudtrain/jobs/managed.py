@@ -202,8 +202,9 @@ class Watcher:
             if left:  # the rendezvous host was lost: the others start again on their own
                 self._rehost(coord, rec, verdict, used + 1, policy, left)
                 return
-            # a verdict the attempt's follower gave: it stopped the others before it ended
-            settled = rec.status != "recovering"
+            # a verdict the attempt's follower gave: it stopped the others before it ended,
+            # unless some did not answer (a host away may come back with its processes)
+            settled = rec.status != "recovering" and verdict.cause not in ("lost", "preempted")
             self._recover(coord, rec, verdict, used + 1, policy, stopped=settled)
         finally:
             coord.close()
