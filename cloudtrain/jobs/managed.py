@@ -20,10 +20,12 @@ knows is in the job's record, so a watcher that died is started again by its sup
        │                                                                          ▼
        └──────────── start again ◄── restore ◄── replace ◄── stop the rest ◄── recovering
 
-Recovery: the attempt's processes still running anywhere are stopped; the newest checkpoint is
-brought home (`cloudtrain.jobs.checkpoints`); a node the cloud no longer runs is made again by
-``up`` of the recorded spec (the engine completes a half-made cluster where it is, and fails
-over as for any ``up``); the job starts again as its next attempt (``jobs/<id>.<n>`` on the
+Recovery: the attempt's processes still running anywhere are stopped (by its follower, the
+moment one node fails; again here only where a node did not answer, or a watcher that died
+left the job ``recovering``); the newest checkpoint is brought home
+(`cloudtrain.jobs.checkpoints`); a node the cloud no longer runs is made again by ``up`` of the
+recorded spec (the engine completes a half-made cluster where it is, and fails over as for any
+``up``); the job starts again as its next attempt (``jobs/<id>.<n>`` on the
 nodes, the rendezvous ``<id>.<n>``) with every node given that checkpoint. Each recovery is an
 event with its cause, its downtime and the age of the checkpoint it resumed from; once the next
 attempt reports where it resumed (`cloudtrain.runtime.progress`), the steps it redid.
