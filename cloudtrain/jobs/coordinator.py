@@ -30,16 +30,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shlex
 import tempfile
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from cloudtrain.errors import CloudtrainError, ConfigError, JobError, NotFoundError
 from cloudtrain.executors.base import Executor, fan_out
-from cloudtrain.jobs import checkpoints, rehost, runtimes, shards
+from cloudtrain.jobs import checkpoints, rehost, runtimes, shards, warm
 from cloudtrain.jobs.attempts import JobSpec, attempt_of, job_dir, last_end
 from cloudtrain.jobs.following import Following
 from cloudtrain.jobs.nodes import OnLine
@@ -306,15 +307,9 @@ class Coordinator(Following):
     def _env(
         self, rec: JobRecord, node: NodeInfo, nodes: Sequence[NodeInfo], job: JobSpec
     ) -> dict[str, str]:
-        record = self.state.cluster(rec.cluster)
-        gpus = record.spec.resources.count if record else 0
+        gpus = self._gpus(rec.cluster)
         ips = [n.private_ip or "" for n in nodes]
-        env = {"PYTHONUNBUFFERED": "1"}
-        if not gpus:
-            env["OMP_NUM_THREADS"] = "1"
-        if node.ifname:
-            env["GLOO_SOCKET_IFNAME"] = node.ifname
-        env.update(self._fabric(node))
+        env = self._node_env(node, gpus)
         env.update(job.envs)
         env.update(
             {
@@ -333,6 +328,20 @@ class Coordinator(Following):
             env["CLOUDTRAIN_STRATEGY"] = job.strategy
         own = job.envs.get("CLOUDTRAIN_CHECKPOINT_DIR")
         env["CLOUDTRAIN_CHECKPOINT_DIR"] = checkpoints.node_folder(node.root, rec.id, own)
+        return env
+
+    def _gpus(self, cluster: str) -> int:
+        record = self.state.cluster(cluster)
+        return record.spec.resources.count if record else 0
+
+    def _node_env(self, node: NodeInfo, gpus: int) -> dict[str, str]:
+        """What every job's processes on `node` get before the job's own ``envs``."""
+        env = {"PYTHONUNBUFFERED": "1"}
+        if not gpus:
+            env["OMP_NUM_THREADS"] = "1"
+        if node.ifname:
+            env["GLOO_SOCKET_IFNAME"] = node.ifname
+        env.update(self._fabric(node))
         return env
 
     def _fabric(self, node: NodeInfo) -> dict[str, str]:
@@ -409,17 +418,38 @@ class Coordinator(Following):
         rec = self._job(job_id)
         job = JobSpec.from_dict(rec.detail.get("spec") or {})
         args = runtimes.get(job.runtime).prewarm(job)
-        if args is None:
+        if args is not None:
+            self._ready(node, args, f"job {rec.id}", lambda: self._env(rec, node, [node], job))
+
+    def prewarm_cluster(self, cluster: str, nodes: Sequence[NodeInfo]) -> None:
+        """Ready a cluster's nodes, just up, for the jobs to come: the default runtime's
+        `Runtime.prewarm` (a torch job's warm server, which imports torch while the user gets
+        the prompt back), run with what every job's environment has; so the first job starts
+        as warm as the next. A job whose own ``envs`` change what acts at import time starts
+        cold, as it would have (`cloudtrain.jobs.warm`). A head start only, as `prewarm`;
+        ``CLOUDTRAIN_WARM=0`` here (as in a job's ``envs``) readies nothing."""
+        args = runtimes.get(JobSpec.runtime).prewarm(None)
+        if args is None or os.environ.get(warm.SWITCH, "1") == "0":
             return
+        gpus = self._gpus(cluster)
+
+        def ready(node: NodeInfo) -> None:
+            root = {"CLOUDTRAIN_NODE_ROOT": node.root}
+            self._ready(node, args, f"cluster {cluster}", lambda: self._node_env(node, gpus) | root)
+
+        fan_out(ready, nodes)
+
+    def _ready(
+        self, node: NodeInfo, args: Sequence[str], what: str, env: Callable[[], dict[str, str]]
+    ) -> None:
         try:
-            env = self._env(rec, node, [node], job)
-            done = self._executor(node).run([node.python, *args], env=env, cwd=node.root,
+            done = self._executor(node).run([node.python, *args], env=env(), cwd=node.root,
                                             timeout=60)  # fmt: skip
         except (CloudtrainError, OSError) as exc:
-            done = None
-            log.info("job %s: node %d not readied: %s", rec.id, node.index, exc)
-        if done is not None and done.returncode != 0:
-            log.info("job %s: node %d not readied: %s", rec.id, node.index,
+            log.info("%s: node %d not readied: %s", what, node.index, exc)
+            return
+        if done.returncode != 0:
+            log.info("%s: node %d not readied: %s", what, node.index,
                      (done.stderr or done.stdout).strip()[-500:])  # fmt: skip
 
     # -- stopping ---------------------------------------------------------------------------

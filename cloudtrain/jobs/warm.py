@@ -61,6 +61,7 @@ import fcntl
 import hashlib
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -100,7 +101,8 @@ def folder(root: Path) -> Path:
 def fingerprint(env: Mapping[str, str]) -> str:
     """What must not change between the server's start and a request: the interpreter, its
     search path (the script's own folder, ``sys.path[0]``, aside), when each of its folders
-    last changed, and the variables read at import time."""
+    last changed, the variables read at import time, and where the process runs
+    (`confinement`)."""
     stats = []
     for entry in sys.path[1:]:
         try:
@@ -109,8 +111,28 @@ def fingerprint(env: Mapping[str, str]) -> str:
         except OSError:
             stats.append([entry, None, None])
     wanted = sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME))
-    text = json.dumps([sys.executable, sys.version, stats, wanted])
+    text = json.dumps([sys.executable, sys.version, stats, wanted, confinement()])
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def confinement() -> list[object]:
+    """What confines this process, which a forked agent inherits from the server rather than
+    from the job's launcher: its cgroups (the memory limit a job runs under, and where the
+    OOM killer's count of its ranks is read, `cloudtrain.node.oom`; a Slurm step's devices
+    and CPUs), its resource limits, the CPUs it may run on and its nice value. A job started
+    elsewhere (another cgroup: a memory-limited scope, another login session's scope) starts
+    cold, in its own."""
+    try:
+        cgroups = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        cgroups = ""
+    limits = sorted(
+        (name, resource.getrlimit(getattr(resource, name)))
+        for name in dir(resource)
+        if name.startswith("RLIMIT_")
+    )
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return [cgroups, limits, affinity, os.getpriority(os.PRIO_PROCESS, 0)]
 
 
 def server_env(job_env: Mapping[str, str]) -> dict[str, str]:
@@ -290,7 +312,8 @@ def _exit_as(status: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     if status < 0:
-        signal.signal(-status, signal.SIG_DFL)
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):  # (no handler to reset there)
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
         status = 128 - status
     os._exit(status & 0xFF)

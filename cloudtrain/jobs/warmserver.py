@@ -222,7 +222,8 @@ def _handle(
             raise _Refused("a request without its environment's size and arguments")
         if request.get("key") != key:
             raise _Refused(
-                "the job's interpreter, packages or import-time variables are not this server's",
+                "the job's interpreter, packages, import-time variables or confinement "
+                "(cgroups, limits, CPUs) are not this server's",
                 stale=True,
             )
         start, end = warm.environ_region()

@@ -86,6 +86,8 @@ def sh(tmp_path: Path) -> Iterator[Shell]:
     yield shell
     leftovers = shell.strays()  # a cluster a test leaves up keeps its agents: stop them too
     procs.kill_matching({"CLOUDTRAIN_HOME": str(shell.home)}, grace_s=2)
+    clusters = [str(c) for c in shell.home.glob("local/*")]  # and its warm servers (no home)
+    procs.stop(lambda: [pid for c in clusters for pid in procs.find_nodes(c)], grace_s=2)
     assert not leftovers, f"processes left behind: {leftovers}"
 
 

@@ -42,6 +42,8 @@ if __name__ == "__main__":
         raise ValueError("boom from the script")
     if how == "exit":
         sys.exit(3)
+    if how == "kill-agent" and os.environ["RANK"] == "0":
+        os.kill(os.getppid(), signal.SIGKILL)  # the agent: as the OOM killer may
 """
 
 

@@ -2,12 +2,14 @@
 start makes: the same script gives the same facts and exit codes through a real server and two
 real ranks; the node finds the job's processes by their environment (and not the client); a
 request the server must not serve (other import-time variables, an environment too large for
-its room) starts cold; and a local cluster's second job is warm, its server gone at `down`."""
+its room) starts cold; and a local cluster's first job is warm (`up` started its servers),
+its servers gone at `down`."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -124,7 +126,11 @@ def test_exit_codes_are_the_cold_agents(
                     "train.py")  # fmt: skip
     assert code == 1
     assert "exitcode  : 3" in hot
-    assert served(server).count("forked agent") == 2
+    code, hot = run(workdir, "cloudtrain.jobs.warm", {**job_env(node), "END": "kill-agent"},
+                    "train.py")  # fmt: skip
+    assert code == -signal.SIGKILL, hot  # as a cold agent killed so: no handler to reset
+    assert "jobs/warm.py" not in hot, hot  # no traceback of the client's (the ranks' are theirs)
+    assert served(server).count("forked agent") == 3
 
 
 def test_the_node_finds_the_jobs_processes_and_not_the_client(
@@ -156,7 +162,7 @@ def test_a_request_the_server_must_not_serve_starts_cold(
     code, out = run(workdir, "cloudtrain.jobs.warm", other, "train.py")
     assert code == 0, out
     assert len(facts(out)) == 2
-    assert "import-time variables are not this server's" in served(server)
+    assert "import-time variables or confinement" in served(server)
     assert server.wait(timeout=30) == 0  # stale: it leaves, and the cold job started another
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (warm.folder(node) / "sock").exists():
@@ -165,30 +171,28 @@ def test_a_request_the_server_must_not_serve_starts_cold(
     procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node)}, grace_s=5)
 
 
-def test_a_local_clusters_next_job_is_warm_and_down_leaves_no_server(tmp_path: Path) -> None:
+def test_a_local_clusters_first_job_is_warm_and_down_leaves_no_server(tmp_path: Path) -> None:
+    """`up` starts each node's server (`Coordinator.prewarm_cluster`): the first job's agents
+    are forked from it, and the next job's from the same server."""
     env = {**os.environ, "CLOUDTRAIN_HOME": str(tmp_path / "home")}
+    env.pop(warm.SWITCH, None)
     cli = [sys.executable, "-m", "cloudtrain.cli"]
     script = REPO / "examples" / "digits_ddp.py"
     subprocess.run([*cli, "up", "--name", "w", "--nodes", "2"], env=env, check=True,
                    capture_output=True, timeout=300)  # fmt: skip
+    logs = sorted((tmp_path / "home").glob("local/w/node-*/warm/server.log"))
     try:
+        assert len(logs) == 2  # started by `up`, before any job
         for i in range(2):
-            if i:  # the first job's end started each node's server
-                deadline = time.monotonic() + 90
-                socks = list((tmp_path / "home").glob("local/w/node-*/warm/sock"))
-                while time.monotonic() < deadline and len(socks) < 2:
-                    time.sleep(0.2)
-                    socks = list((tmp_path / "home").glob("local/w/node-*/warm/sock"))
-                assert len(socks) == 2
             done = subprocess.run(
                 [*cli, "train", "-c", "w", str(script), "--", "--epochs", "1",
                  "--checkpoint-dir", str(tmp_path / f"ckpt{i}")],
                 env=env, capture_output=True, text=True, timeout=300,
             )  # fmt: skip
             assert done.returncode == 0, done.stdout + done.stderr
-        logs = list((tmp_path / "home").glob("local/w/node-*/warm/server.log"))
-        assert len(logs) == 2
-        assert all("forked agent" in log.read_text() for log in logs)
+            said = [log.read_text() for log in logs]
+            assert [s.count("forked agent") for s in said] == [i + 1, i + 1], said
+            assert [s.count("serving on") for s in said] == [1, 1], said  # one server each
         roots = [str(p.parents[1]) for p in logs]
     finally:
         subprocess.run([*cli, "down", "w"], env=env, check=True, capture_output=True,

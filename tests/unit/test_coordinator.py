@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from cloudtrain.errors import ConfigError, JobError, NotFoundError
 from cloudtrain.executors.base import RunResult
 from cloudtrain.executors.fake import Call
+from cloudtrain.jobs import warm
 from cloudtrain.jobs.attempts import JobSpec
 from cloudtrain.jobs.coordinator import Coordinator
 from cloudtrain.jobs.runtimes import Runtime, Start
@@ -333,3 +335,46 @@ def test_a_runtime_from_an_entry_point_starts_the_job_with_no_edit_in_core(
     runtime_calls = [c.argv[3:5] for ex in provider.executors.values() for c in ex.calls
                      if c.argv[1:4] == ("-m", "cloudtrain.node", "runtime")]  # fmt: skip
     assert runtime_calls == [("runtime", "echo")] * 2  # its nodes are asked to install it
+
+
+def _import_time(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(warm.IMPORT_TIME)}
+
+
+@pytest.mark.parametrize("gpus", [8, 0])
+def test_a_cluster_just_up_is_readied_with_what_its_first_job_has_at_import_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int
+) -> None:
+    """`up` readies each node for the jobs to come (`prewarm_cluster`: a warm server). The
+    server serves only a job whose import-time variables are its own: had it started with
+    others, the first job would find it stale and start cold."""
+    monkeypatch.delenv(warm.SWITCH, raising=False)
+    provider = FakeProvider(
+        ProviderContext(home=tmp_path, options={"cloud": FakeCloud(), "handler": Node()})
+    )
+    state = State.open(tmp_path)
+    spec = ClusterSpec(
+        "c1", "fake", 2, Resources(accelerator="A100", count=gpus) if gpus else Resources()
+    )
+    state.put_cluster(spec, status=ClusterStatus.UP)
+    state.set_nodes("c1", provider.apply(provider.plan(spec)))
+    coord = Coordinator(state, provider, home=tmp_path)
+    nodes = state.nodes("c1")
+
+    def readied() -> dict[str, Call]:
+        calls = [c for ex in provider.executors.values() for c in ex.calls]
+        return {c.env["CLOUDTRAIN_NODE_ROOT"]: c for c in calls
+                if c.argv[1:] == ("-m", "cloudtrain.jobs.warm", "--start")}  # fmt: skip
+
+    coord.prewarm_cluster("c1", nodes)
+    ready = readied()
+    assert sorted(ready) == sorted(n.root for n in nodes)
+    coord.submit("c1", JobSpec(entrypoint=("train.py",)))
+    for call in started(provider):
+        server = ready[call.env["CLOUDTRAIN_NODE_ROOT"]]
+        assert _import_time(call.env) == _import_time(server.env)
+        assert _import_time(call.env).get("OMP_NUM_THREADS") == (None if gpus else "1")
+    monkeypatch.setenv(warm.SWITCH, "0")  # as a job's own `CLOUDTRAIN_WARM=0`: none readied
+    coord.prewarm_cluster("c1", nodes)
+    assert len([c for ex in provider.executors.values() for c in ex.calls
+                if c.argv[1:] == ("-m", "cloudtrain.jobs.warm", "--start")]) == 2  # fmt: skip

@@ -103,6 +103,32 @@ def test_a_package_installed_changes_the_fingerprint(
     assert warm.fingerprint({}) != key  # what pip's new folder does to site-packages
 
 
+KEY = "from cloudtrain.jobs import warm; print(warm.fingerprint({}))"
+
+
+@pytest.mark.parametrize(
+    "confined",
+    [
+        "ulimit -n 64; exec",  # a resource limit
+        "exec taskset -c 0",  # the CPUs it may run on
+        "exec nice -n 5",
+    ],
+)
+def test_where_a_process_runs_is_in_the_fingerprint(confined: str) -> None:
+    """A forked agent inherits the server's confinement, not the job launcher's: a job
+    confined otherwise must not be served (the memory cgroup is `test_killed`'s OOM test)."""
+    if "taskset" in confined and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: no other set of CPUs to run on")
+
+    def key(how: str) -> str:
+        done = subprocess.run(["sh", "-c", f'{how} "$0" -c "$1"', sys.executable, KEY],
+                              capture_output=True, text=True, check=True, cwd="/")  # fmt: skip
+        return done.stdout.strip()
+
+    assert key("exec") == key("exec")
+    assert key(confined) != key("exec")
+
+
 def test_a_client_without_a_server_is_not_served(tmp_path: Path) -> None:
     assert warm.ask(tmp_path, ["x.py"]) is None
     warm.folder(tmp_path).mkdir()

@@ -242,3 +242,9 @@ def test_only_a_forked_torch_job_readies_a_node_with_its_warm_server(
     job = JobSpec(entrypoint=tuple(entrypoint), runtime=runtime, start_method=start_method)
     got = runtimes.get(runtime).prewarm(job)
     assert got == (["-m", "cloudtrain.jobs.warm", "--start"] if readies else None)
+
+
+def test_a_node_just_up_is_readied_for_the_default_runtime_s_jobs_to_come() -> None:
+    """No job yet (`up`): the default runtime's defaults, a script forked from a warm agent."""
+    assert runtimes.get(JobSpec.runtime).prewarm(None) == ["-m", "cloudtrain.jobs.warm", "--start"]
+    assert [runtimes.get(name).prewarm(None) for name in ("tensorflow", "horovod")] == [None, None]

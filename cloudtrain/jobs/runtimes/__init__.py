@@ -15,7 +15,8 @@ The coordinator asks a runtime five things and compares no runtime's name:
 - `argvs`: each node's command for one attempt (`Start`), the head's first;
 - `prewarm`: the interpreter's arguments of a command, run with the job's environment, that
   readies a node for the job's next start (none: nothing to ready); a recovery runs it on a
-  replacement node while the node's bootstrap checks its framework.
+  replacement node while the node's bootstrap checks its framework, and `up` runs the default
+  runtime's on each new node for the jobs to come (no job yet: `job` is None).
 
 How a failure reads (`cloudtrain.jobs.torchrun.read_failure`) and what a checkpoint is
 (`cloudtrain.jobs.checkpoints`) are the same for the three: their workers write a log and a
@@ -91,9 +92,10 @@ class Runtime:
         """Each node's command (`start.nodes`' order), started detached with the job's env."""
         raise NotImplementedError
 
-    def prewarm(self, job: JobSpec) -> list[str] | None:
+    def prewarm(self, job: JobSpec | None) -> list[str] | None:
         """The arguments after the node's ``python`` of a short command that readies a node
-        for `job`'s next start (run with the job's env, in the node's root); None: none."""
+        for `job`'s next start (run with the job's env, in the node's root), or, with no job,
+        for a job of this runtime's defaults (run with what every job's env has); None: none."""
         return None
 
 

@@ -39,9 +39,10 @@ class Torch(Runtime):
             for node in start.nodes
         ]
 
-    def prewarm(self, job: JobSpec) -> list[str] | None:
+    def prewarm(self, job: JobSpec | None) -> list[str] | None:
         """A forked job's agent comes from the node's warm server: start one (it imports torch
-        while the node does something else, such as the rest of its bootstrap)."""
-        if not forks(job.start_method, entrypoint_args(job.entrypoint)):
+        while the node does something else: the rest of its bootstrap, or, for the jobs to
+        come on a node just up, a script under the default start method, nothing)."""
+        if job is not None and not forks(job.start_method, entrypoint_args(job.entrypoint)):
             return None
         return ["-m", "cloudtrain.jobs.warm", "--start"]
