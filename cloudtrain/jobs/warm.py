@@ -16,10 +16,10 @@ as ``python -m cloudtrain.jobs.elastic`` (cold), and when that job ends it start
 detached, for the node's next job or attempt: when it ended on its own, or a stop of the job
 stopped it (a recovery's, a cancel's: they mark its folder first), not when the node's
 teardown did (that leaves no process behind it did not find). ``--start`` starts one with the
-job's environment before any job ran (a recovery readies its replacement node so, while the
-node's bootstrap checks torch), and a client that finds a server still importing (its
-`STARTING` file there, its lock held) waits for it up to `STARTING_S`. So the first fork job
-on a node is cold and the next are warm, for as long as the server lives: until the node's
+job's environment before any job ran (`up` readies each new node so, and a recovery its
+replacement while the node's bootstrap checks torch), and a client that finds a server still
+importing (its `STARTING` file there, its lock held) waits for it up to `STARTING_S`. So every
+fork job on a node is warm, for as long as the server lives: until the node's
 teardown (it carries ``CLOUDTRAIN_NODE_ROOT``, and is stopped with the node's processes), its
 folder is gone, or `IDLE_S` without a request.
 
@@ -37,9 +37,10 @@ A forked agent must be the process a cold start would have made:
   and the client sends the environment itself to the forked agent, which reads it.
 - What torch reads when it is imported must be what the job would have given it: the server
   serves a request only when the interpreter, ``sys.path``, the modification times of its
-  folders (a ``pip install`` changes them) and every variable of `IMPORT_TIME` prefixes are
-  the same as at its start (`fingerprint`). Otherwise it refuses and exits: the job starts
-  cold and starts a new server when it ends.
+  folders (a ``pip install`` changes them), every variable of `IMPORT_TIME` prefixes and the
+  process's confinement (`confinement`: cgroups, limits, CPUs, nice, which a fork inherits
+  from the server) are the same as at its start (`fingerprint`). Otherwise it refuses and
+  exits: the job starts cold and starts a new server when it ends.
 - The client hides itself from those scans (it renames its own ``CLOUDTRAIN_JOB_ID`` and
   ``CLOUDTRAIN_NODE_ROOT`` in place): a stop signals the agent once, as it would a cold one.
 - The exit status is the agent's: it sends it on the connection it inherited, and the
