@@ -361,13 +361,12 @@ def test_a_cluster_just_up_is_readied_with_what_its_first_job_has_at_import_time
     coord = Coordinator(state, provider, home=tmp_path)
     nodes = state.nodes("c1")
 
-    def readied() -> dict[str, Call]:
+    def readied() -> list[Call]:
         calls = [c for ex in provider.executors.values() for c in ex.calls]
-        return {c.env["CLOUDTRAIN_NODE_ROOT"]: c for c in calls
-                if c.argv[1:] == ("-m", "cloudtrain.jobs.warm", "--start")}  # fmt: skip
+        return [c for c in calls if c.argv[1:] == ("-m", "cloudtrain.jobs.warm", "--start")]
 
     coord.prewarm_cluster("c1", nodes)
-    ready = readied()
+    ready = {c.env["CLOUDTRAIN_NODE_ROOT"]: c for c in readied()}
     assert sorted(ready) == sorted(n.root for n in nodes)
     coord.submit("c1", JobSpec(entrypoint=("train.py",)))
     for call in started(provider):
@@ -376,5 +375,4 @@ def test_a_cluster_just_up_is_readied_with_what_its_first_job_has_at_import_time
         assert _import_time(call.env).get("OMP_NUM_THREADS") == (None if gpus else "1")
     monkeypatch.setenv(warm.SWITCH, "0")  # as a job's own `CLOUDTRAIN_WARM=0`: none readied
     coord.prewarm_cluster("c1", nodes)
-    assert len([c for ex in provider.executors.values() for c in ex.calls
-                if c.argv[1:] == ("-m", "cloudtrain.jobs.warm", "--start")]) == 2  # fmt: skip
+    assert len(readied()) == 2
