@@ -11,6 +11,7 @@ import fnmatch
 import functools
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -274,8 +275,18 @@ def sync_listing(
         dirnames[:] = sorted(d for d in dirnames if not skipped(rel_dir / d, True))
         yield rel_dir, None
         for name in sorted(filenames):
-            if not skipped(rel_dir / name, False):
+            if not skipped(rel_dir / name, False) and _regular(Path(dirpath) / name):
                 yield rel_dir / name, Path(dirpath) / name
+
+
+def _regular(path: Path) -> bool:
+    """Whether `path` is a file a sync copies: a regular one, through a link as the user made
+    it. A socket, FIFO or device is not (opening a socket fails, a FIFO waits forever for a
+    writer), nor a link to nothing; rsync is told the same (``--no-specials --no-devices``)."""
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -229,8 +229,8 @@ class SshExecutor:
         others lose every bit, as at home)."""
         self._connect()
         ssh = shlex.join(["ssh", *self._options])
-        argv = ["rsync", "-az", "--chmod=go-rwx", "--delete", f"--modify-window={NANOSECONDS}",
-                "-e", ssh]  # fmt: skip
+        argv = ["rsync", "-az", "--no-specials", "--no-devices", "--chmod=go-rwx", "--delete",
+                f"--modify-window={NANOSECONDS}", "-e", ssh]  # fmt: skip
         if local.is_dir():
             argv += rsync_rules(local, excludes)
             source, parent = f"{local}/", remote

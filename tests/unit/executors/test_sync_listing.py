@@ -3,7 +3,9 @@ read the ignore files the same way, and the size shown before a job is that walk
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -88,3 +90,25 @@ def test_the_size_shown_is_what_is_copied(tree: Path) -> None:
     assert size.files == len(COPIED)
     assert size.bytes == sum((tree / rel).stat().st_size for rel in COPIED)
     assert str(size) == f"{len(COPIED)} file(s), {size.bytes} B"
+
+
+def test_a_socket_or_fifo_in_the_workdir_is_left_home(tree: Path, tmp_path: Path) -> None:
+    """A dev server's socket or a named pipe in the project folder: opening the one fails and
+    the other waits for a writer forever; neither is a file to copy (nor is a dead link)."""
+    if shutil.which("rsync") is None:
+        unavailable("rsync is not installed (.ci/run installs it)")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(tree / "lib" / "dev.sock"))
+    os.mkfifo(tree / "data" / "pipe")
+    (tree / "dead").symlink_to(tmp_path / "nothing")
+    try:
+        by_local = tmp_path / "local"
+        LocalExecutor().put(tree, str(by_local))
+        assert files(by_local) == COPIED
+        assert {rel.as_posix() for rel, s in sync_listing(tree) if s} == COPIED
+        by_rsync = tmp_path / "rsync"  # with the ssh executor's options for special files
+        subprocess.run(["rsync", "-a", "--no-specials", "--no-devices", "--exclude", "dead",
+                        "--", f"{tree}/lib/", str(by_rsync)], check=True)  # fmt: skip
+        assert not (by_rsync / "dev.sock").exists()
+    finally:
+        listener.close()
