@@ -24,12 +24,13 @@ from tests.metadata import serving
 pytestmark = pytest.mark.integration
 
 JOB = """
-import sys, time
+import os, sys, time
 from cloudtrain.runtime import on_preemption, preempting
 told = sys.argv[1]
-def save_now():
-    with open(told, "w") as f:
+def save_now():  # whole or not at all: the test reads it as soon as it is there
+    with open(told + ".part", "w") as f:
         f.write(f"{time.monotonic()} {preempting()}")
+    os.replace(told + ".part", told)
 on_preemption(save_now)
 print("registered", flush=True)
 for _ in range(600):
@@ -80,8 +81,9 @@ def test_a_notice_is_recorded_and_the_job_is_told_at_once(source: str, tmp_path:
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait()
-            if job.stdout is not None:
-                job.stdout.close()
+            for stream in (job.stdout, watcher.stdout, watcher.stderr):
+                if stream is not None:
+                    stream.close()
     assert watcher.returncode == 0, err
     assert json.loads(out.splitlines()[-1])["signalled"] == [job.pid]
     assert seen == "True", "preempting() says so in the callback"
