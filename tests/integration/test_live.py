@@ -49,7 +49,7 @@ def in_terminal(sh: Shell, *args: str) -> str:
 def test_the_panel_shows_step_metrics_and_nodes_under_the_logs(sh: Shell) -> None:
     assert sh("up", "--name", "live").returncode == 0
     shown = in_terminal(sh, "train", "-c", "live", str(EXAMPLE), "--", "--epochs", "3",
-                        "--pause", "6")  # fmt: skip
+                        "--pause", "2")  # fmt: skip
     frames = re.findall(r"│ (job live-1 · step [^│]*?) +│\n│ ([^│]*?) +│\n│ ([^│]*?) +│", shown)
     assert frames, shown
     last = frames[-1]
@@ -63,7 +63,8 @@ def test_the_panel_shows_step_metrics_and_nodes_under_the_logs(sh: Shell) -> Non
     plain = in_terminal(sh, "train", "-c", "live", "--no-live", str(EXAMPLE), "--",
                         "--epochs", "4")  # fmt: skip
     assert "│ job live-2" not in plain
-    piped = sh("train", "-c", "live", str(EXAMPLE), "--", "--epochs", "6", "--pause", "6")
+    # long enough for one plain line (every `PLAIN_EVERY_S`, 10 s), with half again of margin
+    piped = sh("train", "-c", "live", str(EXAMPLE), "--", "--epochs", "3", "--pause", "5")
     assert piped.returncode == 0
     assert re.search(r"^cloudtrain: job live-3 · step \d+/\d+ .* \| epoch \d  loss ", piped.stderr,
                      re.MULTILINE), piped.stderr  # fmt: skip
