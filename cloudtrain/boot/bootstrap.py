@@ -126,11 +126,13 @@ def config(
     nccl_ifname: str | None = None,
     torch_index: str | None = None,
     agent: str = "systemd",
+    verified_by: str | None = None,
 ) -> str:
     """The bootstrap's settings as ``KEY='value'`` lines (shell-quoted: safe to source).
     `torch_index` replaces the wheel index the GPU stack table picks (a mirror). `agent` says
     who runs the node's resident agent: ``systemd`` (a cloud node's unit, `agent_unit`) or
-    ``detached`` (the bootstrap starts it, supervised: ssh and local nodes)."""
+    ``detached`` (the bootstrap starts it, supervised: ssh and local nodes). `verified_by`
+    names the node that verified this node's machine: its verify phase is skipped."""
     from cloudtrain.boot.gpustack import stack_for
 
     stack = stack_for(shape.accelerator, shape.instance_type)
@@ -153,6 +155,8 @@ def config(
     }
     if phases is not None:
         values["CT_PHASES"] = phases
+    if verified_by is not None:
+        values["CT_VERIFIED_BY"] = verified_by
     return "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
 
 

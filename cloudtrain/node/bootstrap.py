@@ -299,7 +299,10 @@ def phase_nccl(p: Phase) -> None:
 
 
 def phase_verify(p: Phase) -> None:
-    """CPU: one process checks and all-reduces. GPU: check, then one rank per GPU all-reduces."""
+    """CPU: one process checks and all-reduces. GPU: check, then one rank per GPU all-reduces.
+    Skipped where another node verified this machine (``CT_VERIFIED_BY``)."""
+    if p.config["CT_VERIFIED_BY"]:
+        raise skip(f"this machine is verified by {p.config['CT_VERIFIED_BY']}")
     gpus, py = p.config.gpus, p.config.python
     p.check([py, "-m", VERIFY, "check", str(gpus)], VERIFY_TIMEOUT_S)
     if gpus > 0:

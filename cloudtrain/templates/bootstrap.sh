@@ -31,6 +31,8 @@
 #   CT_WHEEL_TIMEOUT       seconds the cloudtrain phase waits for the wheel  [1800]
 #   CT_AGENT               "detached": start the node agent before saying ready (ssh and local
 #                          nodes; systemd runs it on clouds)  [none]
+#   CT_VERIFIED_BY         set: the verify phase is skipped, this machine having been verified
+#                          by the node it names (a local cluster's nodes are one machine)  [none]
 #
 # Phases (each idempotent, timed, logged to $CT_LOG_DIR/<phase>.log; "check:" is CT_INSTALL=0):
 #   base           apt-get install python3-venv python3-pip rsync, those missing. check: skipped

@@ -32,6 +32,11 @@ def test_two_node_ddp_trains_streams_both_nodes_and_leaves_nothing(sh: Shell) ->
     up = sh("up", "--provider", "local", "--nodes", "2", "--name", "demo")
     assert up.returncode == 0, up.stderr
     assert "cluster demo is up: 2 node(s)" in up.stdout
+    verify = {}
+    for i in (0, 1):
+        status = json.loads((sh.home / f"local/demo/node-{i}/bootstrap/status.json").read_text())
+        verify[i] = next(p["state"] for p in status["phases"] if p["name"] == "verify")
+    assert verify == {0: "done", 1: "skipped"}, "the nodes are one machine: verified once"
 
     train = sh("train", "-c", "demo", str(EXAMPLE), "--", "--epochs", "5")
     assert train.returncode == 0, train.stdout + train.stderr

@@ -129,6 +129,18 @@ def test_each_phase_with_this_python_check_only(tmp_path: Path) -> None:
     assert not (tmp_path / "skipped.verify").exists()
 
 
+def test_a_node_whose_machine_another_node_verified_skips_the_verify_phase(tmp_path: Path) -> None:
+    """A local cluster's nodes are one machine: node 0's verify stands for all (no torch
+    import, no all-reduce: the probe would fail here, the Python being a missing one)."""
+    path = config(tmp_path, CT_INSTALL="0", CT_PYTHON=str(tmp_path / "no-python"),
+                  CT_VERIFIED_BY="node 0")  # fmt: skip
+    (tmp_path / "root").mkdir()
+    verify = phase("verify", path)
+    assert verify.returncode == 0, verify.stderr
+    said = "this machine is verified by node 0"
+    assert (tmp_path / "skipped.verify").read_text() == said + "\n"
+
+
 def test_a_failed_phase_exits_with_its_code_and_says_why(tmp_path: Path) -> None:
     path = config(tmp_path, CT_INSTALL="0", CT_PYTHON=str(tmp_path / "no-python"))
     done = phase("torch", path)

@@ -98,8 +98,9 @@ class LocalProvider:
     def _bootstrap(self, node: NodeInfo) -> None:
         """Start the same bootstrap cloud nodes run, in check-only mode: the phases that make
         sense on this machine (this Python and its cloudtrain; its torch and a gloo all-reduce,
-        this cloudtrain's `cloudtrain.node.bootstrap`). Detached:
-        `cloudtrain.boot.readiness` reads its status file like any node's."""
+        this cloudtrain's `cloudtrain.node.bootstrap`). The nodes are one machine: node 0
+        verifies it (a torch import and an all-reduce, 2 s of CPU), the others skip that phase.
+        Detached: `cloudtrain.boot.readiness` reads its status file like any node's."""
         root = Path(node.root)
         (root / "bootstrap").mkdir(exist_ok=True)
         script = root / "bootstrap" / "bootstrap.sh"
@@ -113,6 +114,7 @@ class LocalProvider:
                 python=sys.executable,
                 root=str(root),
                 agent="detached",
+                verified_by=None if node.index == 0 else "node 0",
             )
         )
         LocalExecutor().start_detached(
