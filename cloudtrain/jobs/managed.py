@@ -280,9 +280,8 @@ class Watcher:
             self._say(rec, "recovery", f"job {rec.id}: recovery {number} failed: {exc}")
             time.sleep(RETRY_PAUSE_S)
             return
-        age = checkpoints.age(snapshot, began) if snapshot is not None else None
+        age, restored = _resumed_from(snapshot, began)
         self._count(rec, verdict, began, age, replaced=replaced)
-        restored = f"the checkpoint kept {age:.0f} s before" if age is not None else "no checkpoint"
         self._say(
             rec,
             "recovery",
@@ -369,10 +368,9 @@ class Watcher:
             self._say(rec, "recovery", f"job {rec.id}: recovery {number} failed: {exc}")
             time.sleep(RETRY_PAUSE_S)
             return
-        age = checkpoints.age(snapshot, began) if snapshot is not None else None
+        age, restored = _resumed_from(snapshot, began)
         self._count(rec, verdict, began, age)
         self.state.update_job(rec.id, detail={rehost.ABSENT_KEY: [verdict.node]})
-        restored = f"the checkpoint kept {age:.0f} s before" if age is not None else "no checkpoint"
         self._say(
             rec,
             "recovery",
@@ -541,3 +539,12 @@ class Watcher:
             )
         else:
             self._say(rec, "down", f"job {rec.id} ended {rec.status}; {rec.cluster} torn down")
+
+
+def _resumed_from(snapshot: Path | None, began: float) -> tuple[float | None, str]:
+    """How old, when the recovery `began`, the checkpoint a new attempt resumes from is (None:
+    there is none), and the words that say so."""
+    if snapshot is None:
+        return None, "no checkpoint"
+    age = checkpoints.age(snapshot, began)
+    return age, f"the checkpoint kept {age:.0f} s before"
