@@ -211,9 +211,25 @@ def _rendezvous_defaults(torchrun: Any, args: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    record(launch)(sys.argv[1:] if argv is None else argv)
+    try:
+        record(launch)(sys.argv[1:] if argv is None else argv)
+    except SignalException as stopped:
+        # A cancel, or a recovery stopping the nodes left, sends SIGTERM: torch elastic has
+        # stopped the workers and raises through its own frames, thirty lines that tell the
+        # user nothing. One line, and the status a shell gives a process the signal ended
+        # (128 + N), which names it (`cloudtrain.jobs.torchrun.Failure.killed_by`).
+        number = int(stopped.sigval)
+        name = stopped.sigval.name if isinstance(stopped.sigval, signal.Signals) else number
+        print(f"cloudtrain: the launcher got {name}; its workers are stopped", file=sys.stderr)
+        raise Stopped(128 + number) from None
+
+
+class Stopped(SystemExit):
+    """The launcher was stopped by a signal; its code is the status a shell gives a process the
+    signal ended (128 + N)."""
 
 
 if __name__ == "__main__":

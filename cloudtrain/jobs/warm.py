@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         elastic.main(args)  # cold: this process is the agent
     except BaseException as exc:
-        signalled = isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "SignalException"
+        signalled = isinstance(exc, (KeyboardInterrupt, elastic.Stopped))
         raise
     finally:
         if root is not None and (not signalled or _stopped_as_a_job(env)):

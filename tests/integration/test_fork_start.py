@@ -7,6 +7,8 @@ ends with the same exit codes and the script's own traceback and ``atexit`` hand
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +124,44 @@ def test_exit_codes_and_tracebacks_are_the_scripts(workdir: Path) -> None:
     assert "exitcode  : 3" in forked
     _, spawned = run(workdir, "spawn", "train.py", end="exit")
     assert "exitcode  : 3" in spawned
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_launcher_stopped_by_sigterm_says_so_in_one_line_and_exits_143(
+    workdir: Path, start_method: str
+) -> None:
+    """A cancel, or a recovery stopping the nodes left, sends the launcher SIGTERM: its
+    workers stop, its log gets one line (torch elastic raises through thirty lines of its own
+    frames), and it exits as a shell records a process the signal ended."""
+    (workdir / "wait.py").write_text(
+        "import os, sys, time\nopen(f'pid-{os.environ[\"RANK\"]}', 'w').write(str(os.getpid()))\n"
+        "sys.stdout.write('WAITING\\n')\nsys.stdout.flush()\ntime.sleep(120)\n"
+    )
+    flags = ["--standalone", "--nproc-per-node", "2", "--start-method", start_method]
+    with subprocess.Popen(
+        [sys.executable, "-m", "cloudtrain.jobs.elastic", *flags, "wait.py"],
+        cwd=workdir,
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as launcher:
+        assert launcher.stdout is not None
+        said: list[str] = []
+        while sum("WAITING" in line for line in said) < 2:
+            line = launcher.stdout.readline()
+            assert line, "".join(said)
+            said.append(line)
+        launcher.send_signal(signal.SIGTERM)
+        said += launcher.stdout.readlines()
+        code = launcher.wait(timeout=60)
+    out = "".join(said)
+    assert code == 128 + signal.SIGTERM, out
+    assert "cloudtrain: the launcher got SIGTERM; its workers are stopped" in out
+    assert "Traceback" not in out, out
+    for rank in (0, 1):
+        with pytest.raises(ProcessLookupError):
+            os.kill(int((workdir / f"pid-{rank}").read_text()), 0)
 
 
 def test_a_forked_worker_inherits_the_agents_preload(workdir: Path) -> None:
