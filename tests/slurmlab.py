@@ -1,8 +1,8 @@
 """A real Slurm cluster for the tests, on this machine: a munged, a slurmctld and N slurmd's
 (nodes n1, n2 …, each a daemon of its own on its own port of 127.0.0.1), with their key, config,
-state, spool, sockets and logs in one folder and a cluster name of their own, so that two labs
-(two test processes) run at once without meeting. Clients reach it through ``SLURM_CONF``
-(`SlurmLab.env`, `SlurmLab.run`).
+state and logs in one folder, their spools and sockets in a short one under /tmp, and a cluster
+name of their own, so that two labs (two test processes) run at once without meeting. Clients
+reach it through ``SLURM_CONF`` (`SlurmLab.env`, `SlurmLab.run`).
 
 The GPUs are declared, not real: each node has ``gpu:a100:<gpus>``, whose "devices" are links to
 /dev/null in the folder (Slurm 22.05 drops a GPU without a device file, and a File= that is not a
@@ -14,9 +14,11 @@ import contextlib
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,9 +29,6 @@ from tests.sshd import free_port
 HOST = "127.0.0.1"
 TOOLS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/slurmstepd",
          "sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")  # fmt: skip
-#: A Unix socket's path has at most 107 bytes: slurmd makes one per step in the node's spool
-#: folder (``n1_<job>.<step>``, the batch step's number being 4294967291).
-SOCKET_PATH_MAX = 107
 #: The states a job ends in.
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
          "PREEMPTED", "BOOT_FAIL", "DEADLINE")  # fmt: skip
@@ -43,13 +42,14 @@ class SlurmLab:
             require_tool(tool)
         if os.geteuid() != 0:
             unavailable("a Slurm lab needs root: slurmd runs jobs as their users (CI runs as root)")
-        step_socket = folder / "spool" / f"n{nodes}" / f"n{nodes}_4294967291.4294967291"
-        if len(os.fsencode(step_socket)) > SOCKET_PATH_MAX:
-            raise ValueError(f"{folder} is too long a path for slurmd's step sockets")
+        # A Unix socket's path has at most 107 bytes, and slurmd makes one per step in its
+        # spool folder (``n1_<job>.4294967291``): the spools and munge's socket live in a short
+        # folder of the lab's own under /tmp (a test's folder under xdist is too long a path).
+        self.sockets = Path(tempfile.mkdtemp(prefix="slurmlab-", dir="/tmp"))
         self.folder, self.gpus = folder, gpus
         self.nodes = [f"n{i}" for i in range(1, nodes + 1)]
         self.name = f"lab{secrets.token_hex(6)}"  # the ClusterName: lower case, the lab's own
-        self.conf, self.munge_socket = folder / "slurm.conf", folder / "munge.sock"
+        self.conf, self.munge_socket = folder / "slurm.conf", self.sockets / "munge.sock"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         self.env["SLURM_CONF"] = str(self.conf)
         #: The lab's daemons by name; every process of the lab (these, slurmstepd's, the
@@ -59,8 +59,10 @@ class SlurmLab:
     def start(self) -> None:
         """munged, slurmctld, the slurmd's; returns once every node is idle (a second or so)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        for sub in ("state", "gpus", *(f"spool/{n}" for n in self.nodes)):
+        for sub in ("state", "gpus"):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
+        for node in self.nodes:
+            (self.sockets / "spool" / node).mkdir(parents=True, exist_ok=True)
         self._munged()
         ctld_port = free_port(HOST)
         self._configure(ctld_port)
@@ -108,8 +110,8 @@ class SlurmLab:
             "StateSaveLocation": f / "state",
             "SlurmctldPidFile": f / "slurmctld.pid",
             "SlurmctldLogFile": f / "slurmctld.log",
-            "SlurmdSpoolDir": f / "spool/%n",
-            "SlurmdPidFile": f / "spool/%n/slurmd.pid",
+            "SlurmdSpoolDir": self.sockets / "spool/%n",
+            "SlurmdPidFile": self.sockets / "spool/%n/slurmd.pid",
             "SlurmdLogFile": f / "slurmd-%n.log",
             "SlurmctldDebug": "info",
             "SlurmdDebug": "info",
@@ -262,7 +264,10 @@ class SlurmLab:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-            self._kill_leftovers()
+            try:
+                self._kill_leftovers()
+            finally:
+                shutil.rmtree(self.sockets, ignore_errors=True)
 
     def _kill_leftovers(self) -> None:
         """Kill what is left of the lab, and raise if anything was; returns once it is dead."""
