@@ -162,6 +162,8 @@ def _until_gone(
         for pid in pids:
             if pid not in seen and pid != spare:
                 _signal(pid, sig)
+                if sig == signal.SIGTERM:  # a stopped process (^Z, a debugger) acts on it
+                    _signal(pid, signal.SIGCONT)
         seen.update(pids)
         if not pids or time.monotonic() >= deadline:
             return seen

@@ -5,8 +5,11 @@ recovery; a `cancel` meanwhile takes the replacement with it and keeps the node 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -31,7 +34,7 @@ def text(path: Path) -> str:
 
 def booting(home: Path, cluster: str, index: int, timeout: float = 120) -> dict[str, object]:
     """Wait for the node's (new) bootstrap to have begun and not be ready yet; its status."""
-    status = home / "local" / cluster / f"node-{index}" / "bootstrap" / "status.json"
+    status = booted(home, cluster, index)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -44,6 +47,11 @@ def booting(home: Path, cluster: str, index: int, timeout: float = 120) -> dict[
         )
         return dict(found)
     raise AssertionError(f"no bootstrap began on node {index} of {cluster}")
+
+
+def booted(home: Path, cluster: str, index: int) -> Path:
+    """The node's bootstrap status file."""
+    return home / "local" / cluster / f"node-{index}" / "bootstrap" / "status.json"
 
 
 def start_and_lose_node_1(sh: Shell, cluster: str, script: Path, *args: str) -> None:
@@ -125,6 +133,12 @@ def test_cancel_during_a_recovery_takes_the_replacement_and_keeps_the_node_that_
     sh: Shell,
 ) -> None:
     start_and_lose_node_1(sh, "c", SCRIPTS / "sleeper.py")
+    # the replacement's bootstrap held where it is (a local one is over in a second): the
+    # cancel comes during the recovery, and its stop (TERM, then CONT) still ends it
+    for pid in node_1_processes(sh, "c"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    assert json.loads(booted(sh.home, "c", 1).read_text()).get("state") != "ready"
     cancel = sh("cancel", "c-1")
     assert cancel.returncode == 0, cancel.stderr
     assert "job c-1 cancelled" in cancel.stdout

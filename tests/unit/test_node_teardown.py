@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -91,5 +92,23 @@ def test_one_node_is_stopped_and_its_neighbours_are_not(tmp_path: Path) -> None:
         assert all(procs.alive(p.pid) for p in started[2:]), "node-10 and node-0 stay"
     finally:
         for proc in started:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_stopped_process_acts_on_its_term(tmp_path: Path) -> None:
+    """A process stopped (^Z, a debugger, a test holding a bootstrap where it is) gets CONT
+    after its TERM: it ends by the TERM, within the grace, not by the KILL after it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env={**os.environ, "CT_TEST_STOPPED": str(tmp_path)},
+    )
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        counts = procs.kill_matching({"CT_TEST_STOPPED": str(tmp_path)}, grace_s=5)
+        assert counts == {"terminated": 1, "killed": 0}
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
             proc.kill()
             proc.wait()
