@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import os
 import secrets
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import wait_for
 from tests.slurmlab import ENDED, SlurmLab
 
 pytestmark = pytest.mark.integration
@@ -57,7 +56,7 @@ def test_a_step_runs_in_a_held_allocation_until_scancel_ends_it(slurm: SlurmLab)
     seconds = f"300.{secrets.randbelow(10**6):06d}"  # sleep's argument, this test's own
     job = slurm.submit("--nodes=2", "--output=/dev/null", "--wrap", f"srun sleep {seconds}")
     assert slurm.wait_state(job, "RUNNING", *ENDED) == "RUNNING"
-    assert eventually(lambda: len(sleeping(seconds)) == 2)  # one on each node
+    wait_for(lambda: len(sleeping(seconds)) == 2, timeout=10, what="a sleep on each node")
 
     step = slurm.run(
         "srun",
@@ -85,19 +84,11 @@ def test_closing_kills_and_reports_what_escaped_its_job(tmp_path: Path) -> None:
         # an orphan: no longer below the job's slurmstepd, where proctrack/linuxproc looks
         job = running.submit("--output=/dev/null", "--wrap", f"setsid sleep {seconds} &")
         assert running.wait_state(job, *ENDED) == "COMPLETED"
-        assert eventually(lambda: len(sleeping(seconds)) == 1)
+        wait_for(lambda: len(sleeping(seconds)) == 1, timeout=10, what="the orphan")
     finally:
         with pytest.raises(RuntimeError, match=rf"processes left \(killed\): .*sleep {seconds}"):
             running.close()
     assert sleeping(seconds) == []
-
-
-def eventually(check: Callable[[], bool], seconds: float = 10) -> bool:
-    """Whether `check` holds within `seconds` (a process is up a moment after its parent)."""
-    deadline = time.monotonic() + seconds
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return check()
 
 
 def sleeping(seconds: str) -> list[int]:
