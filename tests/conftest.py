@@ -199,7 +199,7 @@ def run_cli(home: Path) -> Cli:
     return Cli()
 
 
-# the cloud stand-ins, for tests/<cloud> and the contract suite
+# the cloud stand-ins, for tests/<cloud> and the contract suite; the Slurm lab
 pytest_plugins = [
     "tests.aws.fixtures",
     "tests.aws.s3",
@@ -207,6 +207,7 @@ pytest_plugins = [
     "tests.gcp.storage",
     "tests.azure.fixtures",
     "tests.azure.blob",
+    "tests.slurm.fixtures",
 ]
 
 

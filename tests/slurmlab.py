@@ -248,6 +248,13 @@ class SlurmLab:
                     found.append(int(environ.parent.name))
         return found
 
+    def job_processes(self) -> list[int]:
+        """`leftovers` but the lab's daemons (and slurmctld's helper): what runs of jobs."""
+        daemons = {proc.pid for proc in self.daemons.values()}
+        return [
+            pid for pid in self.leftovers() if pid not in daemons and _parent(pid) not in daemons
+        ]
+
     def close(self) -> None:
         """Cancel every job and wait until the queue is empty, stop the daemons (slurmd's,
         slurmctld, munged) by PID, then kill what is left of the lab and raise if anything was."""
@@ -286,6 +293,12 @@ class SlurmLab:
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex((HOST, port)) == 0
+
+
+def _parent(pid: int) -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    return 0
 
 
 def _command(pid: int) -> str:

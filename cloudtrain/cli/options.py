@@ -57,7 +57,7 @@ def provider_options(account_only: bool = False) -> list[Any]:
         opt = owners[0][1]
         if account_only and not opt.account:
             continue
-        text = " ".join(o.help for _, o in owners)
+        text = " ".join(dict.fromkeys(o.help for _, o in owners))  # one shared Option: once
         if opt.kind == "flag":
             made.append(click.option(flag, _dest(flag), is_flag=True, default=None, help=text))
         else:

@@ -93,7 +93,8 @@ class ProviderContext:
 #: What a node costs per hour where no catalog knows (machines of the user's: ssh, local).
 NODE_PRICE = Option(
     "node_price",
-    "local, ssh: what one node costs per hour in USD (for the cost so far and --max-cost).",
+    "machines no price list knows: what one node costs per hour in USD (for the cost so far "
+    "and --max-cost).",
     kind="usd",
 )
 

@@ -1,0 +1,116 @@
+"""One node of an allocation, reached from the login node through ``srun --overlap`` steps.
+
+A command is a step of the cluster's job on that node (`run`): it shares the node's resources
+with the job's other steps, its exit status and output are the command's, and the environment
+it is given travels in srun's own (``--export=ALL``), never on a command line. A process that
+must outlive its command (`start_detached`) is started by the node's host (`_host`), inside the
+long step, so that it stays in the allocation until ``scancel``. Files travel through the
+folder the login node and the nodes share (`put`, `get`: the login node's own copies, which
+take what a node wrote as untrusted).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from cloudtrain.errors import CommandError
+from cloudtrain.executors.base import DETACH_SCRIPT, RunResult
+from cloudtrain.executors.local import LocalExecutor
+
+#: What srun adds to a failed step's stderr, which is no word of the command's.
+_SRUN_NOISE = re.compile(r"^srun: error: \S+: tasks? [\d,-]+: Exited with exit code \d+$")
+
+
+def host_source() -> str:
+    """The node host's program (`_host`), as ``python -c`` runs it."""
+    return (Path(__file__).parent / "_host.py").read_text()
+
+
+class SrunExecutor:
+    """Runs commands on node `node` of the job `job_id`, from the login node."""
+
+    def __init__(
+        self,
+        login: LocalExecutor,
+        job_id: str,
+        node: str,
+        root: str,
+        python: str,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.login = login
+        self.job_id = job_id
+        self.node = node
+        self.root = root
+        self.python = python
+        self._env = dict(env or {})
+
+    def _step(self, argv: Sequence[str], cwd: str | None = None) -> list[str]:
+        where = [f"--chdir={cwd}"] if cwd else []
+        return [
+            "srun",
+            "--overlap",
+            f"--jobid={self.job_id}",
+            f"--nodelist={self.node}",
+            "--nodes=1",
+            "--ntasks=1",
+            "--quiet",
+            *where,
+            *argv,
+        ]
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        on_output: Callable[[str], None] | None = None,
+        stdin: str | None = None,
+    ) -> RunResult:
+        done = self.login.run(
+            self._step(argv, cwd),
+            env={**self._env, **(env or {})},
+            timeout=timeout,
+            on_output=on_output,
+            stdin=stdin,
+        )
+        stderr = "".join(
+            line
+            for line in done.stderr.splitlines(keepends=True)
+            if not _SRUN_NOISE.match(line.strip())
+        )
+        return RunResult(tuple(argv), done.returncode, done.stdout, stderr)
+
+    def start_detached(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, job_dir: str
+    ) -> int:
+        request = {
+            "script": DETACH_SCRIPT,
+            "argv": list(argv),
+            "env": dict(env),
+            "cwd": cwd,
+            "job_dir": job_dir,
+        }
+        done = self.run(
+            [self.python, "-c", host_source(), "spawn", self.root],
+            stdin=json.dumps(request) + "\n",
+            timeout=120,
+        )
+        pid = done.stdout.strip().splitlines()[-1:] or [""]
+        if done.returncode != 0 or not pid[0].isdigit():
+            raise CommandError(done.returncode, tuple(argv), done.stderr or done.stdout)
+        return int(pid[0])
+
+    def put(self, local: Path, remote: str, *, excludes: Sequence[str] = ()) -> None:
+        self.login.put(local, remote, excludes=excludes)
+
+    def get(self, remote: str, local: Path) -> bool:
+        return self.login.get(remote, local)
+
+    def close(self) -> None:
+        self.login.close()

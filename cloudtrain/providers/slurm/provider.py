@@ -1,0 +1,419 @@
+"""Clusters on a Slurm cluster the team already runs: each one a batch job holding its nodes.
+
+`apply` submits one job (``sbatch``: the nodes, whole, with the GPUs, partition, account, QoS
+and time limit asked for), waits while Slurm keeps it pending and says why (squeue's reason;
+past ``--wait`` it is cancelled, one line naming the reason; a reason that can never clear, a
+time beyond the partition's limit, ends the wait at once), then, once it runs, waits for its
+host on every node (`_host`: the job's one long step, which keeps what cloudtrain starts inside
+the allocation) and starts each node's bootstrap through it, check-only against ``--python``.
+Commands run as ``srun --overlap`` steps of the job (`_executor`), so a second `train` does not
+queue again. `terminate` cancels the job (Slurm stops everything of it on every node) and
+removes the cluster's folder.
+
+The job is named after the cluster and its comment says whose it is (owner, cluster id):
+`describe`, `clusters` and `leftovers` read ``squeue``/``scontrol``, never local state. Two
+`apply`s of one name make one job: the second finds the first's in the queue.
+
+For now the login node is this machine (``--login local``) and the cluster's folder
+(``--shared-dir``, default ``CLOUDTRAIN_HOME/slurm``) is one the nodes see at the same path (a
+shared home).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import ClassVar
+
+from cloudtrain.boot import bootstrap
+from cloudtrain.errors import ConfigError, ProviderError
+from cloudtrain.executors.base import fan_out
+from cloudtrain.executors.local import LocalExecutor
+from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
+from cloudtrain.providers.slurm import _host
+from cloudtrain.providers.slurm._executor import SrunExecutor, host_source
+from cloudtrain.providers.slurm._slurm import NEVER, Allocation, Slurm, comment
+from cloudtrain.provision.provider import ProviderContext, default_owner, node_price
+from cloudtrain.spec import ClusterSpec
+
+#: The bootstrap phases of a node whose Python the user names (nothing is installed).
+PHASES = "python cloudtrain torch verify"
+#: The file in a cluster's folder that says whose it is.
+OWNER = "owner.json"
+#: How long `apply` lets the allocation pend before it cancels it (``--wait``), in seconds.
+WAIT_S = 300.0
+#: How long a running allocation's hosts have to come up on every node.
+HOSTS_S = 120.0
+#: What Slurm takes as a time limit: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE)$", re.IGNORECASE)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+#: What `apply` learns of a node from the node itself: the interface its peers reach it on.
+_ROUTE = "ip -o route get {addr} 2>/dev/null | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p'"
+
+
+class SlurmProvider:
+    """Clusters as allocations of a Slurm cluster."""
+
+    name: ClassVar[str] = "slurm"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.MULTI_NODE, Capability.GPU}
+    )
+
+    def __init__(self, context: ProviderContext) -> None:
+        opts = context.options
+        self.home = context.home
+        login = str(opts.get("login") or "local")
+        if login != "local":
+            raise ConfigError(
+                f"--login {login!r}: only 'local' (run on the login node itself) is built yet"
+            )
+        self.shared = Path(str(opts.get("shared_dir") or context.home / "slurm")).expanduser()
+        self.python = str(opts.get("python") or sys.executable)
+        self.partition = _word(opts, "partition")
+        self.account = _word(opts, "account")
+        self.qos = _word(opts, "qos")
+        self.time = str(opts.get("time") or "") or None
+        if self.time is not None and not _TIME.match(self.time):
+            raise ConfigError(
+                f"--time {self.time!r}: give minutes, HH:MM:SS or D-HH:MM:SS (as sbatch takes)"
+            )
+        self.wait_s = _seconds(opts.get("wait"), WAIT_S)
+        self.node_price = node_price(opts)
+        self.owner = default_owner()
+        self.slurm = Slurm(LocalExecutor())
+
+    # -- the five verbs ------------------------------------------------------------------------
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        accel, count = spec.resources.accelerator, spec.resources.count
+        offer = Offer(
+            "slurm",
+            self.partition or "default",
+            (self.partition or "default",),
+            "slurm",
+            self.node_price,
+            False,
+            accel,
+            count if accel else 0,
+        )
+        request = {"action": "sbatch", "options": self._options(spec)}
+        return Plan(spec=spec, offers=(offer,), requests=(request,))
+
+    def _options(self, spec: ClusterSpec) -> list[str]:
+        """sbatch's options for `spec`: whole nodes (every CPU and all memory), the GPUs."""
+        folder = self.shared / spec.name
+        options = [
+            f"--job-name={spec.name}",
+            f"--comment={comment(self.owner, spec.cluster_id)}",
+            f"--nodes={spec.num_nodes}",
+            "--ntasks-per-node=1",
+            "--exclusive",
+            "--mem=0",
+            f"--chdir={folder}",
+            f"--output={folder}/slurm-%j.out",
+        ]
+        if spec.resources.accelerator and spec.resources.count:
+            options.append(f"--gres={_gres(spec.resources.accelerator, spec.resources.count)}")
+        for flag, value in (
+            ("partition", self.partition),
+            ("account", self.account),
+            ("qos", self.qos),
+            ("time", self.time),
+        ):
+            if value:
+                options.append(f"--{flag}={value}")
+        return options
+
+    def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
+        spec = plan.spec
+        folder = self.shared / spec.name
+        job = self._job(spec.name, spec.cluster_id, refuse_others=True)
+        made = not folder.exists()
+        try:
+            if job is None:
+                self._claim(spec)
+                job_id = self.slurm.submit(self._script(spec), self._options(spec))
+                on_event(Event("node", f"submitted job {job_id} for {spec.num_nodes} node(s)"))
+                self._first_wins(spec.name, job_id)
+            else:
+                job_id = job.job_id
+                on_event(Event("node", f"job {job_id} holds the cluster already ({job.state})"))
+            job = self._until_running(spec.name, job_id, on_event)
+        except BaseException:
+            if made and not self._mine(spec.name, None):  # nothing of it in the queue
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self._until_hosts(spec.name, job_id, len(self.slurm.hostnames(job.nodelist)))
+        nodes = self.describe(spec.name, spec.cluster_id)
+        fan_out(lambda n: self._make_node(spec, n), nodes)
+        return self.describe(spec.name, spec.cluster_id)
+
+    def _first_wins(self, cluster: str, job_id: str) -> None:
+        """Of two `up`s of one name at once (from two machines: one machine's hold its lock),
+        the job submitted first is the cluster; a later one is cancelled, and says whose."""
+        first = min(
+            (j for j in self.slurm.queue(cluster) if j.name == cluster),
+            key=lambda j: int(j.job_id),
+            default=None,
+        )
+        if first is not None and first.job_id != job_id:
+            self.slurm.cancel([job_id])
+            raise ConfigError(
+                f"cluster {cluster!r}: Slurm job {first.job_id} of "
+                f"{first.owner or 'another user'} took that name first"
+            )
+
+    def _script(self, spec: ClusterSpec) -> str:
+        """The batch script: one host per node, in a step that holds all of the node."""
+        gres = ""
+        if spec.resources.accelerator and spec.resources.count:
+            gres = f" --gres={_gres(spec.resources.accelerator, spec.resources.count)}"
+        base = shlex.quote(str(self.shared / spec.name))
+        return (
+            "#!/bin/bash\n"
+            f"# cloudtrain cluster {spec.name}: `cloudtrain down {spec.name}` cancels it\n"
+            "HOST=$(cat <<'CLOUDTRAIN_HOST'\n"
+            f"{host_source()}\n"
+            "CLOUDTRAIN_HOST\n)\n"
+            'exec srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" --mem=0'
+            f'{gres} --kill-on-bad-exit=1 {shlex.quote(self.python)} -c "$HOST" serve {base}\n'
+        )
+
+    def _until_running(self, cluster: str, job_id: str, on_event: OnEvent) -> Allocation:
+        """Wait while the job pends, saying why each time the reason changes; cancel it past
+        `wait_s` or for a reason that never clears."""
+        deadline = time.monotonic() + self.wait_s
+        said = ""
+        while True:
+            job = next((j for j in self.slurm.queue(cluster) if j.job_id == job_id), None)
+            if job is None:
+                raise ProviderError(
+                    "slurm",
+                    "Ended",
+                    f"job {job_id} of {cluster!r} ended before "
+                    f"it ran; see {self.shared / cluster}/slurm-{job_id}.out",
+                )
+            if job.running and job.nodelist:
+                return job
+            if job.reason != said:
+                said = job.reason
+                why = f" ({job.reason})" if job.reason not in ("", "None") else ""
+                on_event(Event("wait", f"job {job_id} is {job.state.lower()}{why}"))
+            never = NEVER.get(job.reason)
+            if never or time.monotonic() > deadline:
+                self.slurm.cancel([job_id])
+                why = never or f"still pending after {self.wait_s:.0f} s"
+                raise ProviderError(
+                    "slurm",
+                    "Pending",
+                    f"job {job_id} of {cluster!r}: {why} (Slurm's reason: {job.reason}); cancelled",
+                )
+            time.sleep(0.5)
+
+    def _until_hosts(self, cluster: str, job_id: str, count: int) -> None:
+        folder = self.shared / cluster
+        deadline = time.monotonic() + HOSTS_S
+        while sum((folder / f"node-{i}" / _host.READY).is_file() for i in range(count)) < count:
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    "slurm",
+                    "NoHost",
+                    f"job {job_id}: its nodes' hosts did not "
+                    f"start in {HOSTS_S:.0f} s; see {folder}/slurm-{job_id}.out",
+                )
+            if not any(j.job_id == job_id for j in self.slurm.queue(cluster)):
+                raise ProviderError(
+                    "slurm",
+                    "Ended",
+                    f"job {job_id} ended as it started; see {folder}/slurm-{job_id}.out",
+                )
+            time.sleep(0.2)
+
+    def _make_node(self, spec: ClusterSpec, node: NodeInfo) -> None:
+        """Learn the node's interface, record it, and start its check-only bootstrap."""
+        ex = self.executor(node)
+        root = node.root
+        route = ex.run(["sh", "-c", _ROUTE.format(addr=shlex.quote(node.private_ip or ""))])
+        facts = {"ifname": route.stdout.strip() if route.ok else ""}
+        (Path(root) / "facts.json").write_text(json.dumps(facts))
+        if (Path(root) / "bootstrap" / "status.json").exists():
+            return  # started by an earlier apply: readiness reads how far it got
+        (Path(root) / "bootstrap").mkdir(exist_ok=True)
+        script = Path(root) / "bootstrap" / "bootstrap.sh"
+        script.write_text(bootstrap.script())
+        config = Path(root) / "bootstrap" / "bootstrap.env"
+        shape = bootstrap.NodeShape("slurm", spec.resources.accelerator, spec.resources.count)
+        config.write_text(
+            bootstrap.config(
+                shape, install=False, phases=PHASES, python=self.python, root=root, agent="detached"
+            )
+        )
+        ex.start_detached(
+            ["bash", str(script), str(config)],
+            env={"CLOUDTRAIN_NODE_ROOT": root},
+            cwd=root,
+            job_dir=f"{root}/bootstrap/run",
+        )
+
+    def _job(
+        self, cluster: str, cluster_id: str | None, *, refuse_others: bool = False
+    ) -> Allocation | None:
+        """This owner's job of `cluster` (of `cluster_id`, when given)."""
+        jobs = [j for j in self.slurm.queue(cluster) if j.name == cluster]
+        mine = [j for j in jobs if j.owner == self.owner]
+        if refuse_others:
+            other = [j for j in jobs if j.owner != self.owner or j.cluster_id != cluster_id]
+            if other:
+                whose = other[0].owner or "no cloudtrain owner"
+                raise ConfigError(
+                    f"cluster {cluster!r}: Slurm job {other[0].job_id} has that name "
+                    f"({whose}); choose another name, or `cloudtrain down {cluster}` it first"
+                )
+        if cluster_id is not None:
+            mine = [j for j in mine if j.cluster_id == cluster_id]
+        return mine[0] if mine else None
+
+    def describe(self, cluster: str, cluster_id: str | None = None) -> list[NodeInfo]:
+        job = self._job(cluster, cluster_id)
+        if job is None or not job.running:
+            return []
+        names = self.slurm.hostnames(job.nodelist)
+        shown = self.slurm.nodes(names)
+        nodes = []
+        for index, name in enumerate(names):
+            root = str(self.shared / cluster / f"node-{index}")
+            facts = _read_json(Path(root) / "facts.json")
+            state = shown.get(name, {}).get("State", "")
+            lost = any(w in state for w in ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING"))
+            nodes.append(
+                NodeInfo(
+                    cluster=cluster,
+                    index=index,
+                    node_id=name,
+                    private_ip=shown.get(name, {}).get("NodeAddr") or name,
+                    public_ip=None,
+                    state="unreachable" if lost else "running",
+                    zone=self.partition,
+                    instance_type="slurm",
+                    root=root,
+                    python=self.python,
+                    ifname=str(facts.get("ifname") or "") or None,
+                    extra=MappingProxyType({"job": job.job_id, "slurm_state": state}),
+                )
+            )
+        return nodes
+
+    def terminate(self, cluster: str, cluster_id: str | None = None) -> None:
+        """Cancel the cluster's job(s) and wait until Slurm has ended them (every process of
+        theirs on every node), then remove the cluster's folder."""
+        jobs = [j.job_id for j in self._mine(cluster, cluster_id)]
+        self.slurm.cancel(jobs)
+        deadline = time.monotonic() + 120
+        while any(j.job_id in jobs for j in self.slurm.queue(cluster)):
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    "slurm",
+                    "NotEnded",
+                    f"job(s) {', '.join(jobs)} of "
+                    f"{cluster!r} still in the queue 120 s after scancel",
+                )
+            time.sleep(0.2)
+        if self._owns(cluster) and not self._mine(cluster, None):
+            shutil.rmtree(self.shared / cluster, ignore_errors=True)
+
+    def _claim(self, spec: ClusterSpec) -> None:
+        """Make the cluster's folder, marked as this owner's (`OWNER`); `ConfigError` when
+        another owner's folder has the name."""
+        folder = self.shared / spec.name
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        marks = _read_json(folder / OWNER)
+        if marks and marks.get("owner") != self.owner:
+            raise ConfigError(
+                f"cluster {spec.name!r}: {folder} is {marks.get('owner')}'s; choose another name"
+            )
+        (folder / f"{OWNER}.tmp").write_text(
+            json.dumps({"owner": self.owner, "id": spec.cluster_id})
+        )
+        (folder / f"{OWNER}.tmp").replace(folder / OWNER)
+
+    def _owns(self, cluster: str) -> bool:
+        """Whether the cluster's folder is this owner's."""
+        return _read_json(self.shared / cluster / OWNER).get("owner") == self.owner
+
+    def _mine(self, cluster: str, cluster_id: str | None) -> list[Allocation]:
+        return [
+            j
+            for j in self.slurm.queue(cluster)
+            if j.name == cluster
+            and j.owner == self.owner
+            and (cluster_id is None or j.cluster_id == cluster_id)
+        ]
+
+    def clusters(self) -> list[str]:
+        found = {j.name for j in self.slurm.queue() if j.owner == self.owner}
+        if self.shared.is_dir():
+            found |= {
+                p.name for p in self.shared.iterdir() if _NAME.match(p.name) and self._owns(p.name)
+            }
+        return sorted(found)
+
+    def leftovers(self, cluster: str, cluster_id: str | None = None) -> list[str]:
+        """A job of the cluster that holds no node (pending), and its folder with no job."""
+        jobs = self._mine(cluster, cluster_id)
+        found = [f"job {j.job_id} ({j.state.lower()}: {j.reason})" for j in jobs if not j.running]
+        if not jobs and self._owns(cluster):
+            found.append(f"folder {self.shared / cluster}")
+        return found
+
+    def executor(self, node: NodeInfo) -> SrunExecutor:
+        job = node.extra.get("job")
+        if not job:
+            raise ProviderError(
+                "slurm",
+                "NoJob",
+                f"node {node.index} of {node.cluster!r}: its "
+                "record names no job; `cloudtrain status --refresh` reads it",
+            )
+        return SrunExecutor(self.slurm.login, str(job), node.node_id, node.root, self.python)
+
+
+def _gres(accelerator: str, count: int) -> str:
+    """sbatch's ``--gres`` for `count` GPUs of type `accelerator` per node (``gpu:a100:8``)."""
+    return f"gpu:{accelerator.lower()}:{count}"
+
+
+def _word(opts: object, key: str) -> str | None:
+    value = str(getattr(opts, "get", lambda _k: None)(key) or "") or None
+    if value is not None and not _NAME.match(value):
+        raise ConfigError(f"--{key} {value!r}: letters, digits and _.+- only, at most 64")
+    return value
+
+
+def _seconds(value: object, default: float) -> float:
+    if value is None or value == "":
+        return default
+    try:
+        seconds = float(str(value))
+    except ValueError:
+        seconds = -1
+    if not 0 < seconds <= 7 * 86400:
+        raise ConfigError(f"--wait {value!r}: give seconds, more than 0 and at most 604800")
+    return seconds
+
+
+def _read_json(path: Path) -> dict[str, object]:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+__all__: Sequence[str] = ["SlurmProvider"]

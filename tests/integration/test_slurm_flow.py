@@ -1,0 +1,54 @@
+"""A cluster on a real Slurm (the lab: slurmctld and two slurmd's, tests/slurmlab.py), through
+the CLI as its users type it: `up` holds both nodes in one batch job, `train` runs the digits
+example across them as steps of that job to its accuracy, and `down`, with the state file gone,
+finds the job by its name and comment and leaves nothing: the queue empty, no process of the
+job on any node (the lab's closing checks), no folder."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import REPO, Shell
+from tests.slurmlab import SlurmLab
+
+pytestmark = pytest.mark.integration
+EXAMPLE = REPO / "examples" / "digits_ddp.py"
+
+
+def jobs(slurm: SlurmLab) -> list[list[str]]:
+    """The lab's live jobs: [id, name, state, comment]."""
+    shown = slurm.run("squeue", "--noheader", "--format=%A\x1f%j\x1f%T\x1f%k").stdout
+    return [line.split("\x1f") for line in shown.splitlines()]
+
+
+def test_up_train_down_on_two_slurm_nodes_leaves_nothing(
+    slurm: SlurmLab, slurm_sh: Shell, tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared"
+    where = ["--provider", "slurm", "--shared-dir", str(shared)]
+    up = slurm_sh("up", *where, "--nodes", "2", "--name", "exp1", timeout=180)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "cluster exp1 is up: 2 node(s)" in up.stdout
+    [job] = jobs(slurm)
+    assert job[1:3] == ["exp1", "RUNNING"]
+    assert job[3].startswith('cloudtrain {"id": '), "whose it is, on it"
+    assert '"owner": ' in job[3]
+
+    train = slurm_sh("train", "-c", "exp1", str(EXAMPLE), "--epochs", "2", timeout=180)
+    assert train.returncode == 0, train.stdout + train.stderr
+    assert "[node 1]" in train.stdout, "both nodes' ranks are heard"
+    accuracy = re.search(r"final test accuracy: ([\d.]+)", train.stdout)
+    assert accuracy, train.stdout
+    assert float(accuracy.group(1)) > 0.9, train.stdout
+    assert [j[0] for j in jobs(slurm)] == [job[0]], "the job ran as steps: nothing queued again"
+
+    assert slurm.job_processes(), "the hosts, agents and warm servers run inside the job"
+    (slurm_sh.home / "state.db").unlink()  # down reads Slurm, not what this machine recorded
+    down = slurm_sh("down", "exp1", *where)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert jobs(slurm) == []
+    assert not (shared / "exp1").exists()
+    assert slurm.job_processes() == []

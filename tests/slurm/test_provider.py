@@ -1,0 +1,117 @@
+"""The slurm provider against the lab, where it must refuse or give up: each bad request is one
+line naming what was wrong, a non-zero exit, and nothing left (no job in the queue, no record,
+no folder); two `up`s of one name make one allocation; another owner's is never touched."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Shell
+from tests.slurmlab import SlurmLab
+
+pytestmark = pytest.mark.integration
+
+
+def nothing_left(sh: Shell, slurm: SlurmLab, shared: Path, *, queue: list[str]) -> None:
+    assert slurm.queue() == queue
+    assert sh.status()["clusters"] == []
+    assert not shared.exists() or list(shared.iterdir()) == []
+
+
+def error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The one line a refusal says (`up` says "Bringing up …" on stderr before it)."""
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--partition", "nope"], "sbatch refused the allocation: Invalid partition name"),
+        (["--gpus", "A100:9"], "Requested node configuration is not available"),
+        (["--nodes", "3"], "the partition cannot give it"),
+        (["--time", "3:00:00"], "the partition cannot give it"),
+        (["--time", "soon"], "--time 'soon': give minutes, HH:MM:SS or D-HH:MM:SS"),
+        (["--partition", "gpu;rm"], "--partition 'gpu;rm': letters, digits and _.+- only"),
+        (["--login", "me@login"], "--login 'me@login': only 'local'"),
+    ],
+)
+def test_a_request_slurm_cannot_give_is_one_line_and_leaves_nothing(
+    slurm: SlurmLab, slurm_sh: Shell, tmp_path: Path, flags: list[str], said: str
+) -> None:
+    shared = tmp_path / "shared"
+    done = slurm_sh(
+        "up",
+        "--provider",
+        "slurm",
+        "--shared-dir",
+        str(shared),
+        "--name",
+        "bad",
+        "--nodes",
+        "2",
+        *flags,
+    )
+    assert done.returncode != 0
+    assert said in error_line(done)
+    nothing_left(slurm_sh, slurm, shared, queue=[])
+
+
+def test_an_allocation_pending_past_wait_is_cancelled_naming_slurms_reason(
+    slurm: SlurmLab, slurm_sh: Shell, tmp_path: Path
+) -> None:
+    holder = slurm.submit("--nodes=2", "--exclusive", "--wrap", "sleep 300")
+    slurm.wait_state(holder, "RUNNING")
+    shared = tmp_path / "shared"
+    done = slurm_sh(
+        "up",
+        "--provider",
+        "slurm",
+        "--shared-dir",
+        str(shared),
+        "--name",
+        "late",
+        "--nodes",
+        "1",
+        "--wait",
+        "2",
+    )
+    assert done.returncode != 0
+    line = error_line(done)
+    assert "still pending after 2 s (Slurm's reason: Resources); cancelled" in line, line
+    assert "is pending (Resources)" in done.stderr, "the reason is shown while it waits"
+    nothing_left(slurm_sh, slurm, shared, queue=[holder])
+
+
+def test_two_ups_of_one_name_make_one_allocation_and_another_owner_cannot_touch_it(
+    slurm: SlurmLab, slurm_sh: Shell, tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared"
+    up = ["up", "--provider", "slurm", "--shared-dir", str(shared), "--name", "one", "--nodes", "1"]
+    first, second = slurm_sh.popen(*up), slurm_sh.popen(*up)
+    outs = [p.communicate(timeout=180)[0] for p in (first, second)]
+    assert [first.returncode, second.returncode] == [0, 0], outs
+    [job] = slurm.queue()
+
+    other = Shell(tmp_path / "other-home")
+    other.env.update({**slurm.env, "CLOUDTRAIN_OWNER": "someone-else"})
+    where = ["--provider", "slurm", "--shared-dir", str(shared)]
+    taken = other(*up)
+    assert taken.returncode != 0
+    assert f"Slurm job {job} has that name" in error_line(taken)
+    assert other("down", "--all", *where).returncode == 0
+    assert other("down", "one", *where).returncode == 0
+    assert slurm.queue() == [job], "another owner's down leaves it"
+    assert (shared / "one").is_dir()
+
+    assert slurm_sh("down", "one", *where).returncode == 0
+    assert slurm.queue() == []
+    assert not (shared / "one").exists()
+    assert slurm.job_processes() == []
+    assert os.environ.get("CLOUDTRAIN_OWNER") != "someone-else"

@@ -1,0 +1,165 @@
+"""A Slurm node's host (`cloudtrain.providers.slurm._host`), run as the batch script's step runs
+it: what it starts stays its descendant after the starter exits, it serves its own user only,
+and a bad request is answered, not obeyed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.executors.base import DETACH_SCRIPT
+from cloudtrain.providers.slurm import _host
+from cloudtrain.providers.slurm._executor import host_source
+from tests.integration.conftest import wait_for
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    base = tmp_path / "cluster"
+    env = {**os.environ, "SLURM_NODEID": "1"}
+    argv = [sys.executable, "-c", host_source(), "serve", str(base), "1.5"]  # a grace of 1.5 s
+    proc = subprocess.Popen(argv, env=env)
+    root = base / "node-1"
+    try:
+        wait_for(lambda: (root / _host.READY).is_file(), 20, "the host's ready file")
+        yield proc, root
+    finally:
+        for pid in [*_host.descendants(proc.pid), proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+
+
+def spawn(root: Path, request: Mapping[str, object]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", host_source(), "spawn", str(root)],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_what_the_host_starts_runs_detached_as_its_descendant_with_the_env_asked(
+    host: tuple[subprocess.Popen[bytes], Path],
+) -> None:
+    proc, root = host
+    ready = json.loads((root / _host.READY).read_text())
+    assert (ready["pid"], ready["index"]) == (proc.pid, 1)
+    assert oct((root).stat().st_mode & 0o777) == "0o700"
+    job = root / "jobs" / "j1"
+    started = spawn(
+        root,
+        {
+            "script": DETACH_SCRIPT,
+            "argv": ["sh", "-c", 'echo "$SECRET"; sleep 2'],
+            "env": {"SECRET": "s3"},
+            "cwd": str(root),
+            "job_dir": str(job),
+        },
+    )
+    assert started.returncode == 0, started.stderr
+    pid = int(started.stdout)
+    assert pid in _host.descendants(proc.pid), "the starter exited; it stays in the host's tree"
+    log = job / "node.log"
+    wait_for(lambda: log.is_file() and log.read_text().strip() == "s3", 10, "its output")
+    wait_for(lambda: (job / "exit_code").is_file(), 10, "its exit code")
+    assert (job / "exit_code").read_text().strip() == "0"
+
+
+def test_a_request_it_cannot_run_is_answered_with_why(
+    host: tuple[subprocess.Popen[bytes], Path],
+) -> None:
+    _, root = host
+    done = spawn(
+        root,
+        {
+            "script": DETACH_SCRIPT,
+            "argv": ["true"],
+            "env": {},
+            "cwd": str(root / "missing"),
+            "job_dir": str(root / "jobs" / "j2"),
+        },
+    )
+    assert done.returncode == 1
+    assert "No such file or directory" in done.stderr
+    assert spawn(root, {"argv": "not a list"}).returncode == 1
+
+
+#: A client that asks the host in its working folder, as `spawn` does, and prints the answer.
+ASK = """
+import socket, sys
+with socket.socket(socket.AF_UNIX) as conn:
+    conn.connect("host.sock")
+    try:
+        conn.sendall(sys.stdin.read().encode() + b"\\n")
+        print(conn.makefile("rb").readline().decode() or "no answer")
+    except (BrokenPipeError, ConnectionResetError):  # closed before or after it was asked
+        print("no answer")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to be another user")
+def test_another_user_is_not_served_even_where_the_socket_is_open_to_them(
+    host: tuple[subprocess.Popen[bytes], Path],
+) -> None:
+    _, root = host
+    root.chmod(0o711)  # as a careless umask, or a shared folder's rules, could leave them
+    (root / _host.SOCKET).chmod(0o777)
+    marker = root / "pwned"
+    request = {
+        "script": DETACH_SCRIPT,
+        "argv": ["touch", str(marker)],
+        "env": {},
+        "cwd": "/",
+        "job_dir": str(root / "jobs" / "j3"),
+    }
+    done = subprocess.run(
+        ["/usr/bin/python3", "-c", ASK],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=root,
+        user=65534,
+        group=65534,
+        extra_groups=[],
+        check=False,
+    )
+    assert done.stdout.strip() == "no answer", done.stderr
+    assert not marker.exists()
+    assert not (root / "jobs" / "j3").exists()
+
+
+def test_on_the_steps_term_the_host_outlives_what_it_started_then_kills_what_stays(
+    host: tuple[subprocess.Popen[bytes], Path],
+) -> None:
+    """Slurm's linuxproc finds a step's processes by their parents: a host that died at once
+    would let what takes its time over a TERM out of the tree before the SIGKILL."""
+    proc, root = host
+    request = {
+        "script": DETACH_SCRIPT,
+        "argv": ["sh", "-c", "trap '' TERM; sleep 60"],
+        "env": {},
+        "cwd": str(root),
+        "job_dir": str(root / "jobs" / "stubborn"),
+    }
+    assert spawn(root, request).returncode == 0
+    wait_for(lambda: len(_host.descendants(proc.pid)) == 3, 10, "its subshell, sh and sleep")
+    stubborn = _host.descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.8)
+    assert proc.poll() is None, "the host lives on while what it started does"
+    assert _host.descendants(proc.pid) == stubborn
+    assert proc.wait(timeout=10) == 0
+    assert not [pid for pid in stubborn if Path(f"/proc/{pid}").exists()], "killed after 1.5 s"
