@@ -13,6 +13,8 @@ Stdlib only and quick to start, because it runs on every node for every job::
     python -m cloudtrain.node agent --root ROOT       the resident agent (`cloudtrain.node.agent`):
         [--source S] [--endpoint URL]                 beats, and watches the notice if a source
         [--ensure [--wait S] | --supervise]           is given; --ensure starts it detached
+    python -m cloudtrain.node notice --root ROOT      a scheduler says the node goes (Slurm's
+        --source S [--action A] [--not-before T]      --signal): record it, tell the job
     python -m cloudtrain.node bootstrap phase ...     a bootstrap phase in the node's Python
                                                       (`cloudtrain.node.bootstrap`)
     python -m cloudtrain.node spawn --envs JSON ...   a TensorFlow or Horovod job's workers
@@ -309,6 +311,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p_agent.add_argument("--arm", help="Azure Resource Manager (default: the public cloud's)")
     _policy_args(p_agent)
+    p_notice = sub.add_parser(
+        "notice", help="a scheduler's notice that the node goes: record it, tell the job"
+    )
+    p_notice.add_argument("--root", type=Path, required=True)
+    p_notice.add_argument("--source", required=True, help="who said it (slurm, …)")
+    p_notice.add_argument("--action", default="end", help="what it will do (end, preempt …)")
+    p_notice.add_argument("--not-before", help="when, as the scheduler says it")
     p_stop = sub.add_parser("autostop")
     p_stop.add_argument("--root", type=Path, required=True)
     p_stop.add_argument("--off", action="store_true", help="never stop when idle")
@@ -328,6 +337,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.buffer.write(b"%d\n" % (max(args.offset, 0) + len(data)) + data)
     elif args.command == "agent":
         return _agent(args)
+    elif args.command == "notice":  # a node whose scheduler signals it (Slurm's --signal)
+        root = args.root.absolute()
+        if not root.is_dir():  # not made yet, or gone: nothing runs there to tell
+            print(f"cloudtrain: no node at {root}", file=sys.stderr)
+            return 3
+        notice = notices.Notice(args.source, args.action, args.not_before)
+        told = tell_job(root, notice)
+        print(json.dumps({**notice.to_dict(), "signalled": told}))
     elif args.command == "autostop":
         root = args.root.absolute()
         if not root.is_dir():  # never make a node's folder again: it went away

@@ -122,6 +122,7 @@ def test_the_allocation_asked_for_is_whole_nodes_with_the_gpus_and_the_limits(
         ({"account": "a;b"}, "--account 'a;b'"),
         ({"qos": "-x"}, "--qos '-x'"),
         ({"wait": "-1"}, "--wait '-1': give seconds"),
+        ({"notice": "70000"}, "--notice '70000': give seconds, more than 0 and at most 65535"),
         ({"login": "me@host"}, "--login 'me@host': only 'local'"),
     ],
 )

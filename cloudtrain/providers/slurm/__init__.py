@@ -25,6 +25,11 @@ OPTIONS = (
     Option("time", "slurm: the allocation's time limit (minutes, HH:MM:SS or D-HH:MM:SS)."),
     Option("wait", "slurm: seconds the allocation may pend before `up` cancels it (300)."),
     Option(
+        "notice",
+        "slurm: seconds before the time limit that the job is told to save, as on a "
+        "preemption notice (120).",
+    ),
+    Option(
         "shared_dir",
         "slurm: a folder the login node and every node see at one path "
         "(default CLOUDTRAIN_HOME/slurm).",

@@ -49,6 +49,8 @@ PHASES = "python cloudtrain torch verify"
 OWNER = "owner.json"
 #: How long `apply` lets the allocation pend before it cancels it (``--wait``), in seconds.
 WAIT_S = 300.0
+#: How long before the time limit the job is told to save (``--notice``), in seconds.
+NOTICE_S = 120.0
 #: How long a running allocation's hosts have to come up on every node.
 HOSTS_S = 120.0
 #: What Slurm takes as a time limit: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
@@ -84,7 +86,8 @@ class SlurmProvider:
             raise ConfigError(
                 f"--time {self.time!r}: give minutes, HH:MM:SS or D-HH:MM:SS (as sbatch takes)"
             )
-        self.wait_s = _seconds(opts.get("wait"), WAIT_S)
+        self.wait_s = _seconds(opts.get("wait"), WAIT_S, "wait")
+        self.notice_s = int(_seconds(opts.get("notice"), NOTICE_S, "notice"))
         self.node_price = node_price(opts)
         self.owner = default_owner()
         self.slurm = Slurm(LocalExecutor())
@@ -118,6 +121,7 @@ class SlurmProvider:
             "--mem=0",
             f"--chdir={folder}",
             f"--output={folder}/slurm-%j.out",
+            f"--signal=B:USR1@{self.notice_s}",  # the notice before the time limit: `_host`
         ]
         if spec.resources.accelerator and spec.resources.count:
             options.append(f"--gres={_gres(spec.resources.accelerator, spec.resources.count)}")
@@ -171,19 +175,37 @@ class SlurmProvider:
             )
 
     def _script(self, spec: ClusterSpec) -> str:
-        """The batch script: one host per node, in a step that holds all of the node."""
+        """The batch script: one host per node, in a step that holds all of the node; and,
+        on Slurm's ``USR1`` before the time limit (``--signal=B:``, to this shell only: a
+        step's signal reaches every process of the step, and would kill what does not catch
+        it), the notice on every node, in a step of its own (``cloudtrain.node notice``)."""
         gres = ""
         if spec.resources.accelerator and spec.resources.count:
             gres = f" --gres={_gres(spec.resources.accelerator, spec.resources.count)}"
         base = shlex.quote(str(self.shared / spec.name))
+        python = shlex.quote(self.python)
+        tell = (
+            f'exec {python} -m cloudtrain.node notice --root {base}/node-"$SLURM_NODEID" '
+            "--source slurm --action end"
+        )
         return (
             "#!/bin/bash\n"
             f"# cloudtrain cluster {spec.name}: `cloudtrain down {spec.name}` cancels it\n"
             "HOST=$(cat <<'CLOUDTRAIN_HOST'\n"
             f"{host_source()}\n"
             "CLOUDTRAIN_HOST\n)\n"
-            'exec srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" --mem=0'
-            f'{gres} --kill-on-bad-exit=1 {shlex.quote(self.python)} -c "$HOST" serve {base}\n'
+            "notice() {\n"
+            '  srun --overlap --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 '
+            f"sh -c {shlex.quote(tell)}\n"
+            "}\n"
+            "trap notice USR1\n"
+            'srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" --mem=0'
+            f'{gres} --kill-on-bad-exit=1 {python} -c "$HOST" serve {base} &\n'
+            "hosts=$!\n"
+            "while :; do  # a trapped signal ends a wait: wait again until the hosts end\n"
+            '  wait "$hosts"; code=$?\n'
+            '  kill -0 "$hosts" 2>/dev/null || exit "$code"\n'
+            "done\n"
         )
 
     def _until_running(self, cluster: str, job_id: str, on_event: OnEvent) -> Allocation:
@@ -396,15 +418,16 @@ def _word(opts: object, key: str) -> str | None:
     return value
 
 
-def _seconds(value: object, default: float) -> float:
+def _seconds(value: object, default: float, flag: str) -> float:
+    """The option `flag`'s seconds: more than 0, at most 65535 (what ``--signal`` takes)."""
     if value is None or value == "":
         return default
     try:
         seconds = float(str(value))
     except ValueError:
         seconds = -1
-    if not 0 < seconds <= 7 * 86400:
-        raise ConfigError(f"--wait {value!r}: give seconds, more than 0 and at most 604800")
+    if not 0 < seconds <= 65535:
+        raise ConfigError(f"--{flag} {value!r}: give seconds, more than 0 and at most 65535")
     return seconds
 
 
