@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import REPO, Shell
-from tests.slurmlab import SlurmLab
+from tests.slurmlab import SlurmLab, _command
 
 pytestmark = pytest.mark.integration
 EXAMPLE = REPO / "examples" / "digits_ddp.py"
@@ -51,4 +51,43 @@ def test_up_train_down_on_two_slurm_nodes_leaves_nothing(
     assert down.returncode == 0, down.stdout + down.stderr
     assert jobs(slurm) == []
     assert not (shared / "exp1").exists()
-    assert slurm.job_processes() == []
+    assert [_command(p) for p in slurm.job_processes()] == []
+
+
+def test_a_managed_job_whose_node_slurm_sets_down_resumes_in_a_new_allocation(
+    slurm: SlurmLab, slurm_sh: Shell, tmp_path: Path
+) -> None:
+    """Slurm ends a job whose node fails (cloudtrain asks for no requeue: a rerun of the batch
+    script would bring back hosts without their agents); the watcher sees the allocation gone,
+    makes a new one and resumes from the newest checkpoint."""
+    slurm_sh.env["CLOUDTRAIN_CHECKPOINT_PULL_S"] = "1"
+    where = ["--provider", "slurm", "--shared-dir", str(tmp_path / "shared")]
+    up = slurm_sh("up", *where, "--nodes", "2", "--name", "m", timeout=180)
+    assert up.returncode == 0, up.stdout + up.stderr
+    [first] = slurm.queue()
+    train = slurm_sh.popen("train", "-c", "m", "--managed", str(EXAMPLE), "--",
+                           "--epochs", "6", "--pause", "1")  # fmt: skip
+    assert train.stdout is not None
+    out = ""
+    while "epoch 3/6" not in out:
+        line = train.stdout.readline()
+        assert line, out
+        out += line
+    slurm.run("scontrol", "update", "nodename=n2", "state=down", "reason=test")
+    rest, _ = train.communicate(timeout=300)
+    out += rest
+    assert train.returncode == 0, out
+    assert re.search(
+        r"recovery 1/3: node \d went away \(srun: error: Slurm job \d+ has expired", out
+    )
+    resumed = re.search(r"resumed from epoch (\d+)", out)
+    assert resumed, out
+    assert int(resumed.group(1)) >= 2, out
+    accuracy = re.search(r"final test accuracy: ([\d.]+)", out)
+    assert accuracy, out
+    assert float(accuracy.group(1)) >= 0.95, out
+    [second] = slurm.queue()
+    assert second != first, "a new allocation"
+    assert slurm_sh("down", "m", *where).returncode == 0
+    assert slurm.queue() == []
+    assert [_command(p) for p in slurm.job_processes()] == []

@@ -163,3 +163,44 @@ def test_on_the_steps_term_the_host_outlives_what_it_started_then_kills_what_sta
     assert _host.descendants(proc.pid) == stubborn
     assert proc.wait(timeout=10) == 0
     assert not [pid for pid in stubborn if Path(f"/proc/{pid}").exists()], "killed after 1.5 s"
+
+
+def run(root: Path, *argv: str, stdin: str = "", cwd: Path | None = None,
+        env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", host_source(), "run", str(root), "--", *argv],
+        input=stdin, capture_output=True, text=True, timeout=30, check=False,
+        cwd=cwd, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def test_a_command_run_through_the_host_is_the_clients_own_in_all_but_its_parent(
+    host: tuple[subprocess.Popen[bytes], Path], tmp_path: Path
+) -> None:
+    """Its input, output, status, folder and environment are the client's; what it forks to
+    outlive it stays the host's descendant (a short step would end it, or lose it)."""
+    proc, root = host
+    daemon = "(sleep 30 >/dev/null 2>&1 &)"
+    script = f'read line; echo "out $line $PWD $ASKED"; echo err >&2; {daemon}; exit 7'
+    done = run(root, "sh", "-c", script, stdin="hi\n", cwd=tmp_path, env={"ASKED": "yes"})
+    assert (done.returncode, done.stdout, done.stderr) == (7, f"out hi {tmp_path} yes\n", "err\n")
+    left = _host.descendants(proc.pid)
+    assert any(Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x0030\x00" for pid in left)
+    assert run(root, "sh", "-c", "kill -9 $$").returncode == 128 + 9
+    missing = run(root, "/no/such/program")
+    assert missing.returncode == 127
+    assert "No such file or directory" in missing.stderr
+
+
+def test_a_command_whose_client_goes_is_killed(
+    host: tuple[subprocess.Popen[bytes], Path],
+) -> None:
+    proc, root = host
+    client = subprocess.Popen(
+        [sys.executable, "-c", host_source(), "run", str(root), "--", "sleep", "60"]
+    )
+    wait_for(lambda: any(b"sleep" in Path(f"/proc/{p}/cmdline").read_bytes()
+                         for p in _host.descendants(proc.pid)), 10, "the command")  # fmt: skip
+    client.kill()
+    client.wait()
+    wait_for(lambda: not _host.descendants(proc.pid), 10, "the command killed with its client")

@@ -1,12 +1,13 @@
 """One node of an allocation, reached from the login node through ``srun --overlap`` steps.
 
-A command is a step of the cluster's job on that node (`run`): it shares the node's resources
-with the job's other steps, its exit status and output are the command's, and the environment
-it is given travels in srun's own (``--export=ALL``), never on a command line. A process that
-must outlive its command (`start_detached`) is started by the node's host (`_host`), inside the
-long step, so that it stays in the allocation until ``scancel``. Files travel through the
-folder the login node and the nodes share (`put`, `get`: the login node's own copies, which
-take what a node wrote as untrusted).
+A command runs through a step of the cluster's job on that node (`run`): the step's one task
+hands its stdin, stdout and stderr to the node's host (`_host`), which runs the command as its
+child inside the job's long step, so that whatever the command starts to outlive it (an agent
+it heals, a warm server) stays in the allocation until ``scancel``; the step exits with the
+command's status. The environment a command is given travels in srun's own (``--export=ALL``),
+never on a command line. A detached start (`start_detached`) asks the host the same way. Files
+travel through the folder the login node and the nodes share (`put`, `get`: the login node's
+own copies, which take what a node wrote as untrusted).
 """
 
 from __future__ import annotations
@@ -17,11 +18,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from cloudtrain.errors import CommandError
-from cloudtrain.executors.base import DETACH_SCRIPT, RunResult
+from cloudtrain.executors.base import DETACH_SCRIPT, SSH_FAILED, RunResult
 from cloudtrain.executors.local import LocalExecutor
 
 #: What srun adds to a failed step's stderr, which is no word of the command's.
 _SRUN_NOISE = re.compile(r"^srun: error: \S+: tasks? [\d,-]+: Exited with exit code \d+$")
+#: What srun says when the step could not run for the allocation's sake, not the command's: the
+#: job is over (the time limit, a node failure, scancel) or its node is. The command's status is
+#: then unknown, as over a connection that broke: `SSH_FAILED`, which the core reads as such.
+_GONE = re.compile(
+    r"^srun: error: (Slurm job \d+ has expired|Unable to confirm allocation|Invalid job id"
+    r"|Node failure on|Unable to create step|Job/step already completing or completed"
+    r"|Unable to contact slurm controller|Task launch for .* failed on node)"
+    r"|^srun: Job step aborted"
+)
 
 
 def host_source() -> str:
@@ -72,19 +82,31 @@ class SrunExecutor:
         on_output: Callable[[str], None] | None = None,
         stdin: str | None = None,
     ) -> RunResult:
+        gone: list[str] = []
+
+        def seen(line: str) -> None:
+            if _GONE.match(line.strip()):
+                gone.append(line.strip())
+            elif on_output is not None and not _SRUN_NOISE.match(line.strip()):
+                on_output(line)
+
         done = self.login.run(
-            self._step(argv, cwd),
+            self._step([self.python, "-c", host_source(), "run", self.root, "--", *argv], cwd),
             env={**self._env, **(env or {})},
             timeout=timeout,
-            on_output=on_output,
+            on_output=seen if on_output is not None else None,
             stdin=stdin,
         )
-        stderr = "".join(
-            line
-            for line in done.stderr.splitlines(keepends=True)
-            if not _SRUN_NOISE.match(line.strip())
-        )
-        return RunResult(tuple(argv), done.returncode, done.stdout, stderr)
+        kept = []
+        for line in done.stderr.splitlines(keepends=True):
+            said = line.strip()
+            if _GONE.match(said):
+                gone.append(said)
+            elif not _SRUN_NOISE.match(said):
+                kept.append(line)
+        if gone and done.returncode != 0:
+            return RunResult(tuple(argv), SSH_FAILED, done.stdout, gone[-1] + "\n")
+        return RunResult(tuple(argv), done.returncode, done.stdout, "".join(kept))
 
     def start_detached(
         self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, job_dir: str

@@ -1,23 +1,26 @@
-"""A Slurm node's host: the one long step that keeps what cloudtrain starts on the node inside
-the allocation. Standard library only: it runs before anything is installed on the node, as
+"""A Slurm node's host: the one long step that keeps what cloudtrain runs on the node inside the
+allocation. Standard library only: it runs before anything is installed on the node, as
 ``python -c SOURCE serve BASE`` (`SOURCE`, this file's text) in the batch script's step, one task
-per node, and as ``python -c SOURCE spawn ROOT`` (a request on its stdin) in a short
-``srun --overlap`` step.
+per node; its clients are ``python -c SOURCE run ROOT -- ARGV…`` and ``python -c SOURCE spawn
+ROOT`` (a request on stdin), each in a short ``srun --overlap`` step.
 
 Why: Slurm ends a step's processes when the step ends (every one of them where proctrack is
-cgroup, which most sites run), so a process that must outlive the command that started it (the
-node agent, a job's launcher) cannot be started by a short step of its own. It is started by
-this host instead, as the host's child, and stays in the long step until the allocation ends:
-``scancel`` then stops every one of them, on every node, as it stops any job.
+cgroup, which most sites run; where it is linuxproc, an orphan escapes it instead), so nothing a
+command starts to outlive it (the node agent it heals, a warm server, a job's launcher) may be
+started in a short step. Every command is run by this host, as its child, and the short step
+only carries its input, output and exit status: ``run`` hands the host its own stdin, stdout and
+stderr (``SCM_RIGHTS``) with the argv, environment and folder, and exits with the command's
+status; ``spawn`` asks for a detached start (``/bin/sh -c SCRIPT cloudtrain-detach JOB_DIR
+ARGV…``, the executors' detach script) and prints its pid. What they start stays in the long
+step until the allocation ends: ``scancel`` stops every one of them, on every node.
 
-The host listens on a Unix socket in its node's folder (``ROOT/host.sock``; the folder is the
-user's alone, 0700) and serves only its own user (the peer's uid, ``SO_PEERCRED``). A request is
-one JSON line: ``{"script", "argv", "env", "cwd", "job_dir"}``; it runs ``/bin/sh -c script
-cloudtrain-detach job_dir argv…`` (the executors' detach script) in a new session, with its
-environment and the request's ``env``, and answers ``{"pid": N}`` or ``{"error": "…"}``. It is
-the child subreaper of what it starts, so a detached process stays its descendant (where
-proctrack is linuxproc, that is how Slurm finds it), and it reaps them. On the step's SIGTERM
-(``scancel``) it outlives them: it ends once they have, KILLing what is left after a grace.
+The host listens on ``ROOT/host.sock`` (the folder is the user's alone, 0700) and serves only
+its own user (the peer's uid, ``SO_PEERCRED``); each client in a thread of its own. It is the
+child subreaper of what it starts, so a daemon that a command forks stays its descendant (where
+proctrack is linuxproc, that is how Slurm finds a step's processes), and it reaps those orphans.
+A command whose client goes (srun killed, a timeout) is killed with its process group. On the
+step's SIGTERM (``scancel``) the host outlives what it started: it ends once they have, KILLing
+what is left after a grace.
 
 Once listening, the host writes ``ROOT/host.json`` (its pid, the node's hostname and index)
 atomically: the controller waits for that file on every node before it starts their bootstraps.
@@ -29,11 +32,13 @@ import contextlib
 import ctypes
 import json
 import os
+import select
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 SOCKET = "host.sock"
@@ -48,14 +53,39 @@ def _subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+#: The children a client's thread waits for itself: `_reap` leaves them to it. Held while one
+#: is started, so that it cannot be reaped before it is known.
+_LOCK = threading.Lock()
+_OWN: set[int] = set()
+
+
 def _reap() -> None:
+    """Reap the orphans that came to the host (it is their subreaper)."""
     while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+        with _LOCK:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid in _OWN:
+                return  # none ended, or a thread's, which it reaps at once
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(info.si_pid, 0)
+
+
+def _start(argv: list[str], env: dict[str, str], cwd: str, stdio: tuple[int, int, int]
+           ) -> subprocess.Popen[bytes]:  # fmt: skip
+    """`argv` started as a child the caller waits for (`_OWN`), in a session of its own."""
+    with _LOCK:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdio[0], stdout=stdio[1],
+                                stderr=stdio[2], start_new_session=True)  # fmt: skip
+        _OWN.add(proc.pid)
+    return proc
+
+
+def _done(proc: subprocess.Popen[bytes]) -> None:
+    with _LOCK:
+        _OWN.discard(proc.pid)
 
 
 def descendants(pid: int) -> set[int]:
@@ -95,31 +125,98 @@ def _peer_uid(conn: socket.socket) -> int:
     return int(struct.unpack("3i", creds)[1])
 
 
+def _strings(value: object) -> list[str] | None:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return None
+    return [str(v) for v in value]
+
+
+def _env(value: object) -> dict[str, str] | None:
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        return None
+    return {str(k): str(v) for k, v in value.items()}
+
+
 def _spawn(request: dict[str, object]) -> dict[str, object]:
-    script, argv, env = request["script"], request["argv"], request["env"]
-    cwd, job_dir = request["cwd"], request["job_dir"]
-    if not (isinstance(script, str) and isinstance(argv, list) and isinstance(env, dict)):
+    """Start ``sh -c SCRIPT cloudtrain-detach JOB_DIR ARGV`` (it detaches ARGV): its pid."""
+    script, argv, env = (
+        request.get("script"),
+        _strings(request.get("argv")),
+        _env(request.get("env")),
+    )
+    cwd, job_dir = request.get("cwd"), request.get("job_dir")
+    if not (isinstance(script, str) and argv is not None and env is not None):
         return {"error": "a request needs script, argv and env"}
     if not (isinstance(cwd, str) and isinstance(job_dir, str)):
         return {"error": "a request needs cwd and job_dir"}
     try:
         os.makedirs(job_dir, mode=0o700, exist_ok=True)
-        done = subprocess.run(
-            ["/bin/sh", "-c", script, "cloudtrain-detach", job_dir, *map(str, argv)],
-            env={**os.environ, **{str(k): str(v) for k, v in env.items()}},
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            check=False,
-        )
+        detach = ["/bin/sh", "-c", script, "cloudtrain-detach", job_dir, *argv]
+        stdio = (subprocess.DEVNULL, subprocess.PIPE, subprocess.PIPE)
+        proc = _start(detach, {**os.environ, **env}, cwd, stdio)
     except OSError as exc:
         return {"error": f"{exc.strerror}: {exc.filename}"}
-    pid = done.stdout.strip()
-    if done.returncode != 0 or not pid.isdigit():
-        return {"error": (done.stderr or done.stdout).strip()[-2000:] or f"exit {done.returncode}"}
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        _done(proc)
+    pid = out.decode(errors="replace").strip()
+    if proc.returncode != 0 or not pid.isdigit():
+        said = (err or out).decode(errors="replace").strip()[-2000:]
+        return {"error": said or f"exit {proc.returncode}"}
     return {"pid": int(pid)}
+
+
+def _run(conn: socket.socket, request: dict[str, object], fds: list[int]) -> dict[str, object]:
+    """Run the request's argv as the host's child on the client's stdin, stdout and stderr
+    (`fds`) until it exits, or until the client goes (then it is killed, its group too)."""
+    argv, env, cwd = _strings(request.get("argv")), _env(request.get("env")), request.get("cwd")
+    if not argv or env is None or not isinstance(cwd, str) or len(fds) != 3:
+        return {"error": "a request needs argv, env, cwd and three descriptors"}
+    try:
+        proc = _start(argv, env, cwd, (fds[0], fds[1], fds[2]))
+    except OSError as exc:
+        return {"error": f"{exc.strerror}: {exc.filename or argv[0]}", "code": 127}
+    finally:
+        for fd in fds:
+            os.close(fd)
+    try:
+        while proc.poll() is None:
+            if select.select([conn], [], [], 0.2)[0] and not conn.recv(1):  # the client went
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    finally:
+        _done(proc)
+    code = proc.returncode
+    return {"code": 128 - code if code < 0 else code}
+
+
+def _serve_one(conn: socket.socket) -> None:
+    """One client: its request (and descriptors), answered with one JSON line."""
+    fds: list[int] = []
+    with conn:
+        try:
+            if _peer_uid(conn) != os.getuid():
+                return
+            head, fds, _, _ = socket.recv_fds(conn, 1, 3)
+            with conn.makefile("rb") as stream:
+                request = json.loads(stream.readline(1 << 24))
+            if not isinstance(request, dict):
+                answer: dict[str, object] = {"error": "no request"}
+            elif head == b"r":
+                taken, fds = fds, []  # `_run` closes them
+                answer = _run(conn, request, taken)
+            else:
+                answer = _spawn(request)
+        except (OSError, ValueError) as exc:
+            answer = {"error": f"bad request: {exc}"}
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps(answer).encode() + b"\n")
 
 
 def serve(base: str, grace_s: float = STOP_GRACE_S) -> None:
@@ -153,34 +250,29 @@ def serve(base: str, grace_s: float = STOP_GRACE_S) -> None:
             conn, _ = server.accept()
         except TimeoutError:
             continue
-        with conn:
-            conn.settimeout(30)
-            try:
-                if _peer_uid(conn) != os.getuid():
-                    continue
-                with conn.makefile("rb") as stream:
-                    request = json.loads(stream.readline(1 << 24))
-                answer = _spawn(request) if isinstance(request, dict) else {"error": "no request"}
-            except (OSError, ValueError, KeyError) as exc:
-                answer = {"error": f"bad request: {exc}"}
-            with contextlib.suppress(OSError):
-                conn.sendall(json.dumps(answer).encode() + b"\n")
+        conn.settimeout(None)
+        threading.Thread(target=_serve_one, args=(conn,), daemon=True).start()
+
+
+def _ask(root: str, head: bytes, request: dict[str, object], fds: list[int]) -> dict[str, object]:
+    """The host's answer to `request` (with `fds`); ``{"error": …}`` when there is no host."""
+    os.chdir(root)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.connect(SOCKET)
+        except OSError as exc:
+            return {"error": f"no host on this node ({exc.strerror})", "code": 3}
+        socket.send_fds(conn, [head], fds)
+        conn.sendall(json.dumps(request).encode() + b"\n")
+        with conn.makefile("rb") as stream:
+            answer = json.loads(stream.readline(1 << 20) or b"{}")
+    return answer if isinstance(answer, dict) else {}
 
 
 def spawn(root: str) -> int:
     """Hand the request on stdin to the host of the node at `root`; print the pid it started."""
-    request = sys.stdin.read()
-    os.chdir(root)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(60)
-        try:
-            conn.connect(SOCKET)
-        except OSError as exc:
-            print(f"no host on this node ({exc.strerror})", file=sys.stderr)
-            return 3
-        conn.sendall(request.strip().encode() + b"\n")
-        with conn.makefile("rb") as stream:
-            answer = json.loads(stream.readline(1 << 20) or b"{}")
+    request = json.loads(sys.stdin.read())
+    answer = _ask(root, b"s", request, [])
     if "pid" not in answer:
         print(answer.get("error", "the host gave no answer"), file=sys.stderr)
         return 1
@@ -188,10 +280,23 @@ def spawn(root: str) -> int:
     return 0
 
 
+def run(root: str, argv: list[str]) -> int:
+    """Have the host of the node at `root` run `argv` here, as it were: on this process's
+    stdin, stdout and stderr, in its folder and environment; its exit status."""
+    cwd = os.getcwd()
+    answer = _ask(root, b"r", {"argv": argv, "env": dict(os.environ), "cwd": cwd}, [0, 1, 2])
+    if "error" in answer:
+        print(f"cloudtrain host: {answer['error']}", file=sys.stderr)
+    code = answer.get("code", 1 if "error" in answer else 0)
+    return code if isinstance(code, int) else 1
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
         serve(sys.argv[2], *map(float, sys.argv[3:4]))
     elif sys.argv[1:2] == ["spawn"]:
         sys.exit(spawn(sys.argv[2]))
+    elif sys.argv[1:2] == ["run"] and sys.argv[3:4] == ["--"]:
+        sys.exit(run(sys.argv[2], sys.argv[4:]))
     else:
-        sys.exit("usage: host serve BASE [GRACE_S] | spawn ROOT")
+        sys.exit("usage: host serve BASE [GRACE_S] | spawn ROOT | run ROOT -- ARGV…")

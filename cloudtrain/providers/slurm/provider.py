@@ -118,6 +118,7 @@ class SlurmProvider:
             f"--nodes={spec.num_nodes}",
             "--ntasks-per-node=1",
             "--exclusive",
+            "--no-requeue",  # a node lost ends the job: recovery is cloudtrain's, not a rerun
             "--mem=0",
             f"--chdir={folder}",
             f"--output={folder}/slurm-%j.out",
@@ -139,6 +140,9 @@ class SlurmProvider:
         spec = plan.spec
         folder = self.shared / spec.name
         job = self._job(spec.name, spec.cluster_id, refuse_others=True)
+        if job is not None and job.state not in ("PENDING", "CONFIGURING", "RUNNING"):
+            self._until_gone(spec.name, [job.job_id])  # ending (a node failed): a new one
+            job = None
         made = not folder.exists()
         try:
             if job is None:
@@ -318,7 +322,7 @@ class SlurmProvider:
                 NodeInfo(
                     cluster=cluster,
                     index=index,
-                    node_id=name,
+                    node_id=f"{name}/{job.job_id}",  # this allocation's: a new one's differs
                     private_ip=shown.get(name, {}).get("NodeAddr") or name,
                     public_ip=None,
                     state="unreachable" if lost else "running",
@@ -327,7 +331,7 @@ class SlurmProvider:
                     root=root,
                     python=self.python,
                     ifname=str(facts.get("ifname") or "") or None,
-                    extra=MappingProxyType({"job": job.job_id, "slurm_state": state}),
+                    extra=MappingProxyType({"job": job.job_id, "host": name, "slurm_state": state}),
                 )
             )
         return nodes
@@ -337,18 +341,20 @@ class SlurmProvider:
         theirs on every node), then remove the cluster's folder."""
         jobs = [j.job_id for j in self._mine(cluster, cluster_id)]
         self.slurm.cancel(jobs)
+        self._until_gone(cluster, jobs)
+        if self._owns(cluster) and not self._mine(cluster, None):
+            shutil.rmtree(self.shared / cluster, ignore_errors=True)
+
+    def _until_gone(self, cluster: str, jobs: Sequence[str]) -> None:
+        """Wait until Slurm has ended `jobs` (every process of theirs, on every node)."""
         deadline = time.monotonic() + 120
         while any(j.job_id in jobs for j in self.slurm.queue(cluster)):
             if time.monotonic() > deadline:
+                ended = ", ".join(jobs)
                 raise ProviderError(
-                    "slurm",
-                    "NotEnded",
-                    f"job(s) {', '.join(jobs)} of "
-                    f"{cluster!r} still in the queue 120 s after scancel",
+                    "slurm", "NotEnded", f"job(s) {ended} of {cluster!r} still queued after 120 s"
                 )
             time.sleep(0.2)
-        if self._owns(cluster) and not self._mine(cluster, None):
-            shutil.rmtree(self.shared / cluster, ignore_errors=True)
 
     def _claim(self, spec: ClusterSpec) -> None:
         """Make the cluster's folder, marked as this owner's (`OWNER`); `ConfigError` when
@@ -395,15 +401,15 @@ class SlurmProvider:
         return found
 
     def executor(self, node: NodeInfo) -> SrunExecutor:
-        job = node.extra.get("job")
-        if not job:
+        job, host = node.extra.get("job"), node.extra.get("host")
+        if not job or not host:
             raise ProviderError(
                 "slurm",
                 "NoJob",
                 f"node {node.index} of {node.cluster!r}: its "
                 "record names no job; `cloudtrain status --refresh` reads it",
             )
-        return SrunExecutor(self.slurm.login, str(job), node.node_id, node.root, self.python)
+        return SrunExecutor(self.slurm.login, str(job), str(host), node.root, self.python)
 
 
 def _gres(accelerator: str, count: int) -> str:
