@@ -179,13 +179,19 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 
 def tell_job(root: Path, notice: notices.Notice) -> list[int]:
     """Record `notice` in `root` and send the notice signal to every process of the node's
-    jobs (found by ``CLOUDTRAIN_NODE_ROOT``) that catches it; the pids signalled."""
+    jobs that catches it: those whose environment names the node (``CLOUDTRAIN_NODE_ROOT``)
+    and a job (``CLOUDTRAIN_JOB_ID``); the pids signalled. The node's bootstrap and agent name
+    no job, and must not be told: a bash with an EXIT trap "catches" the signal, and dies of
+    it (a notice during a bootstrap once killed it so)."""
     from cloudtrain.node import notices
 
     notices.record(root, notice)
     signum = signal.Signals[notices.NOTICE_SIGNAL_NAME]
+    node = os.fsencode(str(root))
     told = []
-    for pid in find_processes({"CLOUDTRAIN_NODE_ROOT": str(root)}):
+    for pid, env in environments():
+        if env.get(b"CLOUDTRAIN_NODE_ROOT") != node or b"CLOUDTRAIN_JOB_ID" not in env:
+            continue
         if notices.catches(pid, signum):
             _signal(pid, signum)
             told.append(pid)

@@ -50,11 +50,15 @@ def wait_for(path: Path, timeout: float = 30) -> str:
 def test_a_notice_is_recorded_and_the_job_is_told_at_once(source: str, tmp_path: Path) -> None:
     root = tmp_path / "node-0"
     root.mkdir()
-    env = {**os.environ, "CLOUDTRAIN_NODE_ROOT": str(root)}
+    node_env = {**os.environ, "CLOUDTRAIN_NODE_ROOT": str(root)}
+    env = {**node_env, "CLOUDTRAIN_JOB_ID": "c1-1"}
     told = tmp_path / "told"
     job = subprocess.Popen([sys.executable, "-c", JOB, str(told)], env=env,
                            stdout=subprocess.PIPE, text=True)  # fmt: skip
     bystander = subprocess.Popen(["sleep", "60"], env=env)  # same node, catches nothing
+    # the node's bootstrap is no job's: a bash with an EXIT trap catches the signal, and would
+    # die of it
+    bootstrap = subprocess.Popen(["bash", "-c", "trap 'echo bye' EXIT; sleep 60"], env=node_env)
     with serving() as (endpoint, meta):
         watcher = subprocess.Popen(  # the resident agent, as a cloud node's unit runs it
             [sys.executable, "-m", "cloudtrain.node", "agent", "--root", str(root),
@@ -77,7 +81,7 @@ def test_a_notice_is_recorded_and_the_job_is_told_at_once(source: str, tmp_path:
             watcher.terminate()
             out, err = watcher.communicate(timeout=30)
         finally:
-            for proc in (watcher, job, bystander):
+            for proc in (watcher, job, bystander, bootstrap):
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait()
@@ -92,6 +96,7 @@ def test_a_notice_is_recorded_and_the_job_is_told_at_once(source: str, tmp_path:
     assert recorded is not None
     assert recorded["source"] == source
     assert bystander.returncode == -signal.SIGKILL, "left alone until the test killed it"
+    assert bootstrap.returncode == -signal.SIGKILL, "the bootstrap too: it is no job's"
     if source == notices.IMDSV2:
         assert ("PUT", "/latest/api/token") in meta.requests, "IMDSv2, with its token"
 
@@ -127,7 +132,8 @@ def test_an_azure_preempt_event_for_another_vm_is_not_this_nodes(tmp_path: Path)
     metadata server's ``instance/compute``) does."""
     root = tmp_path / "node-0"
     root.mkdir()
-    env = {**os.environ, "CLOUDTRAIN_NODE_ROOT": str(root)}
+    node_env = {**os.environ, "CLOUDTRAIN_NODE_ROOT": str(root)}
+    env = {**node_env, "CLOUDTRAIN_JOB_ID": "c1-1"}
     told = tmp_path / "told"
     job = subprocess.Popen([sys.executable, "-c", JOB, str(told)], env=env,
                            stdout=subprocess.PIPE, text=True)  # fmt: skip
