@@ -102,8 +102,9 @@ def test_a_failed_recovery_s_half_made_ssh_record_is_read_and_the_job_goes_on(
         start = sh("train", "-c", name, "--managed", "--max-recoveries", "8", "--detach",
                    str(ticks_script(tmp_path)), "--", "10")  # fmt: skip
         assert start.returncode == 0, start.stderr
+        # 120 s: once, in CI beside the training chain, the job and its watcher took over 60
         wait_for(lambda: job_status(sh.home, job) == "running" and live_watcher(sh.home, job),
-                 timeout=60, what="the job, watched")  # fmt: skip
+                 timeout=120, what="the job, watched")  # fmt: skip
         lab.hosts[1].cut()  # the host goes away: its sshd, then what it ran
         procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(Path.home() / ".cloudtrain" / name /
                                                           "node-1")}, grace_s=0)  # fmt: skip

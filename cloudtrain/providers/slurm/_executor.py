@@ -58,20 +58,6 @@ class SrunExecutor:
         self.python = python
         self._env = dict(env or {})
 
-    def _step(self, argv: Sequence[str], cwd: str | None = None) -> list[str]:
-        where = [f"--chdir={cwd}"] if cwd else []
-        return [
-            "srun",
-            "--overlap",
-            f"--jobid={self.job_id}",
-            f"--nodelist={self.node}",
-            "--nodes=1",
-            "--ntasks=1",
-            "--quiet",
-            *where,
-            *argv,
-        ]
-
     def run(
         self,
         argv: Sequence[str],
@@ -80,8 +66,25 @@ class SrunExecutor:
         cwd: str | None = None,
         timeout: float | None = None,
         on_output: Callable[[str], None] | None = None,
+    ) -> RunResult:
+        """`argv` run by the node's host, through a step whose task carries its input, output
+        and status (`_host.run`)."""
+        hosted = [self.python, "-c", host_source(), "run", self.root, "--", *argv]
+        return self._step(argv, hosted, env=env, cwd=cwd, timeout=timeout, on_output=on_output)
+
+    def _step(
+        self,
+        argv: Sequence[str],
+        task: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        on_output: Callable[[str], None] | None = None,
         stdin: str | None = None,
     ) -> RunResult:
+        """A step of the job on the node whose one task is `task` (for `argv`): its result,
+        without srun's own noise; `SSH_FAILED` when srun says the allocation is gone."""
         gone: list[str] = []
 
         def seen(line: str) -> None:
@@ -90,8 +93,20 @@ class SrunExecutor:
             elif on_output is not None and not _SRUN_NOISE.match(line.strip()):
                 on_output(line)
 
+        where = [f"--chdir={cwd}"] if cwd else []
+        step = [
+            "srun",
+            "--overlap",
+            f"--jobid={self.job_id}",
+            f"--nodelist={self.node}",
+            "--nodes=1",
+            "--ntasks=1",
+            "--quiet",
+            *where,
+            *task,
+        ]
         done = self.login.run(
-            self._step([self.python, "-c", host_source(), "run", self.root, "--", *argv], cwd),
+            step,
             env={**self._env, **(env or {})},
             timeout=timeout,
             on_output=seen if on_output is not None else None,
@@ -118,11 +133,8 @@ class SrunExecutor:
             "cwd": cwd,
             "job_dir": job_dir,
         }
-        done = self.run(
-            [self.python, "-c", host_source(), "spawn", self.root],
-            stdin=json.dumps(request) + "\n",
-            timeout=120,
-        )
+        spawn = [self.python, "-c", host_source(), "spawn", self.root]
+        done = self._step(argv, spawn, stdin=json.dumps(request) + "\n", timeout=120)
         pid = done.stdout.strip().splitlines()[-1:] or [""]
         if done.returncode != 0 or not pid[0].isdigit():
             raise CommandError(done.returncode, tuple(argv), done.stderr or done.stdout)

@@ -73,12 +73,20 @@ def _reap() -> None:
                 os.waitpid(info.si_pid, 0)
 
 
-def _start(argv: list[str], env: dict[str, str], cwd: str, stdio: tuple[int, int, int]
-           ) -> subprocess.Popen[bytes]:  # fmt: skip
+def _start(
+    argv: list[str], env: dict[str, str], cwd: str, stdio: tuple[int, int, int]
+) -> subprocess.Popen[bytes]:
     """`argv` started as a child the caller waits for (`_OWN`), in a session of its own."""
     with _LOCK:
-        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdio[0], stdout=stdio[1],
-                                stderr=stdio[2], start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=stdio[0],
+            stdout=stdio[1],
+            stderr=stdio[2],
+            start_new_session=True,
+        )
         _OWN.add(proc.pid)
     return proc
 

@@ -27,10 +27,10 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from cloudtrain.boot import bootstrap
 from cloudtrain.errors import ConfigError, ProviderError
@@ -70,7 +70,6 @@ class SlurmProvider:
 
     def __init__(self, context: ProviderContext) -> None:
         opts = context.options
-        self.home = context.home
         login = str(opts.get("login") or "local")
         if login != "local":
             raise ConfigError(
@@ -139,7 +138,7 @@ class SlurmProvider:
     def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
         spec = plan.spec
         folder = self.shared / spec.name
-        job = self._job(spec.name, spec.cluster_id, refuse_others=True)
+        job = self._held(spec.name, spec.cluster_id)
         if job is not None and job.state not in ("PENDING", "CONFIGURING", "RUNNING"):
             self._until_gone(spec.name, [job.job_id])  # ending (a node failed): a new one
             job = None
@@ -288,26 +287,22 @@ class SlurmProvider:
             job_dir=f"{root}/bootstrap/run",
         )
 
-    def _job(
-        self, cluster: str, cluster_id: str | None, *, refuse_others: bool = False
-    ) -> Allocation | None:
-        """This owner's job of `cluster` (of `cluster_id`, when given)."""
+    def _held(self, cluster: str, cluster_id: str | None) -> Allocation | None:
+        """`apply`'s: this owner's job of this incarnation of `cluster`; `ConfigError` when a
+        job of another owner, or of another incarnation, has the name."""
         jobs = [j for j in self.slurm.queue(cluster) if j.name == cluster]
-        mine = [j for j in jobs if j.owner == self.owner]
-        if refuse_others:
-            other = [j for j in jobs if j.owner != self.owner or j.cluster_id != cluster_id]
-            if other:
-                whose = other[0].owner or "no cloudtrain owner"
-                raise ConfigError(
-                    f"cluster {cluster!r}: Slurm job {other[0].job_id} has that name "
-                    f"({whose}); choose another name, or `cloudtrain down {cluster}` it first"
-                )
-        if cluster_id is not None:
-            mine = [j for j in mine if j.cluster_id == cluster_id]
-        return mine[0] if mine else None
+        other = [j for j in jobs if (j.owner, j.cluster_id) != (self.owner, cluster_id)]
+        if other:
+            whose = other[0].owner or "no cloudtrain owner"
+            raise ConfigError(
+                f"cluster {cluster!r}: Slurm job {other[0].job_id} has that name "
+                f"({whose}); choose another name, or `cloudtrain down {cluster}` it first"
+            )
+        return jobs[0] if jobs else None
 
     def describe(self, cluster: str, cluster_id: str | None = None) -> list[NodeInfo]:
-        job = self._job(cluster, cluster_id)
+        mine = self._mine(cluster, cluster_id)
+        job = mine[0] if mine else None
         if job is None or not job.running:
             return []
         names = self.slurm.hostnames(job.nodelist)
@@ -409,7 +404,8 @@ class SlurmProvider:
                 f"node {node.index} of {node.cluster!r}: its "
                 "record names no job; `cloudtrain status --refresh` reads it",
             )
-        return SrunExecutor(self.slurm.login, str(job), str(host), node.root, self.python)
+        # a login executor of its own: closing one node's ends only that node's commands
+        return SrunExecutor(LocalExecutor(), str(job), str(host), node.root, self.python)
 
 
 def _gres(accelerator: str, count: int) -> str:
@@ -417,8 +413,8 @@ def _gres(accelerator: str, count: int) -> str:
     return f"gpu:{accelerator.lower()}:{count}"
 
 
-def _word(opts: object, key: str) -> str | None:
-    value = str(getattr(opts, "get", lambda _k: None)(key) or "") or None
+def _word(opts: Mapping[str, Any], key: str) -> str | None:
+    value = str(opts.get(key) or "") or None
     if value is not None and not _NAME.match(value):
         raise ConfigError(f"--{key} {value!r}: letters, digits and _.+- only, at most 64")
     return value
