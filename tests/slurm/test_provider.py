@@ -22,6 +22,10 @@ def nothing_left(sh: Shell, slurm: SlurmLab, shared: Path, *, queue: list[str]) 
     assert not shared.exists() or list(shared.iterdir()) == []
 
 
+def up(sh: Shell, shared: Path, name: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    return sh("up", "--provider", "slurm", "--shared-dir", str(shared), "--name", name, *flags)
+
+
 def error_line(done: subprocess.CompletedProcess[str]) -> str:
     """The one line a refusal says (`up` says "Bringing up …" on stderr before it)."""
     assert "Traceback" not in done.stderr, done.stderr
@@ -40,24 +44,17 @@ def error_line(done: subprocess.CompletedProcess[str]) -> str:
         (["--time", "soon"], "--time 'soon': give minutes, HH:MM:SS or D-HH:MM:SS"),
         (["--partition", "gpu;rm"], "--partition 'gpu;rm': letters, digits and _.+- only"),
         (["--login", "me@login"], "--login 'me@login': only 'local'"),
+        (["--partition", "gpu\n"], "--partition 'gpu\\n': letters, digits and _.+- only"),
+        (["--account", "-x"], "--account '-x': letters, digits and _.+- only"),
+        (["--qos", "../q"], "--qos '../q': letters, digits and _.+- only"),
+        (["--time", "30\n"], "--time '30\\n': give minutes"),
     ],
 )
 def test_a_request_slurm_cannot_give_is_one_line_and_leaves_nothing(
     slurm: SlurmLab, slurm_sh: Shell, tmp_path: Path, flags: list[str], said: str
 ) -> None:
     shared = tmp_path / "shared"
-    done = slurm_sh(
-        "up",
-        "--provider",
-        "slurm",
-        "--shared-dir",
-        str(shared),
-        "--name",
-        "bad",
-        "--nodes",
-        "2",
-        *flags,
-    )
+    done = up(slurm_sh, shared, "bad", "--nodes", "2", *flags)
     assert done.returncode != 0
     assert said in error_line(done)
     nothing_left(slurm_sh, slurm, shared, queue=[])
@@ -69,19 +66,7 @@ def test_an_allocation_pending_past_wait_is_cancelled_naming_slurms_reason(
     holder = slurm.submit("--nodes=2", "--exclusive", "--wrap", "sleep 300")
     slurm.wait_state(holder, "RUNNING")
     shared = tmp_path / "shared"
-    done = slurm_sh(
-        "up",
-        "--provider",
-        "slurm",
-        "--shared-dir",
-        str(shared),
-        "--name",
-        "late",
-        "--nodes",
-        "1",
-        "--wait",
-        "2",
-    )
+    done = up(slurm_sh, shared, "late", "--nodes", "1", "--wait", "2")
     assert done.returncode != 0
     line = error_line(done)
     assert "still pending after 2 s (Slurm's reason: Resources); cancelled" in line, line

@@ -55,6 +55,8 @@ NOTICE_S = 120.0
 HOSTS_S = 120.0
 #: What Slurm takes as a time limit: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE)$", re.IGNORECASE)
+#: A network interface's name as Linux allows it (IFNAMSIZ): all a node's answer may be.
+_IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 #: What `apply` learns of a node from the node itself: the interface its peers reach it on.
 _ROUTE = "ip -o route get {addr} 2>/dev/null | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p'"
@@ -81,7 +83,7 @@ class SlurmProvider:
         self.account = _word(opts, "account")
         self.qos = _word(opts, "qos")
         self.time = str(opts.get("time") or "") or None
-        if self.time is not None and not _TIME.match(self.time):
+        if self.time is not None and not _TIME.fullmatch(self.time):
             raise ConfigError(
                 f"--time {self.time!r}: give minutes, HH:MM:SS or D-HH:MM:SS (as sbatch takes)"
             )
@@ -266,7 +268,8 @@ class SlurmProvider:
         ex = self.executor(node)
         root = node.root
         route = ex.run(["sh", "-c", _ROUTE.format(addr=shlex.quote(node.private_ip or ""))])
-        facts = {"ifname": route.stdout.strip() if route.ok else ""}
+        said = route.stdout.strip() if route.ok else ""  # the node's word: an interface name
+        facts = {"ifname": said if _IFNAME.fullmatch(said) else ""}
         (Path(root) / "facts.json").write_text(json.dumps(facts))
         if (Path(root) / "bootstrap" / "status.json").exists():
             return  # started by an earlier apply: readiness reads how far it got
@@ -383,7 +386,9 @@ class SlurmProvider:
         found = {j.name for j in self.slurm.queue() if j.owner == self.owner}
         if self.shared.is_dir():
             found |= {
-                p.name for p in self.shared.iterdir() if _NAME.match(p.name) and self._owns(p.name)
+                p.name
+                for p in self.shared.iterdir()
+                if _NAME.fullmatch(p.name) and self._owns(p.name)
             }
         return sorted(found)
 
@@ -415,7 +420,7 @@ def _gres(accelerator: str, count: int) -> str:
 
 def _word(opts: Mapping[str, Any], key: str) -> str | None:
     value = str(opts.get(key) or "") or None
-    if value is not None and not _NAME.match(value):
+    if value is not None and not _NAME.fullmatch(value):
         raise ConfigError(f"--{key} {value!r}: letters, digits and _.+- only, at most 64")
     return value
 
