@@ -110,6 +110,9 @@ def tool_versions() -> str:
     return f"{ssh_v}, {rsync_v}, {os.cpu_count()} CPUs"
 
 
+ROOT_HOME = Path(pwd.getpwuid(0).pw_dir)
+
+
 def shell_startup(rounds: int) -> tuple[str, float]:
     """root's login shell and the median time it takes to run ``true`` the way sshd starts it
     for a command (``SHELL -c``, with sshd's environment), measured locally: every command on
@@ -266,8 +269,9 @@ def main() -> None:
             _, user_public = access.cluster_key(home, CLUSTER)
             host_private, _ = access.host_key(home, CLUSTER)
             start = time.perf_counter()
-            for i in range(max(args.hosts)):
-                hosts.append(SshHost(tmp / f"h{i}", f"127.0.0.{i + 2}", host_private, user_public))
+            for i in range(max(args.hosts)):  # root's own ~ (its ~/.bashrc: 3. above)
+                address = f"127.0.0.{i + 2}"
+                hosts.append(SshHost(tmp / f"h{i}", address, host_private, user_public, ROOT_HOME))
             up = time.perf_counter() - start
             access.known_hosts(home, CLUSTER, [h.address for h in hosts])
             print(f"started {len(hosts)} sshd in {up:.2f} s", flush=True)

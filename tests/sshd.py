@@ -24,7 +24,8 @@ def free_port(host: str) -> int:
 
 
 class SshHost:
-    """One sshd on `host` presenting `host_key`, letting `authorized` log in as root."""
+    """One sshd on `host` presenting `host_key`, letting `authorized` log in as root, whose
+    sessions have `home` as their ~ (``FOLDER/home`` unless given)."""
 
     def __init__(
         self, folder: Path, host: str, host_key: Path, authorized: str, home: Path | None = None
@@ -33,6 +34,9 @@ class SshHost:
         if os.geteuid() != 0:
             unavailable("sshd on a test address needs root (CI runs as root)")
         folder.mkdir(parents=True, exist_ok=True)
+        self.home = home or folder / "home"
+        self.home.mkdir(exist_ok=True)
+        _pip_config(self.home)
         (folder / "authorized_keys").write_text(authorized + "\n")
         self.folder, self.host, self.port = folder, host, free_port(host)
         config = folder / "sshd_config"
@@ -41,9 +45,11 @@ class SshHost:
             f"AuthorizedKeysFile {folder / 'authorized_keys'}\nPidFile {folder / 'pid'}\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nMaxSessions 100\n"
-            "MaxStartups 100\n" + (f"SetEnv HOME={home}\n" if home is not None else "")
-            # a home of the lab's own: its sessions' ~ (and what a provider keeps there) is no
-            # other test's, so tests that list what is there can run at once
+            f"MaxStartups 100\nSetEnv HOME={self.home}\n"
+            # A home of the test's own, as a fresh node's: what a provider keeps in ~ is no other
+            # test's, so tests that list it can run at once; and no session of a lab host runs
+            # the ~/.bashrc of this machine's own user (bash reads it in every ssh session:
+            # pyenv's here, 0.14 s of CPU each time, in some 1,500 sessions a suite).
         )
         self._argv = [sshd, "-D", "-e", "-f", str(config)]
         self.start()
@@ -82,6 +88,16 @@ class SshHost:
             self.proc.wait(timeout=10)
 
 
+def _pip_config(home: Path) -> None:
+    """This user's pip configuration in `home` too: a host's pip reaches packages the way this
+    machine's does (an offline machine's mirror is in it)."""
+    for name in (".config/pip/pip.conf", ".pip/pip.conf"):
+        mine, theirs = Path.home() / name, home / name
+        if mine.is_file() and mine != theirs and not theirs.exists():
+            theirs.parent.mkdir(parents=True, exist_ok=True)
+            theirs.write_bytes(mine.read_bytes())
+
+
 def _descendants(root: int, comm: str) -> list[int]:
     """PIDs below `root` (any depth) whose command name is `comm`, from /proc."""
     children: dict[int, list[int]] = {}
@@ -109,13 +125,11 @@ def keygen(path: Path) -> str:
 class Lab:
     """Two hosts, the user's key, a known_hosts pinning both host keys."""
 
-    def __init__(
-        self, folder: Path, addresses: tuple[int, ...] = (2, 3), *, own_home: bool = False
-    ) -> None:
-        """With `own_home`, every host's sessions have `home` as their ~ (else root's own)."""
+    def __init__(self, folder: Path, addresses: tuple[int, ...] = (2, 3)) -> None:
+        """Every host's sessions have `home` (``FOLDER/home``) as their ~."""
         folder.mkdir(parents=True)
-        self.home = folder / "home" if own_home else Path.home()
-        self.home.mkdir(exist_ok=True)
+        self.home = folder / "home"
+        self.home.mkdir()
         self.identity = folder / "id_user"
         user_public = keygen(self.identity)
         self.hosts: list[SshHost] = []
@@ -123,8 +137,7 @@ class Lab:
         for i in addresses:
             host_key = folder / f"host{i}"
             public = keygen(host_key)
-            host = SshHost(folder / f"h{i}", f"127.0.0.{i}", host_key, user_public,
-                           self.home if own_home else None)  # fmt: skip
+            host = SshHost(folder / f"h{i}", f"127.0.0.{i}", host_key, user_public, self.home)
             self.hosts.append(host)
             lines.append(f"{host.address} {' '.join(public.split()[:2])}\n")
         self.known_hosts = folder / "known_hosts"

@@ -68,7 +68,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,11 +92,22 @@ MARKERS = ("CLOUDTRAIN_JOB_ID", "CLOUDTRAIN_NODE_ROOT")
 SERVER_ENV = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "LC_ALL", "LC_CTYPE")
 #: ``CLOUDTRAIN_WARM=0`` turns warm starts off for a job.
 SWITCH = "CLOUDTRAIN_WARM"
-_UNIX_PATH_MAX = 107
 
 
 def folder(root: Path) -> Path:
     return root / "warm"
+
+
+@contextlib.contextmanager
+def unix_address(path: Path) -> Iterator[str]:
+    """`path` as an address to bind or connect a Unix socket to, however deep its folder is:
+    through a descriptor of the folder (an address holds 107 bytes, and a node's folder under
+    a long home or a shared file system is often longer)."""
+    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
 
 
 def fingerprint(env: Mapping[str, str]) -> str:
@@ -213,7 +224,7 @@ def ask(root: Path, argv: Sequence[str]) -> int | None:
     """Have the node's server fork the agent for `argv`, and wait for it: its exit status
     (negative: killed by that signal), or None when no server took the request."""
     path = folder(root) / "sock"
-    if len(os.fsencode(path)) > _UNIX_PATH_MAX or not _serving(root):
+    if not _serving(root):
         return None
     # From the request on, the agent is the job's process, not this one: a stop finds it, and
     # this process passes on a signal it gets (held until the agent's pid is known).
@@ -287,7 +298,8 @@ def _request(path: Path, argv: Sequence[str]) -> tuple[socket.socket, Any, int]:
     of the environment, not the environment)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.connect(str(path))
+        with unix_address(path) as address:
+            conn.connect(address)
         mask = os.umask(0)
         os.umask(mask)
         size, key = len(environ_block(os.environ)), fingerprint(os.environ)
@@ -324,7 +336,7 @@ def start(root: Path, job_env: Mapping[str, str]) -> None:
     """Start the node's server detached, unless one holds its lock (or the node is gone), with
     what of `job_env` acts at import time (`server_env`) and nothing else of it."""
     here = folder(root)
-    if not root.is_dir() or len(os.fsencode(here / "sock")) > _UNIX_PATH_MAX:
+    if not root.is_dir():
         return
     here.mkdir(mode=0o700, exist_ok=True)
     with procs.held_if_free(here / "lock") as free:

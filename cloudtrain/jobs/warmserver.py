@@ -69,13 +69,14 @@ def _serve(root: Path, lock: int) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)
     try:
-        listener.bind(str(path))
+        with warm.unix_address(path) as address:
+            listener.bind(address)
     finally:
         os.umask(old)
     listener.listen(16)
     (here / STARTING).unlink(missing_ok=True)
     print(f"cloudtrain-warm: serving on {path} (pid {os.getpid()})", flush=True)
-    server = _Server(root, listener, key, lock, added)
+    server = _Server(root, listener, path, key, lock, added)
     try:
         server.loop()
     finally:
@@ -88,14 +89,20 @@ class _Server:
     status sent to its client when the fork ends."""
 
     def __init__(
-        self, root: Path, listener: socket.socket, key: str, lock: int, added: Mapping[str, str]
+        self,
+        root: Path,
+        listener: socket.socket,
+        path: Path,
+        key: str,
+        lock: int,
+        added: Mapping[str, str],
     ) -> None:
         self.root, self.listener, self.key, self.lock = root, listener, key, lock
         self.added = added
         self.children: dict[int, socket.socket] = {}
         self.waker_r, self.waker_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.path = listener.getsockname()
-        self.inode = os.stat(self.path).st_ino  # (a socket's own fstat is another inode)
+        self.path = path
+        self.inode = os.stat(path).st_ino  # (a socket's own fstat is another inode)
 
     def loop(self) -> None:
         signal.set_wakeup_fd(self.waker_w)

@@ -142,7 +142,7 @@ HARNESSES = {
 def ssh_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from tests.sshd import Lab
 
-    lab = Lab(tmp_path_factory.mktemp("contract-ssh") / "lab", addresses=(4, 5, 6), own_home=True)
+    lab = Lab(tmp_path_factory.mktemp("contract-ssh") / "lab", addresses=(4, 5, 6))
     yield lab
     lab.stop()
 

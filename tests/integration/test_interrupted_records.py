@@ -59,7 +59,7 @@ def test_a_refused_ssh_up_leaves_no_record(sh: Shell, lab: Lab, name: str, tmp_p
     down = sh("down", name)
     assert down.returncode == 0, down.stderr
     assert down.stdout.strip() == f"nothing to do: no cluster named {name!r}"
-    assert not (Path.home() / ".cloudtrain" / name).exists()
+    assert not (lab.home / ".cloudtrain" / name).exists()
 
 
 def test_down_during_train_is_a_cancelled_job(sh: Shell, name: str) -> None:

@@ -362,7 +362,7 @@ def test_a_managed_job_on_ssh_hosts_survives_a_host_that_goes_away_and_comes_bac
                          "--", "--epochs", "8", "--pause", "1")  # fmt: skip
         before = read_until(train, r"epoch 3/8")
         lab.hosts[1].cut()  # the host goes away: its sshd, then what it ran
-        procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(Path.home() / ".cloudtrain" / name /
+        procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(lab.home / ".cloudtrain" / name /
                                                           "node-1")}, grace_s=0)  # fmt: skip
         during = read_until(train, r"recovery 1/8: node 1 went away")
         time.sleep(2)  # the host is down a little longer: the watcher's tries fail, and count

@@ -148,7 +148,7 @@ def test_ssh_nodes_keep_it_private_and_get_no_secret(
     name = f"prv{uuid.uuid4().hex[:8]}"
     work = workdir(tmp_path / "project")
     sh = Shell(work / "state" / "home")
-    top = Path.home() / ".cloudtrain"
+    top = lab.home / ".cloudtrain"
     top.mkdir(exist_ok=True)
     top.chmod(0o755)  # as an older cloudtrain left it
     try:

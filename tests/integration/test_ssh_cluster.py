@@ -38,13 +38,13 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 
 @pytest.fixture
-def name() -> Iterator[str]:
+def name(lab: Lab) -> Iterator[str]:
     cluster = f"lab{uuid.uuid4().hex[:8]}"
     yield cluster
     left = procs.find_processes({"CLOUDTRAIN_CLUSTER": cluster})
     procs.kill_matching({"CLOUDTRAIN_CLUSTER": cluster}, grace_s=2)
     assert not left, f"processes left behind: {left}"
-    assert not (Path.home() / ".cloudtrain" / cluster).exists()
+    assert not (lab.home / ".cloudtrain" / cluster).exists()
 
 
 def test_ddp_across_two_ssh_hosts_and_down_leaves_nothing(sh: Shell, lab: Lab, name: str) -> None:
@@ -52,7 +52,7 @@ def test_ddp_across_two_ssh_hosts_and_down_leaves_nothing(sh: Shell, lab: Lab, n
     assert up.returncode == 0, up.stdout + up.stderr
     assert f"cluster {name} is up: 2 node(s)" in up.stdout
     assert "verify: ready" in up.stderr
-    roots = [Path.home() / ".cloudtrain" / name / f"node-{i}" for i in range(2)]
+    roots = [lab.home / ".cloudtrain" / name / f"node-{i}" for i in range(2)]
     for root in roots:  # each host runs its node's agent, detached, started by the bootstrap
         assert resident.beat(root)["resident"], root
         assert len([p for p in procs.find_processes({"CLOUDTRAIN_NODE_ROOT": str(root)})
@@ -66,7 +66,7 @@ def test_ddp_across_two_ssh_hosts_and_down_leaves_nothing(sh: Shell, lab: Lab, n
     assert "[node 1] rank 1/2 on node 1" in train.stdout
     down = sh("down", name)
     assert down.returncode == 0, down.stderr
-    assert not (Path.home() / ".cloudtrain" / name).exists()
+    assert not (lab.home / ".cloudtrain" / name).exists()
     for root in roots:
         assert procs.find_processes({"CLOUDTRAIN_NODE_ROOT": str(root)}) == []
 
@@ -109,7 +109,7 @@ def test_a_host_down_at_up_is_named_and_the_others_are_left_clean(
     result = sh(*lab.up_args(name, [good, "root@127.0.0.9:2"]))
     assert result.returncode == 3
     assert "cannot reach root@127.0.0.9:2" in result.stderr
-    assert not (Path.home() / ".cloudtrain" / name).exists()
+    assert not (lab.home / ".cloudtrain" / name).exists()
 
 
 def test_a_wrong_host_key_is_refused(sh: Shell, lab: Lab, name: str, tmp_path: Path) -> None:
@@ -150,7 +150,7 @@ def test_a_host_that_goes_away_mid_job_fails_the_job_naming_it(
         assert f"job {job['id']}: failed: node 1 went away (ssh: " in out
         assert job["detail"]["failed_node"] == 1
         assert [s["state"] for s in job["detail"]["nodes"]] == ["exited", "unreachable"]
-        head_root = Path.home() / ".cloudtrain" / name / "node-0"
+        head_root = lab.home / ".cloudtrain" / name / "node-0"
         assert not procs.find_processes({"CLOUDTRAIN_NODE_ROOT": str(head_root),
                                          "CLOUDTRAIN_JOB_ID": job["id"]})  # fmt: skip
         procs.kill_matching({"CLOUDTRAIN_JOB_ID": job["id"]}, grace_s=2)  # the host died
@@ -194,7 +194,7 @@ def test_up_from_an_inventory_file_checks_each_host_s_gpus(
     assert f"root@{first.host}:{first.port}: the inventory says 8 GPUs, nvidia-smi shows 0" in (
         wrong.stderr
     )
-    assert not (Path.home() / ".cloudtrain" / name).exists(), "nothing written on a bad input"
+    assert not (lab.home / ".cloudtrain" / name).exists(), "nothing written on a bad input"
 
 
 def test_without_python_each_node_gets_a_venv_with_torch_and_this_cloudtrain(
@@ -222,7 +222,7 @@ def test_without_python_each_node_gets_a_venv_with_torch_and_this_cloudtrain(
     assert launch.stdout.count("Successfully installed tinyct-1.0") == 2, "once per node"
     assert launch.stdout.count("tinyct says 42") == 2, launch.stdout
     for i in (0, 1):
-        venv = Path.home() / ".cloudtrain" / name / f"node-{i}" / "venv"
+        venv = lab.home / ".cloudtrain" / name / f"node-{i}" / "venv"
         probe = "import cloudtrain, torch; print(cloudtrain.__file__)"
         done = subprocess.run([venv / "bin" / "python", "-c", probe], cwd=tmp_path,
                               capture_output=True, text=True, check=False)  # fmt: skip
@@ -230,7 +230,7 @@ def test_without_python_each_node_gets_a_venv_with_torch_and_this_cloudtrain(
         assert done.stdout.startswith(str(venv)), "cloudtrain is the venv's own copy"
     train = sh("train", "-c", name, str(SCRIPTS / "countdown.py"))
     assert train.returncode == 0, train.stdout + train.stderr
-    down_leaves_nothing(sh, name, Path.home() / ".cloudtrain" / name)  # its venv's processes too
+    down_leaves_nothing(sh, name, lab.home / ".cloudtrain" / name)  # its venv's processes too
 
 
 def tiny_wheel(folder: Path) -> Path:
@@ -267,7 +267,7 @@ def test_an_idle_cluster_on_ssh_hosts_removes_itself_and_says_why(
     running on the user's side; the next command says why, and `down` clears the rest."""
     up = sh(*lab.up_args(name), "--idle-minutes", "0.05")
     assert up.returncode == 0, up.stdout + up.stderr
-    base = Path.home() / ".cloudtrain" / name
+    base = lab.home / ".cloudtrain" / name
     assert sh.strays() == []
     wait_for(lambda: not list(base.glob("node-*/node.json")), timeout=60,
              what="the nodes to remove themselves")  # fmt: skip
@@ -296,7 +296,7 @@ def test_an_ssh_session_of_the_user_keeps_its_node_from_stopping(
          "-o", "BatchMode=yes", "-p", str(host.port), f"root@{host.host}", "sleep 20"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    base = Path.home() / ".cloudtrain" / name
+    base = lab.home / ".cloudtrain" / name
     try:
         wait_for(lambda: not (base / "node-1" / "node.json").exists(), timeout=60,
                  what="node 1, with no session, to stop")  # fmt: skip

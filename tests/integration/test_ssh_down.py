@@ -30,7 +30,7 @@ def test_down_returns_when_nothing_of_the_cluster_runs(sh: Shell, lab: Lab) -> N
     (the hosts' own `python3`, which `down` uses, has neither torch nor cloudtrain), is checked
     the same way at the end of `test_ssh_cluster`'s install test, which pays for a venv once."""
     name = f"dn{uuid.uuid4().hex[:8]}"
-    base = Path.home() / ".cloudtrain" / name
+    base = lab.home / ".cloudtrain" / name
     try:
         up = sh(*lab.up_args(name), timeout=900)
         assert up.returncode == 0, up.stdout + up.stderr

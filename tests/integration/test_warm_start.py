@@ -47,8 +47,11 @@ if __name__ == "__main__":
 
 @pytest.fixture
 def node(tmp_path: Path) -> Path:
-    root = tmp_path / "node"
-    root.mkdir()
+    """A node's folder deeper than a Unix socket's address holds (107 bytes), as under a long
+    home or a shared file system: its server must serve all the same."""
+    root = tmp_path / ("deep" * 25) / "node"
+    root.mkdir(parents=True)
+    assert len(os.fsencode(warm.folder(root) / "sock")) > 107
     return root
 
 

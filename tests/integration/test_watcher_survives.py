@@ -106,7 +106,7 @@ def test_a_failed_recovery_s_half_made_ssh_record_is_read_and_the_job_goes_on(
         wait_for(lambda: job_status(sh.home, job) == "running" and live_watcher(sh.home, job),
                  timeout=120, what="the job, watched")  # fmt: skip
         lab.hosts[1].cut()  # the host goes away: its sshd, then what it ran
-        procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(Path.home() / ".cloudtrain" / name /
+        procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(lab.home / ".cloudtrain" / name /
                                                           "node-1")}, grace_s=0)  # fmt: skip
 
         def failed_tries() -> int:
