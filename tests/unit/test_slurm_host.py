@@ -155,7 +155,11 @@ def test_on_the_steps_term_the_host_outlives_what_it_started_then_kills_what_sta
         "job_dir": str(root / "jobs" / "stubborn"),
     }
     assert spawn(root, request).returncode == 0
-    wait_for(lambda: len(_host.descendants(proc.pid)) == 3, 10, "its subshell, sh and sleep")
+
+    def settled() -> bool:  # the tree as it stays: sleep is the last to start
+        return len(_host.descendants(proc.pid)) == 3 and "sleep\n" in commands(proc.pid)
+
+    wait_for(settled, 10, "its subshell, sh and sleep")
     stubborn = _host.descendants(proc.pid)
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.8)
@@ -163,6 +167,15 @@ def test_on_the_steps_term_the_host_outlives_what_it_started_then_kills_what_sta
     assert _host.descendants(proc.pid) == stubborn
     assert proc.wait(timeout=10) == 0
     assert not [pid for pid in stubborn if Path(f"/proc/{pid}").exists()], "killed after 1.5 s"
+
+
+def commands(pid: int) -> list[str]:
+    """The command names of `pid`'s descendants (those still there)."""
+    names = []
+    for child in _host.descendants(pid):
+        with contextlib.suppress(OSError):
+            names.append(Path(f"/proc/{child}/comm").read_text())
+    return names
 
 
 def run(root: Path, *argv: str, stdin: str = "", cwd: Path | None = None,
