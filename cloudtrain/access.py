@@ -102,6 +102,21 @@ def check_login(user: object, address: object, where: str) -> None:
             ) from None
 
 
+def parse_target(text: str, where: str, default_user: str | None = None) -> tuple[str, str, int]:
+    """``user@address[:port]`` (an IPv6 address without the port) as (user, address, port),
+    checked as `check_login` checks them; `ConfigError` naming `where` otherwise."""
+    user, _, rest = text.strip().rpartition("@")
+    user = user or (default_user or "")
+    address, colon, port = rest.rpartition(":") if rest.count(":") == 1 else (rest, "", "")
+    if not user or not (address or rest) or (colon and not port.isdigit()):
+        raise ConfigError(f"{where} {text!r}: write user@address or user@address:port")
+    number = int(port) if colon else 22
+    if not 0 < number < 65536:
+        raise ConfigError(f"{where} {text!r}: port {number} is not 1 to 65535")
+    check_login(user, address or rest, f"{where} {text!r}")
+    return user, address or rest, number
+
+
 def jump_options(options: Sequence[str], jump: str, user: str, port: int = 22) -> list[str]:
     """Options that reach a node with no public address through one that has one (the head):
     ssh runs ``ssh <options> -W <node>:<port> user@jump`` as its ProxyCommand, so the hop uses

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from cloudtrain import access
@@ -25,10 +25,16 @@ def free_port(host: str) -> int:
 
 class SshHost:
     """One sshd on `host` presenting `host_key`, letting `authorized` log in as root, whose
-    sessions have `home` as their ~ (``FOLDER/home`` unless given)."""
+    sessions have `home` as their ~ (``FOLDER/home`` unless given) and `env` (no spaces) set."""
 
     def __init__(
-        self, folder: Path, host: str, host_key: Path, authorized: str, home: Path | None = None
+        self,
+        folder: Path,
+        host: str,
+        host_key: Path,
+        authorized: str,
+        home: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         sshd = require_tool("/usr/sbin/sshd")
         if os.geteuid() != 0:
@@ -40,12 +46,13 @@ class SshHost:
         (folder / "authorized_keys").write_text(authorized + "\n")
         self.folder, self.host, self.port = folder, host, free_port(host)
         config = folder / "sshd_config"
+        settings = " ".join(f"{k}={v}" for k, v in (env or {}).items())
         config.write_text(
             f"ListenAddress {host}:{self.port}\nHostKey {host_key}\n"
             f"AuthorizedKeysFile {folder / 'authorized_keys'}\nPidFile {folder / 'pid'}\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nMaxSessions 100\n"
-            f"MaxStartups 100\nSetEnv HOME={self.home}\n"
+            f"MaxStartups 100\nSetEnv HOME={self.home} {settings}\n"
             # A home of the test's own, as a fresh node's: what a provider keeps in ~ is no other
             # test's, so tests that list it can run at once; and no session of a lab host runs
             # the ~/.bashrc of this machine's own user (bash reads it in every ssh session:

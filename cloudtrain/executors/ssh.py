@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import secrets
 import shlex
 import stat
 import subprocess
@@ -69,13 +70,17 @@ def control_dir() -> Path:
 
 
 def remote_script(
-    argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    stdin: str | None = None,
 ) -> str:
     """The script ``sh -s`` on the node reads from ssh's stdin: umask 077 (what the command
     and all it starts write is the node user's alone), `env` exported, into `cwd`, then
-    `argv` in the shell's place (stdin from /dev/null), every value quoted. Carried on
-    stdin, not in the command line, so no value shows in any process list: not in the local
-    ssh's argv, not in the node's shell's."""
+    `argv` in the shell's place, every value quoted, its input `stdin` (a here-document: text,
+    a last newline added where it has none) or else /dev/null. Carried on stdin, not in the
+    command line, so no value shows in any process list: not in the local ssh's argv, not in
+    the node's shell's."""
     lines = ["umask 077"]  # what it writes on the node is the node user's alone
     for key, value in (env or {}).items():
         if not ENV_NAME_RE.fullmatch(key):  # the shell would read it as code
@@ -83,8 +88,22 @@ def remote_script(
         lines.append(f"export {key}={shlex.quote(value)}")
     if cwd:
         lines.append(f"cd {shlex.quote(cwd)} || exit 1")
-    lines.append(f"exec {shlex.join(argv)} < /dev/null")
-    return "\n".join(lines) + "\n"
+    if stdin is None:
+        lines.append(f"exec {shlex.join(argv)} < /dev/null")
+        return "\n".join(lines) + "\n"
+    end = _here_end(stdin)
+    body = stdin if stdin.endswith("\n") or not stdin else stdin + "\n"
+    lines.append(f"exec {shlex.join(argv)} <<'{end}'")
+    return "\n".join(lines) + "\n" + body + end + "\n"
+
+
+def _here_end(text: str) -> str:
+    """A here-document's end word that is no line of `text` (random: a text cannot plan it)."""
+    lines = set(text.splitlines())
+    while True:
+        end = f"CLOUDTRAIN_STDIN_{secrets.token_hex(8)}"
+        if end not in lines:
+            return end
 
 
 #: rsync's ``--modify-window`` that compares mtimes to the nanosecond, not the second (rsync
@@ -199,13 +218,15 @@ class SshExecutor:
         cwd: str | None = None,
         timeout: float | None = None,
         on_output: Callable[[str], None] | None = None,
+        stdin: str | None = None,
     ) -> RunResult:
+        """As `Executor.run`; `stdin` is the command's input (text), else /dev/null."""
         self._connect()
         done = self._local.run(
             self._ssh(REMOTE_SHELL),
             timeout=timeout,
             on_output=on_output,
-            stdin=remote_script(argv, env, cwd),
+            stdin=remote_script(argv, env, cwd, stdin),
         )
         return RunResult(tuple(argv), done.returncode, done.stdout, done.stderr)
 
@@ -273,6 +294,11 @@ class SshExecutor:
         the master lingers ``ControlPersist`` seconds, for the next command to reuse."""
         self._local.run(["ssh", *self._options, "-O", "exit", "--", self.target], timeout=30)
         self._connected = False
+
+    def stop(self) -> None:
+        """End this object's commands still running (as `LocalExecutor.close`), and keep the
+        master connection, which other executors of the same target may be using."""
+        self._local.close()
 
     def release(self) -> None:
         """Forget this object but keep the master connection for the next one (it closes

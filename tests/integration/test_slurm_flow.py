@@ -1,17 +1,20 @@
 """A cluster on a real Slurm (the lab: slurmctld and two slurmd's, tests/slurmlab.py), through
-the CLI as its users type it: `up` holds both nodes in one batch job, `train` runs the digits
-example across them as steps of that job to its accuracy, and `down`, with the state file gone,
-finds the job by its name and comment and leaves nothing: the queue empty, no process of the
-job on any node (the lab's closing checks), no folder."""
+the CLI as its users type it, from a login node over SSH (a real sshd) or on this machine: `up`
+holds both nodes in one batch job, `train` runs the digits example across them as steps of that
+job to its accuracy, and `down`, with the state file gone, finds the job by its name and comment
+and leaves nothing: the queue empty, no process of the job on any node (the lab's closing
+checks), no folder."""
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import REPO, Shell
+from tests.slurm.fixtures import LoginNode
 from tests.slurmlab import SlurmLab, _command
 
 pytestmark = pytest.mark.integration
@@ -24,18 +27,23 @@ def jobs(slurm: SlurmLab) -> list[list[str]]:
     return [line.split("\x1f") for line in shown.splitlines()]
 
 
-def test_up_train_down_on_two_slurm_nodes_leaves_nothing(
-    slurm: SlurmLab, slurm_sh: Shell, tmp_path: Path
+def test_up_train_down_on_two_slurm_nodes_through_a_login_node_over_ssh_leaves_nothing(
+    slurm: SlurmLab, slurm_sh: Shell, slurm_login: LoginNode
 ) -> None:
-    shared = tmp_path / "shared"
-    where = ["--provider", "slurm", "--shared-dir", str(shared)]
-    up = slurm_sh("up", *where, "--nodes", "2", "--name", "exp1", timeout=180)
+    """The login node reached over SSH: Slurm's commands and the cluster's folder (by default
+    ~/.cloudtrain/slurm there) are its, and this machine has no SLURM_CONF of the lab."""
+    del slurm_sh.env["SLURM_CONF"]
+    where = ["--provider", "slurm", *slurm_login.args()]
+    shape = ["--python", sys.executable, "--nodes", "2", "--name", "exp1"]
+    up = slurm_sh("up", *where, *shape, timeout=180)
     assert up.returncode == 0, up.stdout + up.stderr
     assert "cluster exp1 is up: 2 node(s)" in up.stdout
     [job] = jobs(slurm)
     assert job[1:3] == ["exp1", "RUNNING"]
     assert job[3].startswith('cloudtrain {"id": '), "whose it is, on it"
     assert '"owner": ' in job[3]
+    folder = slurm_login.host.home / ".cloudtrain" / "slurm" / "exp1"
+    assert (folder / "node-1" / "bootstrap").is_dir(), "the login user's folder"
 
     train = slurm_sh("train", "-c", "exp1", str(EXAMPLE), "--epochs", "2", timeout=180)
     assert train.returncode == 0, train.stdout + train.stderr
@@ -50,7 +58,7 @@ def test_up_train_down_on_two_slurm_nodes_leaves_nothing(
     down = slurm_sh("down", "exp1", *where)
     assert down.returncode == 0, down.stdout + down.stderr
     assert jobs(slurm) == []
-    assert not (shared / "exp1").exists()
+    assert not folder.exists()
     assert [_command(p) for p in slurm.job_processes()] == []
 
 

@@ -40,7 +40,7 @@ HOSTILE = ["two words", "$(touch /tmp/ct-pwned)", "a;b", "q'uote", 'd"q', "new\n
            "*", "", "--"]  # fmt: skip
 
 
-def test_argv_env_and_cwd_arrive_verbatim_and_nothing_else_runs(
+def test_argv_env_input_and_cwd_arrive_verbatim_and_nothing_else_runs(
     hosts: tuple[Path, list[SshHost]], tmp_path: Path
 ) -> None:
     home, (host, _) = hosts
@@ -53,6 +53,7 @@ def test_argv_env_and_cwd_arrive_verbatim_and_nothing_else_runs(
         assert not Path("/tmp/ct-pwned").exists()
         assert ex.run(["pwd"], cwd=str(tmp_path)).stdout.strip() == str(tmp_path)
         assert ex.run(["sh", "-c", "exit 7"]).returncode == 7
+        assert ex.run(["cat"], stdin=odd).stdout == odd, "input as given"
     finally:
         ex.close()
 

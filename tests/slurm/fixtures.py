@@ -4,12 +4,14 @@ this module): a running two-node cluster per test."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import Shell
 from tests.slurmlab import SlurmLab, lab
+from tests.sshd import SshHost, keygen
 
 
 @pytest.fixture
@@ -26,3 +28,34 @@ def slurm_sh(slurm: SlurmLab, tmp_path: Path) -> Shell:
     shell = Shell(tmp_path / "home")
     shell.env.update(slurm.env)
     return shell
+
+
+@dataclass(frozen=True)
+class LoginNode:
+    """The lab's login node over SSH: an sshd on a loopback address of its own whose sessions
+    reach the lab (its SLURM_CONF), the user's key and the host key pinned."""
+
+    host: SshHost
+    identity: Path
+    known_hosts: Path
+
+    def args(self) -> list[str]:
+        login = f"root@{self.host.host}:{self.host.port}"
+        keys = ["--identity", str(self.identity), "--known-hosts", str(self.known_hosts)]
+        return ["--login", login, *keys]
+
+
+@pytest.fixture
+def slurm_login(slurm: SlurmLab, tmp_path: Path) -> Iterator[LoginNode]:
+    folder = tmp_path / "login"
+    folder.mkdir()
+    identity = folder / "id_user"
+    host_key = folder / "host_key"
+    public = keygen(host_key)
+    host = SshHost(folder / "sshd", "127.0.0.4", host_key, keygen(identity), env=slurm.login_env)
+    known_hosts = folder / "known_hosts"
+    known_hosts.write_text(f"{host.address} {' '.join(public.split()[:2])}\n")
+    try:
+        yield LoginNode(host, identity, known_hosts)
+    finally:
+        host.cut()  # its connections too: a client's lingering master goes with them

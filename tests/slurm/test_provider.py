@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import Shell
+from tests.slurm.fixtures import LoginNode
 from tests.slurmlab import SlurmLab
+from tests.sshd import keygen
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +45,9 @@ def error_line(done: subprocess.CompletedProcess[str]) -> str:
         (["--time", "3:00:00"], "the partition cannot give it"),
         (["--time", "soon"], "--time 'soon': give minutes, HH:MM:SS or D-HH:MM:SS"),
         (["--partition", "gpu;rm"], "--partition 'gpu;rm': letters, digits and _.+- only"),
-        (["--login", "me@login"], "--login 'me@login': only 'local'"),
+        (["--login", "-oProxyCommand=id@h"], "user '-oProxyCommand=id' is not a user name"),
+        (["--login", "me@login", "--identity", "/no/key"], "--identity '/no/key' is not a file"),
+        (["--identity", "/no/key"], "--identity: only for a login node over SSH"),
         (["--partition", "gpu\n"], "--partition 'gpu\\n': letters, digits and _.+- only"),
         (["--account", "-x"], "--account '-x': letters, digits and _.+- only"),
         (["--qos", "../q"], "--qos '../q': letters, digits and _.+- only"),
@@ -100,3 +104,25 @@ def test_two_ups_of_one_name_make_one_allocation_and_another_owner_cannot_touch_
     assert not (shared / "one").exists()
     assert slurm.job_processes() == []
     assert os.environ.get("CLOUDTRAIN_OWNER") != "someone-else"
+
+
+@pytest.mark.parametrize("fault", ["unreachable", "another host key"])
+def test_a_login_node_that_cannot_be_reached_or_trusted_is_one_line_and_leaves_nothing(
+    slurm: SlurmLab, slurm_sh: Shell, slurm_login: LoginNode, tmp_path: Path, fault: str
+) -> None:
+    login = slurm_login.args()
+    if fault == "unreachable":
+        slurm_login.host.cut()
+        said = f"cannot reach root@{slurm_login.host.host}"
+    else:
+        other = tmp_path / "other_key"
+        keygen(other)
+        known = slurm_login.known_hosts
+        known.write_text(f"{slurm_login.host.address} {other.with_suffix('.pub').read_text()}")
+        said = "did not present the cluster's pinned host key"
+    done = slurm_sh("up", "--provider", "slurm", *login, "--name", "far", "--nodes", "1")
+    assert done.returncode != 0
+    assert said in error_line(done)
+    assert slurm.queue() == []
+    assert slurm_sh.status()["clusters"] == []
+    assert not (slurm_login.host.home / ".cloudtrain").exists()

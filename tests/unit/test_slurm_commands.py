@@ -123,7 +123,8 @@ def test_the_allocation_asked_for_is_whole_nodes_with_the_gpus_and_the_limits(
         ({"qos": "-x"}, "--qos '-x'"),
         ({"wait": "-1"}, "--wait '-1': give seconds"),
         ({"notice": "70000"}, "--notice '70000': give seconds, more than 0 and at most 65535"),
-        ({"login": "me@host"}, "--login 'me@host': only 'local'"),
+        ({"login": "me@host:99999"}, "--login 'me@host:99999': port 99999 is not 1 to 65535"),
+        ({"login": "local", "identity": "/k"}, "--identity: only for a login node over SSH"),
     ],
 )
 def test_a_bad_option_is_one_line_naming_it(

@@ -2,9 +2,10 @@
 
 `up` submits one batch job that holds the nodes (whole: every CPU, all memory, the GPUs asked
 for) in ``--partition``, under ``--account`` and ``--qos``, for ``--time``; jobs run as steps
-inside it; `down` cancels it. See `cloudtrain.providers.slurm.provider`. Not offered in the CLI's
-help yet (``for_tests``): the login node is this machine only, and the cluster's folder must be
-one every node sees at the same path.
+inside it; `down` cancels it. Slurm's commands run on the login node: this machine, or one
+reached over SSH. See `cloudtrain.providers.slurm.provider`. Not offered in the CLI's help yet
+(``for_tests``): the cluster's folder must be one every node sees at the same path (a shared
+home), and autostop is not built.
 """
 
 from __future__ import annotations
@@ -16,7 +17,20 @@ from cloudtrain.provision.provider import NODE_PRICE, Option
 OPTIONS = (
     Option(
         "login",
-        "slurm: where Slurm's commands run: 'local' (this machine is the login node).",
+        "slurm: where Slurm's commands run: user@host[:port] (a login node, over SSH) or "
+        "'local' (this machine is the login node; the default).",
+        account=True,
+    ),
+    Option(
+        "identity",
+        "slurm: the private key for the login node (~/.ssh/id_ed25519).",
+        kind="path",
+        account=True,
+    ),
+    Option(
+        "known_hosts",
+        "slurm: where the login node's host key is pinned (~/.ssh/known_hosts).",
+        kind="path",
         account=True,
     ),
     Option("partition", "slurm: the partition (default: Slurm's default one)."),
@@ -31,13 +45,14 @@ OPTIONS = (
     ),
     Option(
         "shared_dir",
-        "slurm: a folder the login node and every node see at one path "
-        "(default CLOUDTRAIN_HOME/slurm).",
+        "slurm: a folder the login node and every node see at one path (default "
+        "CLOUDTRAIN_HOME/slurm here, ~/.cloudtrain/slurm on a login node over SSH).",
         account=True,
     ),
     Option(
         "python",
-        "slurm: the nodes' Python, with torch and cloudtrain (default: this one).",
+        "slurm: the nodes' Python, with torch and cloudtrain (default: this one; python3 "
+        "over SSH).",
     ),
     NODE_PRICE,
 )

@@ -7,7 +7,7 @@ it heals, a warm server) stays in the allocation until ``scancel``; the step exi
 command's status. The environment a command is given travels in srun's own (``--export=ALL``),
 never on a command line. A detached start (`start_detached`) asks the host the same way. Files
 travel through the folder the login node and the nodes share (`put`, `get`: the login node's
-own copies, which take what a node wrote as untrusted).
+own copies, this machine's or rsync's over SSH, which take what a node wrote as untrusted).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from cloudtrain.errors import CommandError
 from cloudtrain.executors.base import DETACH_SCRIPT, SSH_FAILED, RunResult
-from cloudtrain.executors.local import LocalExecutor
+from cloudtrain.providers.slurm._login import Shell
 
 #: What srun adds to a failed step's stderr, which is no word of the command's.
 _SRUN_NOISE = re.compile(r"^srun: error: \S+: tasks? [\d,-]+: Exited with exit code \d+$")
@@ -44,7 +44,7 @@ class SrunExecutor:
 
     def __init__(
         self,
-        login: LocalExecutor,
+        login: Shell,
         job_id: str,
         node: str,
         root: str,

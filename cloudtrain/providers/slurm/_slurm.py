@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from cloudtrain.errors import ProviderError
 from cloudtrain.executors.base import RunResult
-from cloudtrain.executors.local import LocalExecutor
+from cloudtrain.providers.slurm._login import Shell
 
 SEP = "\x1f"
 #: squeue's fields: id, name, state, reason, node list, node count, time limit, comment (last:
@@ -150,9 +150,9 @@ def refused(stderr: str) -> str:
 
 
 class Slurm:
-    """Slurm's commands, run on the login node through `login` (this machine, for now)."""
+    """Slurm's commands, run on the login node through `login` (`_login`)."""
 
-    def __init__(self, login: LocalExecutor, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, login: Shell, env: Mapping[str, str] | None = None) -> None:
         self.login = login
         self._env = dict(env or {})
 

@@ -14,37 +14,41 @@ The job is named after the cluster and its comment says whose it is (owner, clus
 `describe`, `clusters` and `leftovers` read ``squeue``/``scontrol``, never local state. Two
 `apply`s of one name make one job: the second finds the first's in the queue.
 
-For now the login node is this machine (``--login local``) and the cluster's folder
-(``--shared-dir``, default ``CLOUDTRAIN_HOME/slurm``) is one the nodes see at the same path (a
-shared home).
+Slurm's commands run on the login node (`_login`): this machine (``--login local``) or one
+reached over SSH (``--login user@host[:port]``), where the cluster's folder is too (every file of
+it read and written through the login node's shell). That folder (``--shared-dir``; default
+``CLOUDTRAIN_HOME/slurm`` on this machine, ``~/.cloudtrain/slurm`` on a login node over SSH) must
+be one the nodes see at the same path (a shared home).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import posixpath
 import re
 import shlex
-import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
 from cloudtrain.boot import bootstrap
 from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.base import fan_out
-from cloudtrain.executors.local import LocalExecutor
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
 from cloudtrain.providers.slurm import _host
 from cloudtrain.providers.slurm._executor import SrunExecutor, host_source
+from cloudtrain.providers.slurm._login import Login
 from cloudtrain.providers.slurm._slurm import NEVER, Allocation, Slurm, comment
 from cloudtrain.provision.provider import ProviderContext, default_owner, node_price
 from cloudtrain.spec import ClusterSpec
 
 #: The bootstrap phases of a node whose Python the user names (nothing is installed).
 PHASES = "python cloudtrain torch verify"
+#: The clusters' folder on a login node over SSH, in the login user's home.
+SHARED = ".cloudtrain/slurm"
 #: The file in a cluster's folder that says whose it is.
 OWNER = "owner.json"
 #: How long `apply` lets the allocation pend before it cancels it (``--wait``), in seconds.
@@ -72,13 +76,11 @@ class SlurmProvider:
 
     def __init__(self, context: ProviderContext) -> None:
         opts = context.options
-        login = str(opts.get("login") or "local")
-        if login != "local":
-            raise ConfigError(
-                f"--login {login!r}: only 'local' (run on the login node itself) is built yet"
-            )
-        self.shared = Path(str(opts.get("shared_dir") or context.home / "slurm")).expanduser()
-        self.python = str(opts.get("python") or sys.executable)
+        self.login = Login(opts.get("login"), opts.get("identity"), opts.get("known_hosts"))
+        self._shared = opts.get("shared_dir")
+        self._default_shared = str(context.home / "slurm") if self.login.local else SHARED
+        # the nodes' Python: over SSH this machine's path means nothing there
+        self.python = str(opts.get("python") or (sys.executable if self.login.local else "python3"))
         self.partition = _word(opts, "partition")
         self.account = _word(opts, "account")
         self.qos = _word(opts, "qos")
@@ -91,7 +93,18 @@ class SlurmProvider:
         self.notice_s = int(_seconds(opts.get("notice"), NOTICE_S, "notice"))
         self.node_price = node_price(opts)
         self.owner = default_owner()
-        self.slurm = Slurm(LocalExecutor())
+
+    @functools.cached_property
+    def slurm(self) -> Slurm:
+        return Slurm(self.login.shell)
+
+    @functools.cached_property
+    def shared(self) -> str:
+        """The clusters' folder on the login node (asks it for its home the first time)."""
+        return self.login.folder(self._shared, self._default_shared)
+
+    def _folder(self, cluster: str) -> str:
+        return posixpath.join(self.shared, cluster)
 
     # -- the five verbs ------------------------------------------------------------------------
 
@@ -107,12 +120,13 @@ class SlurmProvider:
             accel,
             count if accel else 0,
         )
+        self.login.check()
         request = {"action": "sbatch", "options": self._options(spec)}
         return Plan(spec=spec, offers=(offer,), requests=(request,))
 
     def _options(self, spec: ClusterSpec) -> list[str]:
         """sbatch's options for `spec`: whole nodes (every CPU and all memory), the GPUs."""
-        folder = self.shared / spec.name
+        folder = self._folder(spec.name)
         options = [
             f"--job-name={spec.name}",
             f"--comment={comment(self.owner, spec.cluster_id)}",
@@ -139,12 +153,12 @@ class SlurmProvider:
 
     def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
         spec = plan.spec
-        folder = self.shared / spec.name
+        folder = self._folder(spec.name)
         job = self._held(spec.name, spec.cluster_id)
         if job is not None and job.state not in ("PENDING", "CONFIGURING", "RUNNING"):
             self._until_gone(spec.name, [job.job_id])  # ending (a node failed): a new one
             job = None
-        made = not folder.exists()
+        made = not self.login.exists(folder)
         try:
             if job is None:
                 self._claim(spec)
@@ -157,7 +171,7 @@ class SlurmProvider:
             job = self._until_running(spec.name, job_id, on_event)
         except BaseException:
             if made and not self._mine(spec.name, None):  # nothing of it in the queue
-                shutil.rmtree(folder, ignore_errors=True)
+                self.login.remove(folder)
             raise
         self._until_hosts(spec.name, job_id, len(self.slurm.hostnames(job.nodelist)))
         nodes = self.describe(spec.name, spec.cluster_id)
@@ -187,7 +201,7 @@ class SlurmProvider:
         gres = ""
         if spec.resources.accelerator and spec.resources.count:
             gres = f" --gres={_gres(spec.resources.accelerator, spec.resources.count)}"
-        base = shlex.quote(str(self.shared / spec.name))
+        base = shlex.quote(self._folder(spec.name))
         python = shlex.quote(self.python)
         tell = (
             f'exec {python} -m cloudtrain.node notice --root {base}/node-"$SLURM_NODEID" '
@@ -225,7 +239,7 @@ class SlurmProvider:
                     "slurm",
                     "Ended",
                     f"job {job_id} of {cluster!r} ended before "
-                    f"it ran; see {self.shared / cluster}/slurm-{job_id}.out",
+                    f"it ran; see {self._folder(cluster)}/slurm-{job_id}.out",
                 )
             if job.running and job.nodelist:
                 return job
@@ -245,9 +259,10 @@ class SlurmProvider:
             time.sleep(0.5)
 
     def _until_hosts(self, cluster: str, job_id: str, count: int) -> None:
-        folder = self.shared / cluster
+        folder = self._folder(cluster)
         deadline = time.monotonic() + HOSTS_S
-        while sum((folder / f"node-{i}" / _host.READY).is_file() for i in range(count)) < count:
+        ready = [posixpath.join(folder, f"node-{i}", _host.READY) for i in range(count)]
+        while self.login.count(ready) < count:
             if time.monotonic() > deadline:
                 raise ProviderError(
                     "slurm",
@@ -270,21 +285,21 @@ class SlurmProvider:
         route = ex.run(["sh", "-c", _ROUTE.format(addr=shlex.quote(node.private_ip or ""))])
         said = route.stdout.strip() if route.ok else ""  # the node's word: an interface name
         facts = {"ifname": said if _IFNAME.fullmatch(said) else ""}
-        (Path(root) / "facts.json").write_text(json.dumps(facts))
-        if (Path(root) / "bootstrap" / "status.json").exists():
+        self.login.write(posixpath.join(root, "facts.json"), json.dumps(facts))
+        if self.login.exists(posixpath.join(root, "bootstrap", "status.json")):
             return  # started by an earlier apply: readiness reads how far it got
-        (Path(root) / "bootstrap").mkdir(exist_ok=True)
-        script = Path(root) / "bootstrap" / "bootstrap.sh"
-        script.write_text(bootstrap.script())
-        config = Path(root) / "bootstrap" / "bootstrap.env"
+        script = posixpath.join(root, "bootstrap", "bootstrap.sh")
+        self.login.write(script, bootstrap.script())
+        config = posixpath.join(root, "bootstrap", "bootstrap.env")
         shape = bootstrap.NodeShape("slurm", spec.resources.accelerator, spec.resources.count)
-        config.write_text(
+        self.login.write(
+            config,
             bootstrap.config(
                 shape, install=False, phases=PHASES, python=self.python, root=root, agent="detached"
-            )
+            ),
         )
         ex.start_detached(
-            ["bash", str(script), str(config)],
+            ["bash", script, config],
             env={"CLOUDTRAIN_NODE_ROOT": root},
             cwd=root,
             job_dir=f"{root}/bootstrap/run",
@@ -310,10 +325,11 @@ class SlurmProvider:
             return []
         names = self.slurm.hostnames(job.nodelist)
         shown = self.slurm.nodes(names)
+        roots = [posixpath.join(self._folder(cluster), f"node-{i}") for i in range(len(names))]
+        said = self.login.read_all([posixpath.join(root, "facts.json") for root in roots])
         nodes = []
-        for index, name in enumerate(names):
-            root = str(self.shared / cluster / f"node-{index}")
-            facts = _read_json(Path(root) / "facts.json")
+        for index, (name, root) in enumerate(zip(names, roots, strict=True)):
+            ifname = str(_json(said[index]).get("ifname") or "")
             state = shown.get(name, {}).get("State", "")
             lost = any(w in state for w in ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING"))
             nodes.append(
@@ -328,7 +344,7 @@ class SlurmProvider:
                     instance_type="slurm",
                     root=root,
                     python=self.python,
-                    ifname=str(facts.get("ifname") or "") or None,
+                    ifname=ifname if _IFNAME.fullmatch(ifname) else None,
                     extra=MappingProxyType({"job": job.job_id, "host": name, "slurm_state": state}),
                 )
             )
@@ -341,7 +357,7 @@ class SlurmProvider:
         self.slurm.cancel(jobs)
         self._until_gone(cluster, jobs)
         if self._owns(cluster) and not self._mine(cluster, None):
-            shutil.rmtree(self.shared / cluster, ignore_errors=True)
+            self.login.remove(self._folder(cluster))
 
     def _until_gone(self, cluster: str, jobs: Sequence[str]) -> None:
         """Wait until Slurm has ended `jobs` (every process of theirs, on every node)."""
@@ -357,21 +373,21 @@ class SlurmProvider:
     def _claim(self, spec: ClusterSpec) -> None:
         """Make the cluster's folder, marked as this owner's (`OWNER`); `ConfigError` when
         another owner's folder has the name."""
-        folder = self.shared / spec.name
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        marks = _read_json(folder / OWNER)
+        folder = self._folder(spec.name)
+        marks = _json(self.login.read(posixpath.join(folder, OWNER)))
         if marks and marks.get("owner") != self.owner:
             raise ConfigError(
                 f"cluster {spec.name!r}: {folder} is {marks.get('owner')}'s; choose another name"
             )
-        (folder / f"{OWNER}.tmp").write_text(
-            json.dumps({"owner": self.owner, "id": spec.cluster_id})
-        )
-        (folder / f"{OWNER}.tmp").replace(folder / OWNER)
+        mark = json.dumps({"owner": self.owner, "id": spec.cluster_id})
+        self.login.write(posixpath.join(folder, OWNER), mark)
 
     def _owns(self, cluster: str) -> bool:
         """Whether the cluster's folder is this owner's."""
-        return _read_json(self.shared / cluster / OWNER).get("owner") == self.owner
+        return (
+            _json(self.login.read(posixpath.join(self._folder(cluster), OWNER))).get("owner")
+            == self.owner
+        )
 
     def _mine(self, cluster: str, cluster_id: str | None) -> list[Allocation]:
         return [
@@ -384,12 +400,12 @@ class SlurmProvider:
 
     def clusters(self) -> list[str]:
         found = {j.name for j in self.slurm.queue() if j.owner == self.owner}
-        if self.shared.is_dir():
-            found |= {
-                p.name
-                for p in self.shared.iterdir()
-                if _NAME.fullmatch(p.name) and self._owns(p.name)
-            }
+        marks = self.login.listing(self.shared, OWNER)
+        found |= {
+            name
+            for name, mark in marks.items()
+            if _NAME.fullmatch(name) and _json(mark).get("owner") == self.owner
+        }
         return sorted(found)
 
     def leftovers(self, cluster: str, cluster_id: str | None = None) -> list[str]:
@@ -397,7 +413,7 @@ class SlurmProvider:
         jobs = self._mine(cluster, cluster_id)
         found = [f"job {j.job_id} ({j.state.lower()}: {j.reason})" for j in jobs if not j.running]
         if not jobs and self._owns(cluster):
-            found.append(f"folder {self.shared / cluster}")
+            found.append(f"folder {self._folder(cluster)}")
         return found
 
     def executor(self, node: NodeInfo) -> SrunExecutor:
@@ -409,8 +425,8 @@ class SlurmProvider:
                 f"node {node.index} of {node.cluster!r}: its "
                 "record names no job; `cloudtrain status --refresh` reads it",
             )
-        # a login executor of its own: closing one node's ends only that node's commands
-        return SrunExecutor(LocalExecutor(), str(job), str(host), node.root, self.python)
+        # a login shell of its own: closing one node's ends only that node's commands
+        return SrunExecutor(self.login.channel(), str(job), str(host), node.root, self.python)
 
 
 def _gres(accelerator: str, count: int) -> str:
@@ -438,10 +454,11 @@ def _seconds(value: object, default: float, flag: str) -> float:
     return seconds
 
 
-def _read_json(path: Path) -> dict[str, object]:
+def _json(text: str | None) -> dict[str, object]:
+    """A JSON object read back from the shared folder (anything else: empty)."""
     try:
-        found = json.loads(path.read_text())
-    except (OSError, ValueError):
+        found = json.loads(text or "")
+    except ValueError:
         return {}
     return found if isinstance(found, dict) else {}
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.access import check_login
+from cloudtrain.access import check_login, parse_target
 from cloudtrain.errors import ConfigError
 
 #: Keys an inventory may set at the top (defaults) and per host.
@@ -46,13 +46,7 @@ class Host:
 
     @classmethod
     def parse(cls, text: str, default_user: str | None = None) -> Host:
-        user, _, rest = text.strip().rpartition("@")
-        user = user or (default_user or "")
-        address, colon, port = rest.rpartition(":") if rest.count(":") == 1 else (rest, "", "")
-        if not user or not (address or rest) or (colon and not port.isdigit()):
-            raise ConfigError(f"--hosts entry {text!r}: write user@address or user@address:port")
-        check_login(user, address or rest, f"--hosts entry {text!r}")
-        return cls(user, address or rest, int(port) if colon else 22)
+        return cls(*parse_target(text, "--hosts entry", default_user))
 
     def __str__(self) -> str:
         return f"{self.user}@{self.address}:{self.port}"

@@ -36,3 +36,24 @@ def test_the_command_gets_no_input_but_dev_null() -> None:
 def test_a_name_the_shell_would_misread_is_refused(name: str) -> None:
     with pytest.raises(ConfigError, match="is not a valid environment variable name"):
         remote_script(["true"], {name: "1"})
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        "#!/bin/bash\necho $HOME `id` $(date) '\"\n\n",
+        "EOF\nCLOUDTRAIN_STDIN\n'quoted'\n",  # lines that look like an end word
+        '{"env": {"A": "x\\ny"}}\n',
+        "",
+    ],
+)
+def test_stdin_reaches_the_command_as_given_and_nothing_after_it(given: str) -> None:
+    script = remote_script(["cat"], stdin=given) + "echo this line must not reach cat\n"
+    done = subprocess.run(REMOTE_SHELL.split(), input=script, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, given)
+
+
+def test_stdin_without_a_last_newline_gets_one() -> None:
+    script = remote_script(["cat"], stdin="no newline")
+    done = subprocess.run(REMOTE_SHELL.split(), input=script, capture_output=True, text=True)
+    assert done.stdout == "no newline\n"
