@@ -143,6 +143,9 @@ class NodeInfo:
     ifname: str | None = None
     #: the bootstrap script and its settings on the node, where not cloud-init's places
     bootstrap: tuple[str, str] | None = None
+    #: when the provider ends the node by itself (epoch seconds: a Slurm job's time limit);
+    #: None: it does not
+    ends_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -162,6 +165,7 @@ class NodeInfo:
             "jump": self.jump,
             "ifname": self.ifname,
             "bootstrap": list(self.bootstrap) if self.bootstrap else None,
+            "ends_at": self.ends_at,
         }
 
     @classmethod
@@ -188,6 +192,7 @@ class NodeInfo:
             jump=typed["jump"],
             ifname=typed["ifname"] or None,
             bootstrap=(str(boot[0]), str(boot[1])) if (boot := typed["bootstrap"]) else None,
+            ends_at=float(data["ends_at"]) if data.get("ends_at") is not None else None,
         )
 
 

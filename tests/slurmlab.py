@@ -1,5 +1,6 @@
 """A real Slurm cluster for the tests, on this machine: a munged, a slurmctld and N slurmd's
-(nodes n1, n2 …, each a daemon of its own on its own port of 127.0.0.1), with their key, config,
+(nodes n1, n2 …, each a daemon of its own on its own port of 127.0.0.1, n1 addressed as that and
+the others by the name localhost), with their key, config,
 state and logs in one folder, their spools and sockets in a short one under /tmp, and a cluster
 name of their own, so that two labs (two test processes) run at once without meeting. Clients
 reach it through ``SLURM_CONF`` (`SlurmLab.env`, `SlurmLab.run`).
@@ -128,14 +129,18 @@ class SlurmLab:
             "GresTypes": "gpu",
             "SlurmdParameters": "config_overrides",
             "ReturnToService": 2,
-            "SchedulerParameters": "batch_sched_delay=0",  # a batch job starts within a second
+            # a batch job starts within a second; a pending one's start is estimated each second
+            "SchedulerParameters": "batch_sched_delay=0,bf_interval=1",
             "KillWait": 1,  # seconds from a cancelled step's SIGTERM to its SIGKILL (30)
             "MailProg": "/bin/true",
         }
+        # n1 by its address, the others by a host name (as most sites name their nodes): the
+        # provider resolves a name on the login node
+        addrs = [HOST] + ["localhost"] * (len(self.nodes) - 1)
         nodes = [
-            f"NodeName={node} NodeHostname={here} NodeAddr={HOST} Port={free_port(HOST)} "
+            f"NodeName={node} NodeHostname={here} NodeAddr={addr} Port={free_port(HOST)} "
             f"CPUs={cpus} RealMemory={memory} Gres=gpu:a100:{self.gpus} State=UNKNOWN"
-            for node in self.nodes
+            for node, addr in zip(self.nodes, addrs, strict=True)
         ]
         partition = "PartitionName=gpu Nodes=ALL Default=YES MaxTime=1:00:00 State=UP"
         lines = [f"{key}={value}" for key, value in settings.items()] + nodes + [partition]

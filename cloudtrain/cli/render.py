@@ -125,10 +125,11 @@ def clusters_table(
     stops: Mapping[str, str] | None = None,
     now: float | None = None,
     costs: Mapping[str, Figure] | None = None,
+    ends: Mapping[str, float] | None = None,
 ) -> Table:
     """The clusters; ``cost`` is what each cost so far (`costs`: its nodes' spans at the price
     recorded at `up`; ``~`` marks a spot price's estimate), ``stops`` when it stops by itself
-    (`stops`: what its agents said)."""
+    (`stops`: what its agents said) or its provider ends it (`ends`: a time limit)."""
     now = time.time() if now is None else now
     table = Table(title="clusters", title_justify="left")
     for col in (
@@ -155,7 +156,7 @@ def clusters_table(
             price,
             money_text((costs or {}).get(c.name)),
             ago(c.created_at),
-            Text((stops or {}).get(c.name) or lifetime_left(spec, now)),
+            Text((stops or {}).get(c.name) or lifetime_left(spec, now, (ends or {}).get(c.name))),
         )
     if any(f.estimate for f in (costs or {}).values()):
         table.caption = "~ a spot price's estimate"
@@ -179,14 +180,17 @@ def money_text(figure: Figure | None) -> str:
     return f"{'~' if figure.estimate else ''}{money(figure.cost):,}"
 
 
-def lifetime_left(spec: ClusterSpec, now: float) -> str:
-    """``budget ends in 1h02m`` / ``lifetime ended 12s ago`` / ``-``."""
-    at = spec.limits.ends_at
-    if at is None:
+def lifetime_left(spec: ClusterSpec, now: float, ends_at: float | None = None) -> str:
+    """``budget ends in 1h02m`` / ``lifetime ended 12s ago`` / ``time limit ends in 5m07s`` (the
+    provider's: `ends_at`) / ``-``: whichever comes first."""
+    limits = ((spec.limits.ends_at, str(spec.limits.ends_why)), (ends_at, "time limit"))
+    due = [(at, why) for at, why in limits if at is not None]
+    if not due:
         return "-"
+    at, why = min(due)
     if at <= now:
-        return f"{spec.limits.ends_why} ended {span(now - at)} ago"
-    return f"{spec.limits.ends_why} ends in {span(at - now)}"
+        return f"{why} ended {span(now - at)} ago"
+    return f"{why} ends in {span(at - now)}"
 
 
 def span(seconds: float) -> str:

@@ -136,7 +136,8 @@ def status(app: App, as_json: bool, cluster: str | None, refresh: bool, name: st
         if c.name in beats and c not in acted
     }
     counts = {k: len(v) for k, v in nodes.items()}
-    app.out.print(render.clusters_table(clusters, counts, stops, now, spent))
+    ends = {k: min(e) for k, v in nodes.items() if (e := [n.ends_at for n in v if n.ends_at])}
+    app.out.print(render.clusters_table(clusters, counts, stops, now, spent, ends))
     if jobs:
         app.out.print(render.jobs_table(jobs[:20]))
     if cluster is not None:  # one cluster's story: its agents, what happened to it lately

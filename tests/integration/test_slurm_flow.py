@@ -31,10 +31,11 @@ def test_up_train_down_on_two_slurm_nodes_through_a_login_node_over_ssh_leaves_n
     slurm: SlurmLab, slurm_sh: Shell, slurm_login: LoginNode
 ) -> None:
     """The login node reached over SSH: Slurm's commands and the cluster's folder (by default
-    ~/.cloudtrain/slurm there) are its, and this machine has no SLURM_CONF of the lab."""
+    ~/.cloudtrain/slurm there) are its, and this machine has no SLURM_CONF of the lab. The
+    preflight proves the network across the allocation; `status` shows its time limit."""
     del slurm_sh.env["SLURM_CONF"]
     where = ["--provider", "slurm", *slurm_login.args()]
-    shape = ["--python", sys.executable, "--nodes", "2", "--name", "exp1"]
+    shape = ["--python", sys.executable, "--nodes", "2", "--name", "exp1", "--time", "30"]
     up = slurm_sh("up", *where, *shape, timeout=180)
     assert up.returncode == 0, up.stdout + up.stderr
     assert "cluster exp1 is up: 2 node(s)" in up.stdout
@@ -42,6 +43,9 @@ def test_up_train_down_on_two_slurm_nodes_through_a_login_node_over_ssh_leaves_n
     assert job[1:3] == ["exp1", "RUNNING"]
     assert job[3].startswith('cloudtrain {"id": '), "whose it is, on it"
     assert '"owner": ' in job[3]
+    [cluster] = slurm_sh.status()["clusters"]
+    ips = [n["private_ip"] for n in cluster["nodes"]]
+    assert ips == ["127.0.0.1", "127.0.0.1"], "n2's NodeAddr, localhost, resolved at the login"
     folder = slurm_login.host.home / ".cloudtrain" / "slurm" / "exp1"
     assert (folder / "node-1" / "bootstrap").is_dir(), "the login user's folder"
 
@@ -52,6 +56,12 @@ def test_up_train_down_on_two_slurm_nodes_through_a_login_node_over_ssh_leaves_n
     assert accuracy, train.stdout
     assert float(accuracy.group(1)) > 0.9, train.stdout
     assert [j[0] for j in jobs(slurm)] == [job[0]], "the job ran as steps: nothing queued again"
+    preflight = slurm_sh("preflight", "exp1", timeout=180)
+    assert preflight.returncode == 0, preflight.stdout + preflight.stderr
+    assert "2 ranks on gloo" in preflight.stdout
+    assert preflight.stdout.rstrip().endswith("PASS"), preflight.stdout
+    status = slurm_sh("status")
+    assert re.search(r"time limit ends in 2\dm\d\ds", status.stdout), status.stdout
 
     assert slurm.job_processes(), "the hosts, agents and warm servers run inside the job"
     (slurm_sh.home / "state.db").unlink()  # down reads Slurm, not what this machine recorded

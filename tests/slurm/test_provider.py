@@ -5,6 +5,7 @@ no folder); two `up`s of one name make one allocation; another owner's is never 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -70,11 +71,12 @@ def test_an_allocation_pending_past_wait_is_cancelled_naming_slurms_reason(
     holder = slurm.submit("--nodes=2", "--exclusive", "--wrap", "sleep 300")
     slurm.wait_state(holder, "RUNNING")
     shared = tmp_path / "shared"
-    done = up(slurm_sh, shared, "late", "--nodes", "1", "--wait", "2")
+    done = up(slurm_sh, shared, "late", "--nodes", "1", "--wait", "4")
     assert done.returncode != 0
     line = error_line(done)
-    assert "still pending after 2 s (Slurm's reason: Resources); cancelled" in line, line
-    assert "is pending (Resources)" in done.stderr, "the reason is shown while it waits"
+    assert "still pending after 4 s (Slurm's reason: Resources); cancelled" in line, line
+    assert "is pending (Resources" in done.stderr, "the reason is shown while it waits"
+    assert re.search(r"Slurm expects it to start at \d{4}-\d\d-\d\dT", done.stderr), done.stderr
     nothing_left(slurm_sh, slurm, shared, queue=[holder])
 
 

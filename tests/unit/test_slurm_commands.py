@@ -16,6 +16,7 @@ from cloudtrain.providers.slurm._slurm import (
     parse_queue,
     parse_version,
     refused,
+    seconds,
 )
 from cloudtrain.providers.slurm.provider import SlurmProvider
 from cloudtrain.provision.provider import ProviderContext
@@ -25,14 +26,16 @@ DATA = Path(__file__).parents[1] / "data" / "slurm"
 
 
 def test_squeue_of_22_05_gives_each_jobs_fields_and_only_our_comments_name_an_owner() -> None:
-    ours, other, hostile = parse_queue((DATA / "squeue-22.05.txt").read_text())
+    other, hostile, ours = parse_queue((DATA / "squeue-22.05.txt").read_text())
     assert (ours.job_id, ours.name, ours.state, ours.nodelist, ours.nodes) == (
-        "11",
+        "1",
         "c1",
         "RUNNING",
         "n1",
         1,
     )
+    assert (ours.time_limit, ours.time_left, other.time_left) == ("1:00:00", "59:32", "1:00:00")
+    assert (ours.start, other.start) == ("2026-12-07T02:24:29", "2026-12-07T03:24:29")
     assert (ours.owner, ours.cluster_id, ours.running) == ("root@vm", "601ac70f9408", True)
     assert (other.reason, other.nodelist, other.owner, other.running) == (
         "Resources",
@@ -50,13 +53,15 @@ def test_a_comment_reads_back_whatever_the_owner_is(owner: str) -> None:
     marked = comment(owner, "abc123")
     assert SEP not in marked
     assert "\n" not in marked
-    line = SEP.join(["7", "exp", "PENDING", "Priority", "(null)", "2", "UNLIMITED", marked])
+    line = SEP.join(
+        ["7", "exp", "PENDING", "Priority", "(null)", "2", "UNLIMITED", "UNLIMITED", "N/A", marked]
+    )
     [job] = parse_queue(line + "\n")
     assert (job.owner, job.cluster_id, job.nodelist) == (owner, "abc123", "")
 
 
 def test_lines_squeue_should_not_print_are_skipped() -> None:
-    text = "garbage\n" + SEP.join(["x", "n", "RUNNING", "", "", "1", "", ""]) + "\n\n"
+    text = "garbage\n" + SEP.join(["x", "n", "RUNNING", "", "", "1", "", "", "", ""]) + "\n\n"
     assert parse_queue(text) == []
 
 
@@ -137,3 +142,22 @@ def test_a_bad_option_is_one_line_naming_it(
 @pytest.mark.parametrize("good", ["30", "1:30", "12:00:00", "2-12", "2-12:30:00", "UNLIMITED"])
 def test_every_time_form_sbatch_takes_is_taken(tmp_path: Path, good: str) -> None:
     assert provider(tmp_path, time=good).time == good
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("59:56", 3596),
+        ("1:00:00", 3600),
+        ("1-02:03:04", 93784),
+        ("2-12", 216000),
+        ("30", 1800),
+        ("0:00", 0),
+        ("UNLIMITED", None),
+        ("INVALID", None),
+        ("NOT_SET", None),
+        ("1:2:3:4", None),
+    ],
+)
+def test_a_time_slurm_prints_reads_as_seconds(text: str, expected: int | None) -> None:
+    assert seconds(text) == expected

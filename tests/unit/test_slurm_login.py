@@ -85,3 +85,9 @@ def test_a_bad_login_is_one_line_naming_it(value: str, said: str) -> None:
 def test_keys_are_for_a_login_over_ssh_only() -> None:
     with pytest.raises(ConfigError, match="--known-hosts: only for a login node over SSH"):
         Login("local", known_hosts="/k")
+
+
+def test_node_names_resolve_to_addresses_on_the_login_node() -> None:
+    names = ["localhost", "no-such-host.invalid", "$(touch /tmp/ct-pwned)", "-x"]
+    assert Login("local").addresses(names) == {"localhost": "127.0.0.1"}
+    assert not Path("/tmp/ct-pwned").exists()

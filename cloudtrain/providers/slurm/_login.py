@@ -13,7 +13,9 @@ may write into it: what is read back is bounded in size and parsed by its reader
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
+import ipaddress
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -140,6 +142,23 @@ class Login:
         lines = self._sh(script, *paths).stdout.splitlines()
         lines += ["-"] * (len(paths) - len(lines))
         return [_decoded(line) for line in lines[: len(paths)]]
+
+    def addresses(self, names: Sequence[str]) -> dict[str, str]:
+        """The IPv4 address that each of `names` (host names) has on the login node, for
+        those that resolve there (the first that ``getent ahostsv4`` gives)."""
+        if not names:
+            return {}
+        script = (
+            "for n; do a=$(getent ahostsv4 -- \"$n\" | awk 'NR==1 {print $1}'); "
+            'printf "%s %s\\n" "$n" "${a:--}"; done'
+        )
+        found = {}
+        for line in self._sh(script, *names).stdout.splitlines():
+            name, _, address = line.partition(" ")
+            with contextlib.suppress(ValueError):
+                if name in names and ipaddress.IPv4Address(address):
+                    found[name] = address
+        return found
 
     def write(self, path: str, text: str) -> None:
         """Write `text` (ending with a newline) to `path`, the user's alone, atomically."""

@@ -22,9 +22,9 @@ from cloudtrain.executors.base import RunResult
 from cloudtrain.providers.slurm._login import Shell
 
 SEP = "\x1f"
-#: squeue's fields: id, name, state, reason, node list, node count, time limit, comment (last:
-#: it is the one free text).
-_FIELDS = ("%A", "%j", "%T", "%r", "%N", "%D", "%l", "%k")
+#: squeue's fields: id, name, state, reason, node list, node count, time limit, time left, start
+#: (expected, while it pends), comment (last: it is the one free text).
+_FIELDS = ("%A", "%j", "%T", "%r", "%N", "%D", "%l", "%L", "%S", "%k")
 COMMENT_PREFIX = "cloudtrain "
 #: The states of a job that holds, or waits for, its nodes.
 LIVE = frozenset(
@@ -75,6 +75,11 @@ class Allocation:
     nodelist: str
     nodes: int
     time_limit: str
+    #: what is left of the time limit (``29:51``, ``1-02:03:04``; ``UNLIMITED``, ``INVALID``)
+    time_left: str
+    #: when it started, or while it pends when Slurm expects it to (its local time, as it
+    #: prints it: ``2026-12-07T03:10:00``); "" when Slurm does not know
+    start: str
     owner: str | None
     cluster_id: str | None
 
@@ -95,7 +100,9 @@ def parse_queue(text: str) -> list[Allocation]:
         parts = line.split(SEP, len(_FIELDS) - 1)
         if len(parts) != len(_FIELDS) or not parts[0].strip().isdigit():
             continue
-        job_id, name, state, reason, nodelist, count, limit, note = (p.strip() for p in parts)
+        job_id, name, state, reason, nodelist, count, limit, left, start, note = (
+            p.strip() for p in parts
+        )
         owner, cluster_id = None, None
         if note.startswith(COMMENT_PREFIX):
             try:
@@ -114,11 +121,35 @@ def parse_queue(text: str) -> list[Allocation]:
                 "" if nodelist in ("", "(null)") else nodelist,
                 int(count) if count.isdigit() else 0,
                 limit,
+                left,
+                start if _WHEN.fullmatch(start) else "",
                 owner,
                 cluster_id,
             )
         )
     return found
+
+
+#: A time as squeue prints one (anything else, ``N/A`` or ``Unknown``, is no time).
+_WHEN = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+
+
+def seconds(text: str) -> int | None:
+    """A Slurm duration (``[D-]H:M:S``, ``M:S``, minutes) in seconds; None for ``UNLIMITED``,
+    ``INVALID``, ``NOT_SET`` or anything else."""
+    found = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if found is None:
+        return None
+    days, first, second, third = found.groups()
+    parts = [int(first)] + [int(p) for p in (second, third) if p is not None]
+    if days is not None or len(parts) == 3:  # D-H[:M[:S]] or H:M:S
+        parts += [0] * (3 - len(parts))
+        hours, minutes, secs = parts
+    elif len(parts) == 2:
+        hours, (minutes, secs) = 0, parts
+    else:
+        hours, minutes, secs = 0, parts[0], 0
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + secs
 
 
 def parse_oneliner(text: str) -> list[dict[str, str]]:

@@ -24,6 +24,7 @@ be one the nodes see at the same path (a shared home).
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import posixpath
 import re
@@ -41,7 +42,7 @@ from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, 
 from cloudtrain.providers.slurm import _host
 from cloudtrain.providers.slurm._executor import SrunExecutor, host_source
 from cloudtrain.providers.slurm._login import Login
-from cloudtrain.providers.slurm._slurm import NEVER, Allocation, Slurm, comment
+from cloudtrain.providers.slurm._slurm import NEVER, Allocation, Slurm, comment, seconds
 from cloudtrain.provision.provider import ProviderContext, default_owner, node_price
 from cloudtrain.spec import ClusterSpec
 
@@ -231,7 +232,7 @@ class SlurmProvider:
         """Wait while the job pends, saying why each time the reason changes; cancel it past
         `wait_s` or for a reason that never clears."""
         deadline = time.monotonic() + self.wait_s
-        said = ""
+        said = ("", "")
         while True:
             job = next((j for j in self.slurm.queue(cluster) if j.job_id == job_id), None)
             if job is None:
@@ -243,10 +244,12 @@ class SlurmProvider:
                 )
             if job.running and job.nodelist:
                 return job
-            if job.reason != said:
-                said = job.reason
-                why = f" ({job.reason})" if job.reason not in ("", "None") else ""
-                on_event(Event("wait", f"job {job_id} is {job.state.lower()}{why}"))
+            if (job.reason, job.start) != said:
+                said = (job.reason, job.start)
+                parts = [job.reason] if job.reason not in ("", "None") else []
+                parts += [f"Slurm expects it to start at {job.start}"] if job.start else []
+                told = f" ({'; '.join(parts)})" if parts else ""
+                on_event(Event("wait", f"job {job_id} is {job.state.lower()}{told}"))
             never = NEVER.get(job.reason)
             if never or time.monotonic() > deadline:
                 self.slurm.cancel([job_id])
@@ -325,8 +328,12 @@ class SlurmProvider:
             return []
         names = self.slurm.hostnames(job.nodelist)
         shown = self.slurm.nodes(names)
+        addrs = {n: shown.get(n, {}).get("NodeAddr") or n for n in names}
+        resolved = self.login.addresses([a for a in addrs.values() if not _is_ip(a)])
         roots = [posixpath.join(self._folder(cluster), f"node-{i}") for i in range(len(names))]
         said = self.login.read_all([posixpath.join(root, "facts.json") for root in roots])
+        left = seconds(job.time_left)
+        ends_at = time.time() + left if left is not None else None
         nodes = []
         for index, (name, root) in enumerate(zip(names, roots, strict=True)):
             ifname = str(_json(said[index]).get("ifname") or "")
@@ -337,7 +344,7 @@ class SlurmProvider:
                     cluster=cluster,
                     index=index,
                     node_id=f"{name}/{job.job_id}",  # this allocation's: a new one's differs
-                    private_ip=shown.get(name, {}).get("NodeAddr") or name,
+                    private_ip=resolved.get(addrs[name], addrs[name]),
                     public_ip=None,
                     state="unreachable" if lost else "running",
                     zone=self.partition,
@@ -345,6 +352,7 @@ class SlurmProvider:
                     root=root,
                     python=self.python,
                     ifname=ifname if _IFNAME.fullmatch(ifname) else None,
+                    ends_at=ends_at,
                     extra=MappingProxyType({"job": job.job_id, "host": name, "slurm_state": state}),
                 )
             )
@@ -432,6 +440,14 @@ class SlurmProvider:
 def _gres(accelerator: str, count: int) -> str:
     """sbatch's ``--gres`` for `count` GPUs of type `accelerator` per node (``gpu:a100:8``)."""
     return f"gpu:{accelerator.lower()}:{count}"
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _word(opts: Mapping[str, Any], key: str) -> str | None:
