@@ -77,7 +77,7 @@ def test_the_built_in_providers_are_the_folders_each_with_its_plugin() -> None:
     assert {p.name for p in registry.builtin()} == folders
     assert registry.default() == "local"
     assert registry.clouds() == ["aws", "azure", "gcp"]
-    # slurm: not offered until its login over SSH and sites without a shared home (issue 30)
+    # slurm: not offered until sites without a shared home are served (issue 30)
     assert [p.name for p in registry.builtin() if p.for_tests] == ["fake", "slurm"]
     for plugin in registry.builtin():
         assert plugin.provider().name == plugin.name

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -167,6 +168,27 @@ def test_on_the_steps_term_the_host_outlives_what_it_started_then_kills_what_sta
     assert _host.descendants(proc.pid) == stubborn
     assert proc.wait(timeout=10) == 0
     assert not [pid for pid in stubborn if Path(f"/proc/{pid}").exists()], "killed after 1.5 s"
+
+
+def test_when_the_nodes_folder_goes_the_host_ends_what_it_started_and_itself(
+    host: tuple[subprocess.Popen[bytes], Path],
+) -> None:
+    """Autostop: the node's agent removes the node's folder; the host's end ends the step (and
+    with the last node's, the allocation)."""
+    proc, root = host
+    request = {
+        "script": DETACH_SCRIPT,
+        "argv": ["sleep", "60"],
+        "env": {},
+        "cwd": "/",
+        "job_dir": str(root.parent / "job"),
+    }
+    assert spawn(root, request).returncode == 0
+    wait_for(lambda: "sleep\n" in commands(proc.pid), 10, "sleep under the host")
+    started = _host.descendants(proc.pid)
+    shutil.rmtree(root)
+    assert proc.wait(timeout=10) == 0
+    assert not [pid for pid in started if Path(f"/proc/{pid}").exists()], "TERMed with it"
 
 
 def commands(pid: int) -> list[str]:

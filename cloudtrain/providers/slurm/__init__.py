@@ -5,7 +5,7 @@ for) in ``--partition``, under ``--account`` and ``--qos``, for ``--time``; jobs
 inside it; `down` cancels it. Slurm's commands run on the login node: this machine, or one
 reached over SSH. See `cloudtrain.providers.slurm.provider`. Not offered in the CLI's help yet
 (``for_tests``): the cluster's folder must be one every node sees at the same path (a shared
-home), and autostop is not built.
+home).
 """
 
 from __future__ import annotations

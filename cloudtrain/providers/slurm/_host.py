@@ -20,7 +20,8 @@ child subreaper of what it starts, so a daemon that a command forks stays its de
 proctrack is linuxproc, that is how Slurm finds a step's processes), and it reaps those orphans.
 A command whose client goes (srun killed, a timeout) is killed with its process group. On the
 step's SIGTERM (``scancel``) the host outlives what it started: it ends once they have, KILLing
-what is left after a grace.
+what is left after a grace. When the node's folder goes (its agent removed the node: autostop)
+the host TERMs what it started and ends the same way, and with the last host the allocation.
 
 Once listening, the host writes ``ROOT/host.json`` (its pid, the node's hostname and index)
 atomically: the controller waits for that file on every node before it starts their bootstraps.
@@ -230,7 +231,7 @@ def _serve_one(conn: socket.socket) -> None:
 def serve(base: str, grace_s: float = STOP_GRACE_S) -> None:
     """Host the node ``BASE/node-$SLURM_NODEID`` until the step ends."""
     index = int(os.environ["SLURM_NODEID"])
-    root = os.path.join(base, f"node-{index}")
+    root = os.path.abspath(os.path.join(base, f"node-{index}"))
     os.makedirs(root, mode=0o700, exist_ok=True)
     os.chdir(root)  # the socket is bound by a relative name: a long path fits
     _subreaper()
@@ -249,6 +250,13 @@ def serve(base: str, grace_s: float = STOP_GRACE_S) -> None:
     os.replace(READY + ".tmp", READY)
     while True:
         _reap()
+        if not stopping and not os.path.isdir(root):
+            # The node's agent removed the node (autostop): what is left of it ends, then the
+            # host; with the last node's host the step ends, the batch script, and the job.
+            for pid in descendants(os.getpid()):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGTERM)
+            stopping.append(time.monotonic())
         if stopping:
             if _stop(stopping[0], grace_s):
                 return

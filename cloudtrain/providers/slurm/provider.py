@@ -72,7 +72,7 @@ class SlurmProvider:
 
     name: ClassVar[str] = "slurm"
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.MULTI_NODE, Capability.GPU}
+        {Capability.MULTI_NODE, Capability.GPU, Capability.AUTOSTOP}
     )
 
     def __init__(self, context: ProviderContext) -> None:
