@@ -3,6 +3,7 @@ this module): a running two-node cluster per test."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,15 +45,34 @@ class LoginNode:
         keys = ["--identity", str(self.identity), "--known-hosts", str(self.known_hosts)]
         return ["--login", login, *keys]
 
+    def shell(self, command: str) -> str:
+        """`command` run on the login node (over ssh): its output."""
+        keys = ["-i", str(self.identity), "-o", f"UserKnownHostsFile={self.known_hosts}"]
+        argv = ["ssh", *keys, "-o", "BatchMode=yes", "-p", str(self.host.port)]
+        argv += [f"root@{self.host.host}", command]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+
 
 @pytest.fixture
 def slurm_login(slurm: SlurmLab, tmp_path: Path) -> Iterator[LoginNode]:
+    yield from _login(slurm, tmp_path)
+
+
+@pytest.fixture
+def slurm_login_apart(slurm: SlurmLab, tmp_path: Path) -> Iterator[LoginNode]:
+    """A login node whose home no node sees (a site without a shared home)."""
+    yield from _login(slurm, tmp_path, private_home=True)
+
+
+def _login(slurm: SlurmLab, tmp_path: Path, private_home: bool = False) -> Iterator[LoginNode]:
     folder = tmp_path / "login"
     folder.mkdir()
     identity = folder / "id_user"
     host_key = folder / "host_key"
     public = keygen(host_key)
-    host = SshHost(folder / "sshd", "127.0.0.4", host_key, keygen(identity), env=slurm.login_env)
+    user = keygen(identity)
+    env = slurm.login_env
+    host = SshHost(folder / "sshd", "127.0.0.4", host_key, user, env=env, private_home=private_home)
     known_hosts = folder / "known_hosts"
     known_hosts.write_text(f"{host.address} {' '.join(public.split()[:2])}\n")
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,21 @@ def test_a_login_node_that_cannot_be_reached_or_trusted_is_one_line_and_leaves_n
     assert slurm.queue() == []
     assert slurm_sh.status()["clusters"] == []
     assert not (slurm_login.host.home / ".cloudtrain").exists()
+
+
+def test_nodes_that_do_not_see_the_clusters_folder_are_one_line_and_leave_nothing(
+    slurm: SlurmLab, slurm_sh: Shell, slurm_login_apart: LoginNode
+) -> None:
+    """A login node whose home no node sees: the batch job cannot open its log there and
+    Slurm fails it at launch; `up` says why in one line and leaves nothing."""
+    login = slurm_login_apart.args()
+    shape = ["--python", sys.executable, "--name", "apart", "--nodes", "2"]
+    done = slurm_sh("up", "--provider", "slurm", *login, *shape, timeout=120)
+    assert done.returncode != 0
+    line = error_line(done)
+    assert "could not start (FAILED, JobLaunchFailure): its nodes do not see" in line, line
+    assert "give --shared-dir a folder every node sees at the same path" in line
+    assert slurm.queue() == []
+    assert slurm_sh.status()["clusters"] == []
+    left = slurm_login_apart.shell("ls -A ~/.cloudtrain/slurm; echo end")
+    assert left == "end\n", "no folder left on the login node either"

@@ -219,6 +219,13 @@ class Slurm:
         done = self.run("scontrol", "--oneliner", "show", "node", ",".join(names))
         return {r["NodeName"]: r for r in parse_oneliner(done.stdout) if "NodeName" in r}
 
+    def job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job`` of `job_id` (also an ended one, for a few minutes); {} when
+        Slurm no longer knows it."""
+        done = self.run("scontrol", "--oneliner", "show", "job", job_id)
+        found = parse_oneliner(done.stdout) if done.ok else []
+        return found[0] if found else {}
+
     def submit(self, script: str, options: Sequence[str]) -> str:
         """``sbatch --parsable OPTIONS`` of `script` (on stdin); the job's id. `ProviderError`
         with Slurm's own words when it refuses."""

@@ -236,12 +236,7 @@ class SlurmProvider:
         while True:
             job = next((j for j in self.slurm.queue(cluster) if j.job_id == job_id), None)
             if job is None:
-                raise ProviderError(
-                    "slurm",
-                    "Ended",
-                    f"job {job_id} of {cluster!r} ended before "
-                    f"it ran; see {self._folder(cluster)}/slurm-{job_id}.out",
-                )
+                raise ProviderError("slurm", "Ended", self._why_ended(cluster, job_id))
             if job.running and job.nodelist:
                 return job
             if (job.reason, job.start) != said:
@@ -260,6 +255,20 @@ class SlurmProvider:
                     f"job {job_id} of {cluster!r}: {why} (Slurm's reason: {job.reason}); cancelled",
                 )
             time.sleep(0.5)
+
+    def _why_ended(self, cluster: str, job_id: str) -> str:
+        """One line on a job that ended before it ran: Slurm's state and reason; where its
+        first node could not write its log, that the nodes do not see the cluster's folder."""
+        shown = self.slurm.job(job_id)
+        said = f"{shown.get('JobState', 'ended')}, {shown.get('Reason', 'no reason given')}"
+        log = f"{self._folder(cluster)}/slurm-{job_id}.out"
+        if shown.get("Reason") == "JobLaunchFailure" and not self.login.exists(log):
+            return (
+                f"job {job_id} of {cluster!r} could not start ({said}): its nodes do not see "
+                f"{self._folder(cluster)}; give --shared-dir a folder every node sees at the "
+                "same path (a shared home): sites without one are not served yet"
+            )
+        return f"job {job_id} of {cluster!r} ended before it ran ({said}); see {log}"
 
     def _until_hosts(self, cluster: str, job_id: str, count: int) -> None:
         folder = self._folder(cluster)
