@@ -53,8 +53,8 @@ class SlurmLab:
         self.conf, self.munge_socket = folder / "slurm.conf", self.sockets / "munge.sock"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         self.env["SLURM_CONF"] = str(self.conf)
-        #: What a session on the lab's login node needs beyond a login's own environment.
-        self.login_env = {"SLURM_CONF": str(self.conf)}
+        #: What a Slurm client needs beyond its own environment (a shell's, a login session's).
+        self.client_env = {"SLURM_CONF": str(self.conf)}
         #: The lab's daemons by name; every process of the lab (these, slurmstepd's, the
         #: jobs') has the lab's SLURM_CONF in its environment, which is how `leftovers` finds them.
         self.daemons: dict[str, subprocess.Popen[bytes]] = {}

@@ -27,7 +27,7 @@ def slurm(tmp_path: Path) -> Iterator[SlurmLab]:
 def slurm_sh(slurm: SlurmLab, tmp_path: Path) -> Shell:
     """The CLI as a user on the lab's login node runs it: Slurm's commands reach the lab."""
     shell = Shell(tmp_path / "home")
-    shell.env.update(slurm.env)
+    shell.env.update(slurm.client_env)
     return shell
 
 
@@ -71,7 +71,7 @@ def _login(slurm: SlurmLab, tmp_path: Path, private_home: bool = False) -> Itera
     host_key = folder / "host_key"
     public = keygen(host_key)
     user = keygen(identity)
-    env = slurm.login_env
+    env = slurm.client_env
     host = SshHost(folder / "sshd", "127.0.0.4", host_key, user, env=env, private_home=private_home)
     known_hosts = folder / "known_hosts"
     known_hosts.write_text(f"{host.address} {' '.join(public.split()[:2])}\n")

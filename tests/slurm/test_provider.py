@@ -92,7 +92,7 @@ def test_two_ups_of_one_name_make_one_allocation_and_another_owner_cannot_touch_
     [job] = slurm.queue()
 
     other = Shell(tmp_path / "other-home")
-    other.env.update({**slurm.env, "CLOUDTRAIN_OWNER": "someone-else"})
+    other.env.update({**slurm.client_env, "CLOUDTRAIN_OWNER": "someone-else"})
     where = ["--provider", "slurm", "--shared-dir", str(shared)]
     taken = other(*up)
     assert taken.returncode != 0
@@ -147,3 +147,20 @@ def test_nodes_that_do_not_see_the_clusters_folder_are_one_line_and_leave_nothin
     assert slurm_sh.status()["clusters"] == []
     left = slurm_login_apart.shell("ls -A ~/.cloudtrain/slurm; echo end")
     assert left == "end\n", "no folder left on the login node either"
+
+
+def test_a_slurm_that_does_not_answer_is_one_line_before_anything_is_recorded(
+    slurm: SlurmLab, slurm_sh: Shell, tmp_path: Path
+) -> None:
+    """munge down (here: its socket not where the config says): Slurm's clients cannot
+    authenticate, and `up` stops at its plan, with no record for `down` to chase."""
+    conf = tmp_path / "munge-down.conf"
+    said = slurm.conf.read_text()
+    assert str(slurm.munge_socket) in said
+    conf.write_text(said.replace(str(slurm.munge_socket), str(tmp_path / "gone.sock")))
+    slurm_sh.env["SLURM_CONF"] = str(conf)
+    done = up(slurm_sh, tmp_path / "shared", "deaf", "--nodes", "1")
+    assert done.returncode != 0
+    assert "slurm: Unreachable: squeue:" in error_line(done)
+    assert slurm_sh.status()["clusters"] == []
+    assert not (tmp_path / "shared").exists()

@@ -109,8 +109,7 @@ def test_the_allocation_asked_for_is_whole_nodes_with_the_gpus_and_the_limits(
 ) -> None:
     slurm = provider(tmp_path, partition="gpu", account="proj1", qos="high", time="12:00:00")
     spec = ClusterSpec("exp1", "slurm", 4, Resources("A100", 8), cluster_id="c0ffee")
-    [request] = slurm.plan(spec).requests
-    options = request["options"]
+    options = slurm._options(spec)  # what plan requests and apply submits (plan asks squeue)
     assert "--nodes=4" in options
     assert "--exclusive" in options
     assert "--gres=gpu:a100:8" in options

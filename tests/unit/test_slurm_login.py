@@ -64,6 +64,8 @@ def test_the_folder_is_absolute_in_the_login_users_home() -> None:
     assert login.folder("/lustre/me", "unused") == "/lustre/me"
     with pytest.raises(ConfigError, match="--shared-dir 'rel': give an absolute path"):
         login.folder("rel", "unused")
+    with pytest.raises(ConfigError, match="--shared-dir '/a\\\\nb': no control characters"):
+        login.folder("/a\nb", "unused")
 
 
 @pytest.mark.parametrize(

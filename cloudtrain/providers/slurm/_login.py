@@ -118,6 +118,8 @@ class Login:
         """The absolute folder `given` (``~/…`` in the login user's home), else `default`
         (relative: in that home)."""
         text = str(given or "") or default
+        if any(ord(c) < 32 or ord(c) == 127 for c in text):
+            raise ConfigError(f"--shared-dir {text!r}: no control characters")
         if text == "~" or text.startswith("~/"):
             text = self.home + text[1:]
         elif not posixpath.isabs(text):

@@ -122,6 +122,8 @@ class SlurmProvider:
             count if accel else 0,
         )
         self.login.check()
+        # Slurm answers, and no job of another owner's has the name, before anything is recorded
+        self._held(spec.name, spec.cluster_id)
         request = {"action": "sbatch", "options": self._options(spec)}
         return Plan(spec=spec, offers=(offer,), requests=(request,))
 
