@@ -164,3 +164,10 @@ def test_a_slurm_that_does_not_answer_is_one_line_before_anything_is_recorded(
     assert "slurm: Unreachable: squeue:" in error_line(done)
     assert slurm_sh.status()["clusters"] == []
     assert not (tmp_path / "shared").exists()
+
+    del slurm_sh.env["SLURM_CONF"]  # no Slurm at all where the commands run (a laptop)
+    done = up(slurm_sh, tmp_path / "shared", "deaf", "--nodes", "1")
+    assert done.returncode != 0
+    said = "squeue finds no Slurm cluster where it runs (no slurm.conf, no configless slurmctld)"
+    assert said in error_line(done)
+    assert slurm_sh.status()["clusters"] == []

@@ -191,6 +191,13 @@ class Slurm:
         """`argv` on the login node; `ProviderError` when Slurm's controller cannot be
         reached (munge down, slurmctld down): one line with what the command said."""
         done = self.login.run(argv, env=self._env, timeout=timeout, stdin=stdin)
+        if done.returncode != 0 and "failed to fetch config" in done.stderr:
+            raise ProviderError(
+                "slurm",
+                "NoConfig",
+                f"{argv[0]} finds no Slurm cluster where it runs (no slurm.conf, no "
+                "configless slurmctld): run on a login node, or give --login user@login-node",
+            )
         if done.returncode != 0 and _unreachable(done.stderr):
             raise ProviderError("slurm", "Unreachable", f"{argv[0]}: {refused(done.stderr)}")
         return done

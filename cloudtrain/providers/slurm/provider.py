@@ -122,9 +122,10 @@ class SlurmProvider:
             count if accel else 0,
         )
         self.login.check()
+        options = self._options(spec)  # checks --shared-dir, before any call
         # Slurm answers, and no job of another owner's has the name, before anything is recorded
         self._held(spec.name, spec.cluster_id)
-        request = {"action": "sbatch", "options": self._options(spec)}
+        request = {"action": "sbatch", "options": options}
         return Plan(spec=spec, offers=(offer,), requests=(request,))
 
     def _options(self, spec: ClusterSpec) -> list[str]:
