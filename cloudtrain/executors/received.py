@@ -32,12 +32,13 @@ import os
 import shutil
 import stat
 import subprocess
+import tarfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, cast
 
 from cloudtrain.errors import ConfigError, NodeDataError
 
@@ -209,7 +210,7 @@ def copy_tree(source: Path, target: Path) -> bool:
 
 
 def copy_if_changed(
-    src: BinaryIO, st: os.stat_result, dest: Path, *, budget: int, mode: int = 0o600
+    src: IO[bytes], st: os.stat_result, dest: Path, *, budget: int, mode: int = 0o600
 ) -> None:
     """Copy the open file `src` (whose `fstat` is `st`) to `dest` unless their sizes and
     mtimes agree (rsync's quick check, to the nanosecond: a checkpoint saved again within the
@@ -229,14 +230,16 @@ def copy_if_changed(
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     os.fchmod(fd, mode)
     with os.fdopen(fd, "wb") as out:
-        copied = 0
-        while chunk := src.read(_CHUNK):
-            copied += len(chunk)
-            if copied > budget:  # it grew while it was copied
-                out.close()
-                tmp.unlink()
-                raise NodeDataError(too_large(dest.parent, limit()))
-            out.write(chunk)
+        try:
+            copied = 0
+            while chunk := src.read(_CHUNK):
+                copied += len(chunk)
+                if copied > budget:  # it grew while it was copied
+                    raise NodeDataError(too_large(dest.parent, limit()))
+                out.write(chunk)
+        except BaseException:  # too large, or a read that failed (an archive cut short)
+            tmp.unlink(missing_ok=True)
+            raise
     os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
     os.replace(tmp, dest)
 
@@ -252,6 +255,79 @@ def remove_stale(target: Path, wanted: set[str]) -> None:
         for name in dirnames:
             if (rel_dir / name).as_posix() not in wanted:
                 shutil.rmtree(Path(dirpath) / name, ignore_errors=True)
+
+
+def untar(archive: Path, target: Path) -> None:
+    """Make `target` a copy of the folder packed in the tar file `archive` (a node's), read as
+    a stream, as `copy_tree` makes one: only regular files and folders, private, a file
+    written only when its size or mtime differ and as a new file, nothing `in_progress`, no
+    link made or followed, what the archive does not name removed once it was read whole.
+    `NodeDataError` for a name that is no plain path inside, an archive cut short or corrupt
+    (nothing is removed then), or past `limit()` bytes."""
+    bound, total = limit(), 0
+    wanted, files = {"."}, set[str]()
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    scrub(target)  # a copy made before these rules held may keep a link
+    try:
+        with tarfile.open(archive, "r|") as tar:
+            for member in tar:
+                parts = _parts(archive, member.name, files)
+                rel = "/".join(parts) or "."
+                if not (member.isreg() or member.isdir()) or any(map(in_progress, parts)):
+                    continue  # a link, device or FIFO; a save in progress
+                if rel in wanted and (rel in files) != member.isreg():
+                    raise NodeDataError(f"{archive}: {member.name!r} is both a file and a folder")
+                folder = parts if member.isdir() else parts[:-1]
+                for sub in ("/".join(folder[: i + 1]) for i in range(len(folder))):
+                    if sub not in wanted:
+                        _make_way(target / sub, folder=True)
+                        wanted.add(sub)
+                if not member.isreg():
+                    continue
+                total += member.size
+                if member.size < 0 or total > bound:
+                    raise NodeDataError(too_large(target, bound))
+                files.add(rel)
+                wanted.add(rel)
+                _make_way(target / rel, folder=False)
+                ns = int(member.mtime * 10**9) if 0 <= member.mtime < 2**34 else 0
+                times = {"st_atime_ns": ns, "st_mtime_ns": ns}
+                st = os.stat_result((0o100600, 0, 0, 1, 0, 0, member.size, 0, 0, 0), times)
+                src = cast(IO[bytes], tar.extractfile(member))  # a regular file's: never None
+                copy_if_changed(src, st, target / rel, budget=bound - total + member.size)
+            # A header cut short or garbled ends `tar` quietly: the end block must follow it.
+            with open(archive, "rb") as raw:
+                raw.seek(tar.offset)
+                if raw.read(tarfile.BLOCKSIZE) != bytes(tarfile.BLOCKSIZE):
+                    raise tarfile.ReadError("no end-of-archive block")
+    except (tarfile.TarError, EOFError) as e:
+        raise NodeDataError(f"{archive} is cut short or corrupt ({e}); nothing removed") from e
+    remove_stale(target, wanted)
+
+
+def _parts(archive: Path, name: str, files: set[str]) -> list[str]:
+    """The components of the tar member `name` (none for the folder packed itself), a leading
+    ``./`` dropped; `NodeDataError` unless it is a relative path below no file of `files`."""
+    rel = name
+    while rel.startswith("./"):
+        rel = rel[2:]
+    parts = [] if rel == "." else rel.split("/")
+    bad = any(p in ("", ".", "..") for p in parts) or any(c < " " or c == "\x7f" for c in rel)
+    if bad or any("/".join(parts[:i]) in files for i in range(1, len(parts))):
+        raise NodeDataError(f"{archive}: {name!r} is no plain path inside the folder it packs")
+    return parts
+
+
+def _make_way(path: Path, *, folder: bool) -> None:
+    """Make `path` a folder (0700) when `folder`, else free it for a file: what an earlier
+    copy left there of the other kind is removed, never through a link."""
+    with contextlib.suppress(FileNotFoundError):
+        if not folder and stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+        elif folder and not stat.S_ISDIR(os.lstat(path).st_mode):
+            path.unlink()
+    if folder:
+        path.mkdir(mode=0o700, exist_ok=True)
 
 
 def run_bounded(argv: Sequence[str], tree: Path, *, timeout: float) -> tuple[int, str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -73,14 +72,18 @@ def test_up_train_down_on_two_slurm_nodes_through_a_login_node_over_ssh_leaves_n
 
 
 def test_a_managed_job_whose_node_slurm_sets_down_resumes_in_a_new_allocation(
-    slurm: SlurmLab, slurm_sh: Shell, tmp_path: Path
+    slurm: SlurmLab, slurm_sh: Shell, slurm_login_apart: LoginNode
 ) -> None:
     """Slurm ends a job whose node fails (cloudtrain asks for no requeue: a rerun of the batch
     script would bring back hosts without their agents); the watcher sees the allocation gone,
-    makes a new one and resumes from the newest checkpoint."""
+    makes a new one and resumes from the newest checkpoint. On a site without a shared home:
+    the checkpoints come back from the nodes' own folders, and go to the new allocation's,
+    through steps; nothing of either allocation is left on a node."""
     slurm_sh.env["CLOUDTRAIN_CHECKPOINT_PULL_S"] = "1"
-    where = ["--provider", "slurm", "--shared-dir", str(tmp_path / "shared")]
-    up = slurm_sh("up", *where, "--nodes", "2", "--name", "m", timeout=180)
+    del slurm_sh.env["SLURM_CONF"]
+    where = ["--provider", "slurm", *slurm_login_apart.args()]
+    shape = ["--python", sys.executable, "--nodes", "2", "--name", "m"]
+    up = slurm_sh("up", *where, *shape, timeout=180)
     assert up.returncode == 0, up.stdout + up.stderr
     [first] = slurm.queue()
     train = slurm_sh.popen("train", "-c", "m", "--managed", str(EXAMPLE), "--",
@@ -106,6 +109,9 @@ def test_a_managed_job_whose_node_slurm_sets_down_resumes_in_a_new_allocation(
     assert float(accuracy.group(1)) >= 0.95, out
     [second] = slurm.queue()
     assert second != first, "a new allocation"
+    nodes = slurm_login_apart.host.home / ".cloudtrain" / "slurm" / "m"  # as the nodes see it
+    assert (nodes / "node-0").is_dir()
     assert slurm_sh("down", "m", *where).returncode == 0
     assert slurm.queue() == []
     assert [_command(p) for p in slurm.job_processes()] == []
+    assert not nodes.exists(), "nothing of either allocation on a node"

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain.providers.slurm.provider import SlurmProvider
+from cloudtrain.provision.provider import ProviderContext
 from tests.integration.conftest import Shell
 from tests.slurm.fixtures import LoginNode
 from tests.slurmlab import SlurmLab
@@ -131,20 +133,56 @@ def test_a_login_node_that_cannot_be_reached_or_trusted_is_one_line_and_leaves_n
     assert not (slurm_login.host.home / ".cloudtrain").exists()
 
 
-def test_nodes_that_do_not_see_the_clusters_folder_are_one_line_and_leave_nothing(
-    slurm: SlurmLab, slurm_sh: Shell, slurm_login_apart: LoginNode
+def test_nodes_that_do_not_see_the_login_nodes_folder_get_folders_of_their_own_and_keep_nothing(
+    slurm: SlurmLab, slurm_sh: Shell, slurm_login_apart: LoginNode, tmp_path: Path
 ) -> None:
-    """A login node whose home no node sees: the batch job cannot open its log there and
-    Slurm fails it at launch; `up` says why in one line and leaves nothing."""
+    """A login node whose home no node sees (a site without a shared home): each node's folder
+    is its own, at the same path; the workdir travels through a step, what comes back from a
+    node is checked (a link is not followed), and when the allocation ends nothing of it is
+    left on any node or on the login node."""
     login = slurm_login_apart.args()
     shape = ["--python", sys.executable, "--name", "apart", "--nodes", "2"]
-    done = slurm_sh("up", "--provider", "slurm", *login, *shape, timeout=120)
-    assert done.returncode != 0
-    line = error_line(done)
-    assert "could not start (FAILED, JobLaunchFailure): its nodes do not see" in line, line
-    assert "give --shared-dir a folder every node sees at the same path" in line
+    done = slurm_sh("up", "--provider", "slurm", *login, *shape, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = slurm_login_apart.shell("cd ~/.cloudtrain/slurm/apart && ls && cat layout.json")
+    assert seen.split() == [
+        "facts-0.json", "facts-1.json", "layout.json", "owner.json", '{"shared":', "false}"
+    ], seen  # fmt: skip
+    nodes = slurm_login_apart.host.home / ".cloudtrain" / "slurm" / "apart"  # as the nodes see it
+    assert (nodes / "node-1" / "bootstrap" / "status.json").is_file()
+    assert not (nodes / "owner.json").exists()
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.txt").write_text("from the workdir\n")
+    (work / "show.py").write_text(
+        "import os\nprint(os.environ['RANK'], open('data.txt').read().strip(), flush=True)\n"
+    )
+    train = slurm_sh("train", "-c", "apart", str(work / "show.py"), timeout=180)
+    assert train.returncode == 0, train.stdout + train.stderr
+    assert re.search(r"\[node 1\].* from the workdir", train.stdout), train.stdout
+
+    options = {"login": login[1], "identity": login[3], "known_hosts": login[5],
+               "python": sys.executable}  # fmt: skip
+    provider = SlurmProvider(ProviderContext(slurm_sh.home, options))
+    node = provider.describe("apart")[1]
+    ex = provider.executor(node)
+    try:
+        given = nodes / "node-1" / "given"
+        given.mkdir()
+        (given / "saved.pt").write_text("weights")
+        (given / "secret").symlink_to(tmp_path / "outside")
+        (tmp_path / "outside").write_text("not the node's")
+        assert ex.get(str(given), tmp_path / "got")
+        assert sorted(p.name for p in (tmp_path / "got").iterdir()) == ["saved.pt"]
+        assert not ex.get(str(nodes / "node-1" / "none"), tmp_path / "none")
+    finally:
+        ex.close()
+
+    down = slurm_sh("down", "apart", "--provider", "slurm", *login)
+    assert down.returncode == 0, down.stdout + down.stderr
     assert slurm.queue() == []
-    assert slurm_sh.status()["clusters"] == []
+    assert not nodes.exists(), "the hosts removed the nodes' own folders"
     left = slurm_login_apart.shell("ls -A ~/.cloudtrain/slurm; echo end")
     assert left == "end\n", "no folder left on the login node either"
 

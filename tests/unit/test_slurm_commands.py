@@ -109,7 +109,7 @@ def test_the_allocation_asked_for_is_whole_nodes_with_the_gpus_and_the_limits(
 ) -> None:
     slurm = provider(tmp_path, partition="gpu", account="proj1", qos="high", time="12:00:00")
     spec = ClusterSpec("exp1", "slurm", 4, Resources("A100", 8), cluster_id="c0ffee")
-    options = slurm._options(spec)  # what plan requests and apply submits (plan asks squeue)
+    options = slurm.batch.options(spec, slurm.owner)  # what plan requests and apply submits
     assert "--nodes=4" in options
     assert "--exclusive" in options
     assert "--gres=gpu:a100:8" in options
@@ -140,7 +140,7 @@ def test_a_bad_option_is_one_line_naming_it(
 
 @pytest.mark.parametrize("good", ["30", "1:30", "12:00:00", "2-12", "2-12:30:00", "UNLIMITED"])
 def test_every_time_form_sbatch_takes_is_taken(tmp_path: Path, good: str) -> None:
-    assert provider(tmp_path, time=good).time == good
+    assert provider(tmp_path, time=good).batch.time == good
 
 
 @pytest.mark.parametrize(

@@ -5,12 +5,14 @@ and a bad request is answered, not obeyed."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -239,3 +241,104 @@ def test_a_command_whose_client_goes_is_killed(
     client.kill()
     client.wait()
     wait_for(lambda: not _host.descendants(proc.pid), 10, "the command killed with its client")
+
+
+def start_host(base: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "SLURM_NODEID": "0"}
+    proc = subprocess.Popen([sys.executable, "-c", host_source(), "serve", str(base)], env=env)
+    wait_for(lambda: (base / "node-0" / _host.READY).is_file(), 20, "the host's ready file")
+    return proc
+
+
+def host_verb(verb: str, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    argv = [sys.executable, "-c", host_source(), verb, *args]
+    env = {**os.environ, "SLURM_NODEID": "0"}
+    return subprocess.run(argv, input=stdin, capture_output=True, timeout=30, env=env, check=False)
+
+
+def test_a_host_on_a_folder_of_its_own_removes_it_at_its_end_and_one_on_the_login_nodes_keeps_it(
+    tmp_path: Path,
+) -> None:
+    """The login node's folder has its owner.json; a node that does not see it makes a folder
+    of its own at the same path, and leaves nothing of it when the allocation ends."""
+    own, shared = tmp_path / "own" / "c", tmp_path / "shared" / "c"
+    shared.mkdir(parents=True)
+    (shared / _host.OWNER).write_text("{}")
+    hosts = [start_host(own), start_host(shared)]
+    try:
+        said = [json.loads(host_verb("ready", str(base)).stdout) for base in (own, shared)]
+        assert [(s["index"], s["shared"]) for s in said] == [(0, False), (0, True)]
+        assert json.loads(host_verb("ready", str(tmp_path / "none")).stdout) == {"index": 0}
+    finally:
+        for proc in hosts:
+            proc.send_signal(signal.SIGTERM)
+    assert [proc.wait(timeout=10) for proc in hosts] == [0, 0]
+    assert not own.exists(), "the node's own folder, and the cluster's folder left empty"
+    assert (shared / "node-0" / _host.READY).is_file(), "the login node's folder is its to remove"
+
+
+def tar_of(folder: Path) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(folder, arcname="data")
+    return buffer.getvalue()
+
+
+def test_unpack_makes_the_folder_what_the_tar_holds_in_place(tmp_path: Path) -> None:
+    source, dest = tmp_path / "source", tmp_path / "node" / "workdir"
+    (source / "sub").mkdir(parents=True)
+    (source / "train.py").write_text("print(1)\n")
+    (source / "sub" / "data.txt").write_text("new\n")
+    (dest / "sub").mkdir(parents=True)
+    (dest / "sub" / "data.txt").write_text("old\n")
+    (dest / "stale.py").write_text("gone\n")
+    (dest / "stale").mkdir()
+    folder = dest.stat().st_ino
+    done = host_verb("unpack", str(dest), stdin=tar_of(source))
+    assert done.returncode == 0, done.stderr
+    files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*"))
+    assert files == ["sub", "sub/data.txt", "train.py"]
+    assert (dest / "sub" / "data.txt").read_text() == "new\n"
+    assert dest.stat().st_ino == folder, "in place: a job's folder stays its folder"
+    assert [p.name for p in dest.parent.iterdir()] == ["workdir"], "no temporary folder left"
+    one = tmp_path / "one.pt"
+    one.write_text("weights")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(one, arcname="data")
+    assert host_verb("unpack", str(dest / "sub"), stdin=buffer.getvalue()).returncode == 0
+    assert (dest / "sub").read_text() == "weights", "a file in place of a folder"
+
+
+def test_pack_sends_regular_files_and_folders_only_and_no_save_in_progress(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "ckpt"
+    (folder / "step-2").mkdir(parents=True)
+    (folder / "step-2" / "model.pt").write_text("w")
+    (folder / "step-3.tmp").write_text("half")
+    (folder / "passwd").symlink_to("/etc/passwd")
+    os.link(folder / "step-2" / "model.pt", folder / "model.pt")
+    os.mkfifo(folder / "pipe")
+    done = host_verb("pack", str(folder))
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+        assert sorted(tar.getnames()) == ["model.pt", "step-2", "step-2/model.pt"]
+        assert all(m.isreg() or m.isdir() for m in tar.getmembers()), "no hard link either"
+    assert host_verb("pack", str(tmp_path / "none")).returncode == 3
+
+
+def test_files_are_written_the_users_alone_unless_the_one_named_exists(tmp_path: Path) -> None:
+    script, status = tmp_path / "boot" / "bootstrap.sh", tmp_path / "boot" / "status.json"
+    request = {"files": {str(script): "echo hi\n"}, "unless": str(status)}
+    done = host_verb("files", stdin=json.dumps(request).encode())
+    assert done.stdout.decode().strip() == "written", done.stderr
+    assert script.read_text() == "echo hi\n"
+    assert oct(script.stat().st_mode & 0o777) == "0o600"
+    assert oct(script.parent.stat().st_mode & 0o777) == "0o700"
+    status.write_text("{}")
+    request["files"] = {str(script): "echo again\n"}
+    assert (
+        host_verb("files", stdin=json.dumps(request).encode()).stdout.decode().strip() == "exists"
+    )
+    assert script.read_text() == "echo hi\n"

@@ -3,9 +3,9 @@
 `up` submits one batch job that holds the nodes (whole: every CPU, all memory, the GPUs asked
 for) in ``--partition``, under ``--account`` and ``--qos``, for ``--time``; jobs run as steps
 inside it; `down` cancels it. Slurm's commands run on the login node: this machine, or one
-reached over SSH. See `cloudtrain.providers.slurm.provider`. Not offered in the CLI's help yet
-(``for_tests``): the cluster's folder must be one every node sees at the same path (a shared
-home).
+reached over SSH, with or without a home the nodes share. See
+`cloudtrain.providers.slurm.provider`. Not offered in the CLI's help yet (``for_tests``): elastic
+jobs are not served.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ OPTIONS = (
     ),
     Option(
         "shared_dir",
-        "slurm: a folder the login node and every node see at one path (default "
-        "CLOUDTRAIN_HOME/slurm here, ~/.cloudtrain/slurm on a login node over SSH).",
+        "slurm: the clusters' folder on the login node (default CLOUDTRAIN_HOME/slurm here, "
+        "~/.cloudtrain/slurm on a login node over SSH); the nodes' folders are at the same "
+        "path on each node, in it where they see it (a shared home).",
         account=True,
     ),
     Option(

@@ -5,19 +5,31 @@ hands its stdin, stdout and stderr to the node's host (`_host`), which runs the 
 child inside the job's long step, so that whatever the command starts to outlive it (an agent
 it heals, a warm server) stays in the allocation until ``scancel``; the step exits with the
 command's status. The environment a command is given travels in srun's own (``--export=ALL``),
-never on a command line. A detached start (`start_detached`) asks the host the same way. Files
-travel through the folder the login node and the nodes share (`put`, `get`: the login node's
-own copies, this machine's or rsync's over SSH, which take what a node wrote as untrusted).
+never on a command line. A detached start (`start_detached`) asks the host the same way.
+
+Files: where the nodes share the login node's folder (``shared``), `put` and `get` are the login
+node's own copies (this machine's, or rsync's over SSH, which take what a node wrote as
+untrusted). Where they do not, files travel through a folder of the login node's (``stage``) and
+a step: `put` copies to it, then ``tar | srun … unpack DEST`` there; `get` has ``srun … pack SRC``
+write a tar there (bounded), copies it here and unpacks it with `received.untar`, which takes it
+as untrusted. Either way a transfer is whole each time, not only what changed: a trade for not
+needing rsync, or anything but Python's standard library, on the nodes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import posixpath
 import re
-from collections.abc import Callable, Mapping, Sequence
+import secrets
+import shlex
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from cloudtrain.errors import CommandError
+from cloudtrain.errors import CommandError, NodeDataError
+from cloudtrain.executors import received
 from cloudtrain.executors.base import DETACH_SCRIPT, SSH_FAILED, RunResult
 from cloudtrain.providers.slurm._login import Shell
 
@@ -50,6 +62,8 @@ class SrunExecutor:
         root: str,
         python: str,
         env: Mapping[str, str] | None = None,
+        *,
+        stage: str | None = None,
     ) -> None:
         self.login = login
         self.job_id = job_id
@@ -57,6 +71,9 @@ class SrunExecutor:
         self.root = root
         self.python = python
         self._env = dict(env or {})
+        #: The login node's folder that files travel through, where the node does not share
+        #: the login node's folder (None: it does).
+        self.stage = stage
 
     def run(
         self,
@@ -94,19 +111,8 @@ class SrunExecutor:
                 on_output(line)
 
         where = [f"--chdir={cwd}"] if cwd else []
-        step = [
-            "srun",
-            "--overlap",
-            f"--jobid={self.job_id}",
-            f"--nodelist={self.node}",
-            "--nodes=1",
-            "--ntasks=1",
-            "--quiet",
-            *where,
-            *task,
-        ]
         done = self.login.run(
-            step,
+            [*self._srun(), *where, *task],
             env={**self._env, **(env or {})},
             timeout=timeout,
             on_output=seen if on_output is not None else None,
@@ -140,11 +146,75 @@ class SrunExecutor:
             raise CommandError(done.returncode, tuple(argv), done.stderr or done.stdout)
         return int(pid[0])
 
+    def _srun(self) -> list[str]:
+        """A step of one task on the node."""
+        return ["srun", "--overlap", f"--jobid={self.job_id}", f"--nodelist={self.node}",
+                "--nodes=1", "--ntasks=1", "--quiet"]  # fmt: skip
+
+    def _transfer(self, verb: str, path: str) -> list[str]:
+        """A step of the node's whose task is `_host`'s `verb` of `path` (``pack``,
+        ``unpack``), in a folder every node has."""
+        return [*self._srun(), "--chdir=/", self.python, "-c", host_source(), verb, path]
+
+    def files(self, texts: Mapping[str, str], *, unless: str | None = None) -> bool:
+        """Write `texts` (path: text) on the node, atomically and the user's alone, unless the
+        path `unless` exists there: whether they were written."""
+        request = json.dumps({"files": dict(texts), "unless": unless}) + "\n"
+        task = [self.python, "-c", host_source(), "files"]
+        done = self._step(["files", *texts], task, stdin=request, timeout=120)
+        if done.returncode != 0:
+            raise CommandError(done.returncode, ("files", *texts), done.stderr or done.stdout)
+        return done.stdout.strip().endswith("written")
+
     def put(self, local: Path, remote: str, *, excludes: Sequence[str] = ()) -> None:
-        self.login.put(local, remote, excludes=excludes)
+        if self.stage is None:
+            self.login.put(local, remote, excludes=excludes)
+            return
+        with self._staged() as stage:
+            self.login.put(local, posixpath.join(stage, "data"), excludes=excludes)
+            unpack = shlex.join(self._transfer("unpack", remote))
+            self._sh(("put", remote), f"tar -C {shlex.quote(stage)} -cf - data | {unpack}")
 
     def get(self, remote: str, local: Path) -> bool:
-        return self.login.get(remote, local)
+        if self.stage is None:
+            return self.login.get(remote, local)
+        bound = received.limit() + 1  # a tar this long is over the limit: it stops there
+        with self._staged() as stage, tempfile.TemporaryDirectory() as here:
+            pack = shlex.join(self._transfer("pack", remote))
+            into = shlex.quote(stage)
+            script = f'{{ {pack}; echo "$?" > {into}/status; }} | head -c {bound} > {into}/data.tar'
+            self._sh(("get", remote), script)
+            came = Path(here) / "came"
+            if not self.login.get(stage, came):
+                raise NodeDataError(f"{self.node}: {remote}: nothing came back of it")
+            status = (came / "status").read_text().strip() if (came / "status").is_file() else ""
+            if status == "3":
+                return False  # no such folder on the node
+            tar = came / "data.tar"
+            if not tar.is_file() or tar.stat().st_size >= bound:
+                raise NodeDataError(f"{self.node}: {remote}: more than the limit of a copy")
+            if status != "0":
+                raise CommandError(int(status) if status.isdigit() else 1, ("get", remote), "")
+            received.untar(tar, local)
+        return True
+
+    @contextlib.contextmanager
+    def _staged(self) -> Iterator[str]:
+        """A new folder in `stage` on the login node, removed after."""
+        assert self.stage is not None
+        folder = posixpath.join(self.stage, secrets.token_hex(8))
+        self._sh(("mkdir", folder), f"umask 077 && mkdir -p {shlex.quote(folder)}")
+        try:
+            yield folder
+        finally:
+            self.login.run(["rm", "-rf", "--", folder], timeout=120)
+
+    def _sh(self, argv: tuple[str, ...], script: str) -> None:
+        """`script` run by the login node's shell; `CommandError` when it fails."""
+        done = self.login.run(["sh", "-c", script], timeout=3600)
+        kept = [line for line in done.stderr.splitlines() if not _SRUN_NOISE.match(line.strip())]
+        if done.returncode != 0:
+            raise CommandError(done.returncode, argv, "\n".join(kept))
 
     def close(self) -> None:
         self.login.close()

@@ -23,27 +23,47 @@ step's SIGTERM (``scancel``) the host outlives what it started: it ends once the
 what is left after a grace. When the node's folder goes (its agent removed the node: autostop)
 the host TERMs what it started and ends the same way, and with the last host the allocation.
 
-Once listening, the host writes ``ROOT/host.json`` (its pid, the node's hostname and index)
-atomically: the controller waits for that file on every node before it starts their bootstraps.
+Once listening, the host writes ``ROOT/host.json`` (its pid, the node's hostname and index, and
+whether BASE is the login node's folder: its ``owner.json`` is there) atomically; ``ready BASE``,
+one task per node in one step, prints each node's as a JSON line, which the controller waits for
+before it starts the bootstraps. Where BASE is the node's own (a site without a shared home), the
+host removes its node's folder, and BASE when it is left empty, when it ends: nothing of the
+cluster stays on the node.
+
+A step's task may also be one of these, on their own (no host needed), for what is written on a
+node that does not share the login node's folder: ``files`` (files named in a JSON object on
+stdin, written atomically, the user's alone), ``unpack DEST`` (a tar on stdin made DEST's content:
+only what changed is replaced, what it does not name is removed) and ``pack SRC`` (SRC's regular
+files and folders as a tar on stdout, links and saves in progress left out; exit 3 when SRC is no
+folder). What ``pack`` sends is checked again where it arrives: the node may lie.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fnmatch
 import json
 import os
 import select
+import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
+import tarfile
+import tempfile
 import threading
 import time
 
 SOCKET = "host.sock"
 READY = "host.json"
+#: The file of the login node's own folder (the cluster's): a BASE that has it is shared.
+OWNER = "owner.json"
+#: What `pack` leaves out: a save being written (`cloudtrain.executors.received.IN_PROGRESS`).
+IN_PROGRESS = ("*.tmp", "*.cloudtrain-tmp")
 _PR_SET_CHILD_SUBREAPER = 36
 #: How long the host lets what it started end by the step's SIGTERM before it KILLs them.
 STOP_GRACE_S = 10.0
@@ -244,10 +264,22 @@ def serve(base: str, grace_s: float = STOP_GRACE_S) -> None:
     server.settimeout(0.5)
     stopping: list[float] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(time.monotonic()))
+    shared = os.path.isfile(os.path.join(base, OWNER))
     facts = {"pid": os.getpid(), "hostname": socket.gethostname(), "index": index}
     with open(READY + ".tmp", "w") as f:
-        json.dump(facts, f)
+        json.dump({**facts, "shared": shared}, f)
     os.replace(READY + ".tmp", READY)
+    try:
+        _host(root, server, grace_s, stopping)
+    finally:
+        if not shared:  # the node's own folder: nothing of the cluster stays on the node
+            os.chdir("/")
+            shutil.rmtree(root, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.rmdir(base)
+
+
+def _host(root: str, server: socket.socket, grace_s: float, stopping: list[float]) -> None:
     while True:
         _reap()
         if not stopping and not os.path.isdir(root):
@@ -307,12 +339,128 @@ def run(root: str, argv: list[str]) -> int:
     return code if isinstance(code, int) else 1
 
 
+def ready(base: str) -> None:
+    """Print this node's ready file (``{"index": N}`` alone when its host is not up yet)."""
+    index = int(os.environ["SLURM_NODEID"])
+    said: object = {}
+    with (
+        contextlib.suppress(OSError, ValueError),
+        open(os.path.join(base, f"node-{index}", READY)) as f,
+    ):
+        said = json.load(f)
+    print(json.dumps({**(said if isinstance(said, dict) else {}), "index": index}), flush=True)
+
+
+def files() -> None:
+    """Write the files of the JSON object on stdin (``{"files": {PATH: TEXT}, "unless": PATH}``),
+    each atomically and the user's alone, unless ``unless`` exists: then print ``exists``."""
+    request = json.loads(sys.stdin.read())
+    if request.get("unless") and os.path.exists(request["unless"]):
+        print("exists")
+        return
+    os.umask(0o077)
+    for path, text in request["files"].items():
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(f"{path}.tmp.{os.getpid()}", "w") as f:
+            f.write(text)
+        os.replace(f"{path}.tmp.{os.getpid()}", path)
+    print("written")
+
+
+def unpack(dest: str) -> None:
+    """Make `dest` what the tar on stdin holds under ``data`` (a file, or a folder): only what
+    changed is replaced, in place, and what it does not name is removed."""
+    os.umask(0o077)
+    parent = os.path.dirname(os.path.abspath(dest))
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=parent, prefix=".unpack-") as tmp:
+        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extraction_filter = tarfile.data_filter
+            tar.extractall(tmp)
+        data = os.path.join(tmp, "data")
+        if not os.path.isdir(data):
+            if os.path.isdir(dest) and not os.path.islink(dest):
+                shutil.rmtree(dest)
+            os.replace(data, dest)
+            return
+        if os.path.islink(dest) or (os.path.exists(dest) and not os.path.isdir(dest)):
+            os.unlink(dest)
+        os.makedirs(dest, mode=0o700, exist_ok=True)
+        wanted = set()
+        for top, folders, names in os.walk(data):
+            rel = os.path.relpath(top, data)
+            for name in folders + names:
+                wanted.add(os.path.normpath(os.path.join(rel, name)))
+                old, new = os.path.join(dest, rel, name), os.path.join(top, name)
+                if os.path.isdir(new) and not os.path.islink(new):
+                    if os.path.islink(old) or (os.path.exists(old) and not os.path.isdir(old)):
+                        os.unlink(old)
+                    os.makedirs(old, mode=0o700, exist_ok=True)
+                    continue
+                if os.path.isdir(old) and not os.path.islink(old):
+                    shutil.rmtree(old)
+                os.replace(new, old)
+        for top, folders, names in os.walk(dest, topdown=False):
+            for name in folders + names:
+                path = os.path.join(top, name)
+                if os.path.normpath(os.path.relpath(path, dest)) in wanted:
+                    continue
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
+
+
+def pack(src: str) -> int:
+    """Write `src`'s regular files and folders to stdout as a tar; 3 when it is no folder."""
+    if not os.path.isdir(src) or os.path.islink(src):
+        print(f"{src}: no folder", file=sys.stderr)
+        return 3
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # a link is refused, a fifo not waited on
+    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
+        for top, folders, names in os.walk(src):
+            for name in sorted(folders + names):
+                if any(fnmatch.fnmatch(name, p) for p in IN_PROGRESS):
+                    continue
+                path = os.path.join(top, name)
+                try:  # gone meanwhile, or a link: left out
+                    fd = os.open(path, flags)
+                except OSError:
+                    continue
+                st = os.fstat(fd)
+                info = tarfile.TarInfo(os.path.relpath(path, src))
+                info.mtime, info.mode = int(st.st_mtime), stat.S_IMODE(st.st_mode)
+                if not stat.S_ISREG(st.st_mode):
+                    os.close(fd)
+                    if stat.S_ISDIR(st.st_mode):
+                        info.type = tarfile.DIRTYPE
+                        tar.addfile(info)
+                    continue
+                with os.fdopen(fd, "rb") as f:  # never a hard link: each name its bytes
+                    info.size = st.st_size
+                    tar.addfile(info, f)  # cut short while it is sent: the pack fails
+    return 0
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["serve"]:
-        serve(sys.argv[2], *map(float, sys.argv[3:4]))
-    elif sys.argv[1:2] == ["spawn"]:
-        sys.exit(spawn(sys.argv[2]))
-    elif sys.argv[1:2] == ["run"] and sys.argv[3:4] == ["--"]:
-        sys.exit(run(sys.argv[2], sys.argv[4:]))
+    verb, args = sys.argv[1:2], sys.argv[2:]
+    if verb == ["serve"]:
+        serve(args[0], *map(float, args[1:2]))
+    elif verb == ["spawn"]:
+        sys.exit(spawn(args[0]))
+    elif verb == ["run"] and args[1:2] == ["--"]:
+        sys.exit(run(args[0], args[2:]))
+    elif verb == ["ready"]:
+        ready(args[0])
+    elif verb == ["files"]:
+        files()
+    elif verb == ["unpack"]:
+        unpack(args[0])
+    elif verb == ["pack"]:
+        sys.exit(pack(args[0]))
     else:
-        sys.exit("usage: host serve BASE [GRACE_S] | spawn ROOT | run ROOT -- ARGV…")
+        sys.exit(
+            "usage: host serve BASE [GRACE_S] | spawn ROOT | run ROOT -- ARGV… | ready BASE "
+            "| files | unpack DEST | pack SRC"
+        )

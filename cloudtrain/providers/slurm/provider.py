@@ -16,9 +16,13 @@ The job is named after the cluster and its comment says whose it is (owner, clus
 
 Slurm's commands run on the login node (`_login`): this machine (``--login local``) or one
 reached over SSH (``--login user@host[:port]``), where the cluster's folder is too (every file of
-it read and written through the login node's shell). That folder (``--shared-dir``; default
-``CLOUDTRAIN_HOME/slurm`` on this machine, ``~/.cloudtrain/slurm`` on a login node over SSH) must
-be one the nodes see at the same path (a shared home).
+it read and written through the login node's shell; ``--shared-dir``, default
+``CLOUDTRAIN_HOME/slurm`` on this machine, ``~/.cloudtrain/slurm`` on a login node over SSH).
+Each node's folder is ``node-N`` at the same path on the node. Where the nodes see the login
+node's folder (a shared home: its ``owner.json`` is there, the hosts say), files are read and
+written there; where they do not, the node's folder is its own, files travel through steps
+(`_executor`), the batch script's log stays on the first node, and the hosts remove the nodes'
+folders when the allocation ends. The layout the hosts found is kept in ``layout.json``.
 """
 
 from __future__ import annotations
@@ -31,18 +35,19 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from cloudtrain.boot import bootstrap
 from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.base import fan_out
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
 from cloudtrain.providers.slurm import _host
+from cloudtrain.providers.slurm._batch import NAME, Batch
 from cloudtrain.providers.slurm._executor import SrunExecutor, host_source
 from cloudtrain.providers.slurm._login import Login
-from cloudtrain.providers.slurm._slurm import NEVER, Allocation, Slurm, comment, seconds
+from cloudtrain.providers.slurm._slurm import NEVER, Allocation, Slurm, seconds
 from cloudtrain.provision.provider import ProviderContext, default_owner, node_price
 from cloudtrain.spec import ClusterSpec
 
@@ -50,19 +55,14 @@ from cloudtrain.spec import ClusterSpec
 PHASES = "python cloudtrain torch verify"
 #: The clusters' folder on a login node over SSH, in the login user's home.
 SHARED = ".cloudtrain/slurm"
-#: The file in a cluster's folder that says whose it is.
-OWNER = "owner.json"
-#: How long `apply` lets the allocation pend before it cancels it (``--wait``), in seconds.
-WAIT_S = 300.0
-#: How long before the time limit the job is told to save (``--notice``), in seconds.
-NOTICE_S = 120.0
+#: The file in a cluster's folder that says whose it is (and, to the nodes, that they share it).
+OWNER = _host.OWNER
+#: The file in a cluster's folder that says whether the nodes share it (`_host.ready`).
+LAYOUT = "layout.json"
 #: How long a running allocation's hosts have to come up on every node.
 HOSTS_S = 120.0
-#: What Slurm takes as a time limit: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE)$", re.IGNORECASE)
 #: A network interface's name as Linux allows it (IFNAMSIZ): all a node's answer may be.
 _IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 #: What `apply` learns of a node from the node itself: the interface its peers reach it on.
 _ROUTE = "ip -o route get {addr} 2>/dev/null | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p'"
 
@@ -82,16 +82,7 @@ class SlurmProvider:
         self._default_shared = str(context.home / "slurm") if self.login.local else SHARED
         # the nodes' Python: over SSH this machine's path means nothing there
         self.python = str(opts.get("python") or (sys.executable if self.login.local else "python3"))
-        self.partition = _word(opts, "partition")
-        self.account = _word(opts, "account")
-        self.qos = _word(opts, "qos")
-        self.time = str(opts.get("time") or "") or None
-        if self.time is not None and not _TIME.fullmatch(self.time):
-            raise ConfigError(
-                f"--time {self.time!r}: give minutes, HH:MM:SS or D-HH:MM:SS (as sbatch takes)"
-            )
-        self.wait_s = _seconds(opts.get("wait"), WAIT_S, "wait")
-        self.notice_s = int(_seconds(opts.get("notice"), NOTICE_S, "notice"))
+        self.batch = Batch.from_options(opts, self.python)
         self.node_price = node_price(opts)
         self.owner = default_owner()
 
@@ -113,8 +104,8 @@ class SlurmProvider:
         accel, count = spec.resources.accelerator, spec.resources.count
         offer = Offer(
             "slurm",
-            self.partition or "default",
-            (self.partition or "default",),
+            self.batch.partition or "default",
+            (self.batch.partition or "default",),
             "slurm",
             self.node_price,
             False,
@@ -122,38 +113,12 @@ class SlurmProvider:
             count if accel else 0,
         )
         self.login.check()
-        options = self._options(spec)  # checks --shared-dir, before any call
+        self._folder(spec.name)  # checks --shared-dir, before any call
+        options = self.batch.options(spec, self.owner)
         # Slurm answers, and no job of another owner's has the name, before anything is recorded
         self._held(spec.name, spec.cluster_id)
         request = {"action": "sbatch", "options": options}
         return Plan(spec=spec, offers=(offer,), requests=(request,))
-
-    def _options(self, spec: ClusterSpec) -> list[str]:
-        """sbatch's options for `spec`: whole nodes (every CPU and all memory), the GPUs."""
-        folder = self._folder(spec.name)
-        options = [
-            f"--job-name={spec.name}",
-            f"--comment={comment(self.owner, spec.cluster_id)}",
-            f"--nodes={spec.num_nodes}",
-            "--ntasks-per-node=1",
-            "--exclusive",
-            "--no-requeue",  # a node lost ends the job: recovery is cloudtrain's, not a rerun
-            "--mem=0",
-            f"--chdir={folder}",
-            f"--output={folder}/slurm-%j.out",
-            f"--signal=B:USR1@{self.notice_s}",  # the notice before the time limit: `_host`
-        ]
-        if spec.resources.accelerator and spec.resources.count:
-            options.append(f"--gres={_gres(spec.resources.accelerator, spec.resources.count)}")
-        for flag, value in (
-            ("partition", self.partition),
-            ("account", self.account),
-            ("qos", self.qos),
-            ("time", self.time),
-        ):
-            if value:
-                options.append(f"--{flag}={value}")
-        return options
 
     def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
         spec = plan.spec
@@ -166,7 +131,8 @@ class SlurmProvider:
         try:
             if job is None:
                 self._claim(spec)
-                job_id = self.slurm.submit(self._script(spec), self._options(spec))
+                script = self.batch.script(spec, folder)
+                job_id = self.slurm.submit(script, self.batch.options(spec, self.owner))
                 on_event(Event("node", f"submitted job {job_id} for {spec.num_nodes} node(s)"))
                 self._first_wins(spec.name, job_id)
             else:
@@ -197,44 +163,10 @@ class SlurmProvider:
                 f"{first.owner or 'another user'} took that name first"
             )
 
-    def _script(self, spec: ClusterSpec) -> str:
-        """The batch script: one host per node, in a step that holds all of the node; and,
-        on Slurm's ``USR1`` before the time limit (``--signal=B:``, to this shell only: a
-        step's signal reaches every process of the step, and would kill what does not catch
-        it), the notice on every node, in a step of its own (``cloudtrain.node notice``)."""
-        gres = ""
-        if spec.resources.accelerator and spec.resources.count:
-            gres = f" --gres={_gres(spec.resources.accelerator, spec.resources.count)}"
-        base = shlex.quote(self._folder(spec.name))
-        python = shlex.quote(self.python)
-        tell = (
-            f'exec {python} -m cloudtrain.node notice --root {base}/node-"$SLURM_NODEID" '
-            "--source slurm --action end"
-        )
-        return (
-            "#!/bin/bash\n"
-            f"# cloudtrain cluster {spec.name}: `cloudtrain down {spec.name}` cancels it\n"
-            "HOST=$(cat <<'CLOUDTRAIN_HOST'\n"
-            f"{host_source()}\n"
-            "CLOUDTRAIN_HOST\n)\n"
-            "notice() {\n"
-            '  srun --overlap --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 '
-            f"sh -c {shlex.quote(tell)}\n"
-            "}\n"
-            "trap notice USR1\n"
-            'srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" --mem=0'
-            f'{gres} --kill-on-bad-exit=1 {python} -c "$HOST" serve {base} &\n'
-            "hosts=$!\n"
-            "while :; do  # a trapped signal ends a wait: wait again until the hosts end\n"
-            '  wait "$hosts"; code=$?\n'
-            '  kill -0 "$hosts" 2>/dev/null || exit "$code"\n'
-            "done\n"
-        )
-
     def _until_running(self, cluster: str, job_id: str, on_event: OnEvent) -> Allocation:
         """Wait while the job pends, saying why each time the reason changes; cancel it past
         `wait_s` or for a reason that never clears."""
-        deadline = time.monotonic() + self.wait_s
+        deadline = time.monotonic() + self.batch.wait_s
         said = ("", "")
         while True:
             job = next((j for j in self.slurm.queue(cluster) if j.job_id == job_id), None)
@@ -251,7 +183,7 @@ class SlurmProvider:
             never = NEVER.get(job.reason)
             if never or time.monotonic() > deadline:
                 self.slurm.cancel([job_id])
-                why = never or f"still pending after {self.wait_s:.0f} s"
+                why = never or f"still pending after {self.batch.wait_s:.0f} s"
                 raise ProviderError(
                     "slurm",
                     "Pending",
@@ -260,38 +192,53 @@ class SlurmProvider:
             time.sleep(0.5)
 
     def _why_ended(self, cluster: str, job_id: str) -> str:
-        """One line on a job that ended before it ran: Slurm's state and reason; where its
-        first node could not write its log, that the nodes do not see the cluster's folder."""
+        """One line on a job that ended before it ran: Slurm's state and reason, and where
+        its log is."""
         shown = self.slurm.job(job_id)
         said = f"{shown.get('JobState', 'ended')}, {shown.get('Reason', 'no reason given')}"
+        log = self._log(cluster, job_id)
+        return f"job {job_id} of {cluster!r} ended before it ran ({said}); {log}"
+
+    def _log(self, cluster: str, job_id: str) -> str:
+        """Where the batch script's log is: in the cluster's folder, or on the job's first node
+        when the nodes do not share it (and gone with the job)."""
         log = f"{self._folder(cluster)}/slurm-{job_id}.out"
-        if shown.get("Reason") == "JobLaunchFailure" and not self.login.exists(log):
-            return (
-                f"job {job_id} of {cluster!r} could not start ({said}): its nodes do not see "
-                f"{self._folder(cluster)}; give --shared-dir a folder every node sees at the "
-                "same path (a shared home): sites without one are not served yet"
-            )
-        return f"job {job_id} of {cluster!r} ended before it ran ({said}); see {log}"
+        if self.login.exists(log):
+            return f"see {log}"
+        return f"its log is {log} on its first node, where the folder is the node's own"
 
     def _until_hosts(self, cluster: str, job_id: str, count: int) -> None:
-        folder = self._folder(cluster)
+        """Wait until every node's host is up (one step over the nodes asks them all); keep
+        whether every node shares the cluster's folder (`LAYOUT`)."""
         deadline = time.monotonic() + HOSTS_S
-        ready = [posixpath.join(folder, f"node-{i}", _host.READY) for i in range(count)]
-        while self.login.count(ready) < count:
+        ask = ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={count}",
+               "--ntasks-per-node=1", "--quiet", self.python, "-c", host_source(), "ready",
+               self._folder(cluster)]  # fmt: skip
+        while True:
+            said = [
+                _json(line) for line in self.login.shell.run(ask, timeout=60).stdout.splitlines()
+            ]
+            up = {i: n for n in said if isinstance(i := n.get("index"), int) and "pid" in n}
+            if len(up) >= count and set(up) >= set(range(count)):
+                shared = all(n.get("shared") is True for n in up.values())
+                self.login.write(
+                    posixpath.join(self._folder(cluster), LAYOUT), json.dumps({"shared": shared})
+                )
+                return
             if time.monotonic() > deadline:
                 raise ProviderError(
                     "slurm",
                     "NoHost",
                     f"job {job_id}: its nodes' hosts did not "
-                    f"start in {HOSTS_S:.0f} s; see {folder}/slurm-{job_id}.out",
+                    f"start in {HOSTS_S:.0f} s; {self._log(cluster, job_id)}",
                 )
             if not any(j.job_id == job_id for j in self.slurm.queue(cluster)):
                 raise ProviderError(
                     "slurm",
                     "Ended",
-                    f"job {job_id} ended as it started; see {folder}/slurm-{job_id}.out",
+                    f"job {job_id} ended as it started; {self._log(cluster, job_id)}",
                 )
-            time.sleep(0.2)
+            time.sleep(0.5)
 
     def _make_node(self, spec: ClusterSpec, node: NodeInfo) -> None:
         """Learn the node's interface, record it, and start its check-only bootstrap."""
@@ -300,25 +247,28 @@ class SlurmProvider:
         route = ex.run(["sh", "-c", _ROUTE.format(addr=shlex.quote(node.private_ip or ""))])
         said = route.stdout.strip() if route.ok else ""  # the node's word: an interface name
         facts = {"ifname": said if _IFNAME.fullmatch(said) else ""}
-        self.login.write(posixpath.join(root, "facts.json"), json.dumps(facts))
-        if self.login.exists(posixpath.join(root, "bootstrap", "status.json")):
-            return  # started by an earlier apply: readiness reads how far it got
+        self.login.write(self._facts(spec.name, node.index), json.dumps(facts))
         script = posixpath.join(root, "bootstrap", "bootstrap.sh")
-        self.login.write(script, bootstrap.script())
         config = posixpath.join(root, "bootstrap", "bootstrap.env")
         shape = bootstrap.NodeShape("slurm", spec.resources.accelerator, spec.resources.count)
-        self.login.write(
-            config,
-            bootstrap.config(
+        texts = {
+            script: bootstrap.script(),
+            config: bootstrap.config(
                 shape, install=False, phases=PHASES, python=self.python, root=root, agent="detached"
             ),
-        )
+        }
+        if not ex.files(texts, unless=posixpath.join(root, "bootstrap", "status.json")):
+            return  # started by an earlier apply: readiness reads how far it got
         ex.start_detached(
             ["bash", script, config],
             env={"CLOUDTRAIN_NODE_ROOT": root},
             cwd=root,
             job_dir=f"{root}/bootstrap/run",
         )
+
+    def _facts(self, cluster: str, index: int) -> str:
+        """What `apply` learned of node `index` (in the cluster's folder on the login node)."""
+        return posixpath.join(self._folder(cluster), f"facts-{index}.json")
 
     def _held(self, cluster: str, cluster_id: str | None) -> Allocation | None:
         """`apply`'s: this owner's job of this incarnation of `cluster`; `ConfigError` when a
@@ -343,7 +293,11 @@ class SlurmProvider:
         addrs = {n: shown.get(n, {}).get("NodeAddr") or n for n in names}
         resolved = self.login.addresses([a for a in addrs.values() if not _is_ip(a)])
         roots = [posixpath.join(self._folder(cluster), f"node-{i}") for i in range(len(names))]
-        said = self.login.read_all([posixpath.join(root, "facts.json") for root in roots])
+        layout, *said = self.login.read_all(
+            [posixpath.join(self._folder(cluster), LAYOUT)]
+            + [self._facts(cluster, i) for i in range(len(names))]
+        )
+        shared = _json(layout).get("shared") is not False  # until the hosts said: as before
         left = seconds(job.time_left)
         ends_at = time.time() + left if left is not None else None
         nodes = []
@@ -359,13 +313,16 @@ class SlurmProvider:
                     private_ip=resolved.get(addrs[name], addrs[name]),
                     public_ip=None,
                     state="unreachable" if lost else "running",
-                    zone=self.partition,
+                    zone=self.batch.partition,
                     instance_type="slurm",
                     root=root,
                     python=self.python,
                     ifname=ifname if _IFNAME.fullmatch(ifname) else None,
                     ends_at=ends_at,
-                    extra=MappingProxyType({"job": job.job_id, "host": name, "slurm_state": state}),
+                    extra=MappingProxyType(
+                        {"job": job.job_id, "host": name, "slurm_state": state}
+                        | ({} if shared else {"shared": "no"})
+                    ),
                 )
             )
         return nodes
@@ -424,7 +381,7 @@ class SlurmProvider:
         found |= {
             name
             for name, mark in marks.items()
-            if _NAME.fullmatch(name) and _json(mark).get("owner") == self.owner
+            if NAME.fullmatch(name) and _json(mark).get("owner") == self.owner
         }
         return sorted(found)
 
@@ -446,12 +403,12 @@ class SlurmProvider:
                 "record names no job; `cloudtrain status --refresh` reads it",
             )
         # a login shell of its own: closing one node's ends only that node's commands
-        return SrunExecutor(self.login.channel(), str(job), str(host), node.root, self.python)
-
-
-def _gres(accelerator: str, count: int) -> str:
-    """sbatch's ``--gres`` for `count` GPUs of type `accelerator` per node (``gpu:a100:8``)."""
-    return f"gpu:{accelerator.lower()}:{count}"
+        stage = None
+        if node.extra.get("shared") == "no":  # files travel through the login node's folder
+            stage = posixpath.join(self._folder(node.cluster), ".transfer")
+        return SrunExecutor(
+            self.login.channel(), str(job), str(host), node.root, self.python, stage=stage
+        )
 
 
 def _is_ip(text: str) -> bool:
@@ -460,26 +417,6 @@ def _is_ip(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _word(opts: Mapping[str, Any], key: str) -> str | None:
-    value = str(opts.get(key) or "") or None
-    if value is not None and not _NAME.fullmatch(value):
-        raise ConfigError(f"--{key} {value!r}: letters, digits and _.+- only, at most 64")
-    return value
-
-
-def _seconds(value: object, default: float, flag: str) -> float:
-    """The option `flag`'s seconds: more than 0, at most 65535 (what ``--signal`` takes)."""
-    if value is None or value == "":
-        return default
-    try:
-        seconds = float(str(value))
-    except ValueError:
-        seconds = -1
-    if not 0 < seconds <= 65535:
-        raise ConfigError(f"--{flag} {value!r}: give seconds, more than 0 and at most 65535")
-    return seconds
 
 
 def _json(text: str | None) -> dict[str, object]:
