@@ -78,7 +78,7 @@ def test_the_built_in_providers_are_the_folders_each_with_its_plugin() -> None:
     assert registry.default() == "local"
     assert registry.clouds() == ["aws", "azure", "gcp"]
     # slurm: not offered until sites without a shared home are served (issue 30)
-    assert [p.name for p in registry.builtin() if p.for_tests] == ["fake", "slurm"]
+    assert [p.name for p in registry.builtin() if p.for_tests] == ["fake"]
     for plugin in registry.builtin():
         assert plugin.provider().name == plugin.name
 

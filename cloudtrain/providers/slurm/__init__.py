@@ -4,8 +4,7 @@
 for) in ``--partition``, under ``--account`` and ``--qos``, for ``--time``; jobs run as steps
 inside it; `down` cancels it. Slurm's commands run on the login node: this machine, or one
 reached over SSH, with or without a home the nodes share. See
-`cloudtrain.providers.slurm.provider`. Not offered in the CLI's help yet (``for_tests``): elastic
-jobs are not served.
+`cloudtrain.providers.slurm.provider`, and docs/guide/slurm.md for what is not served yet.
 """
 
 from __future__ import annotations
@@ -58,4 +57,4 @@ OPTIONS = (
     NODE_PRICE,
 )
 
-PLUGIN = laid_out(__name__, "SlurmProvider", OPTIONS, for_tests=True)
+PLUGIN = laid_out(__name__, "SlurmProvider", OPTIONS)

@@ -212,14 +212,14 @@ class SlurmProvider:
         whether every node shares the cluster's folder (`LAYOUT`)."""
         deadline = time.monotonic() + HOSTS_S
         ask = ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={count}",
-               "--ntasks-per-node=1", "--quiet", self.python, "-c", host_source(), "ready",
-               self._folder(cluster)]  # fmt: skip
+               "--ntasks-per-node=1", "--chdir=/", "--quiet", self.python, "-c", host_source(),
+               "ready", self._folder(cluster)]  # fmt: skip
         while True:
             said = [
                 _json(line) for line in self.login.shell.run(ask, timeout=60).stdout.splitlines()
             ]
             up = {i: n for n in said if isinstance(i := n.get("index"), int) and "pid" in n}
-            if len(up) >= count and set(up) >= set(range(count)):
+            if all(i in up for i in range(count)):
                 shared = all(n.get("shared") is True for n in up.values())
                 self.login.write(
                     posixpath.join(self._folder(cluster), LAYOUT), json.dumps({"shared": shared})
