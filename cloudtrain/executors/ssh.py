@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 from cloudtrain import access
 from cloudtrain.errors import CommandError, ConfigError, ProviderError
@@ -119,6 +120,12 @@ class SshExecutor:
     `connect_timeout_s` bounds the retries while a node boots (connection refused/timed out);
     a changed host key or a refused login fails at once."""
 
+    #: What a host that presents another key is told to be (after its address).
+    HOST_KEY_MISMATCH: ClassVar[str] = (
+        "did not present the cluster's pinned host key. Either this is not the node cloudtrain "
+        "made (check the address), or someone is in between; nothing was sent to it."
+    )
+
     def __init__(
         self,
         host: str,
@@ -192,9 +199,7 @@ class SshExecutor:
                 raise ProviderError(
                     "ssh",
                     "HostKeyMismatch",
-                    f"{self.host}:{self.port} did not present the cluster's pinned host key. "
-                    "Either this is not the node cloudtrain made (check the address), or "
-                    "someone is in between; nothing was sent to it.",
+                    f"{self.host}:{self.port} {self.HOST_KEY_MISMATCH}",
                 )
             unreachable = any(m in message for m in UNREACHABLE)
             expired = time.monotonic() > deadline

@@ -124,7 +124,7 @@ def test_a_login_node_that_cannot_be_reached_or_trusted_is_one_line_and_leaves_n
         keygen(other)
         known = slurm_login.known_hosts
         known.write_text(f"{slurm_login.host.address} {other.with_suffix('.pub').read_text()}")
-        said = "did not present the cluster's pinned host key"
+        said = "did not present the login node's host key pinned in --known-hosts"
     done = slurm_sh("up", "--provider", "slurm", *login, "--name", "far", "--nodes", "1")
     assert done.returncode != 0
     assert said in error_line(done)

@@ -58,6 +58,11 @@ class _Channel(SshExecutor):
     """An SSH executor whose `close` ends only its own commands: every node's shares the one
     connection to the login node, which ssh closes once idle (``ControlPersist``)."""
 
+    HOST_KEY_MISMATCH = (
+        "did not present the login node's host key pinned in --known-hosts. Either this is "
+        "not the login node (check --login), or someone is in between; nothing was sent to it."
+    )
+
     def close(self) -> None:
         self.stop()
 
