@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain.errors import NodeDataError
 from cloudtrain.providers.slurm.provider import SlurmProvider
 from cloudtrain.provision.provider import ProviderContext
 from tests.integration.conftest import Shell
@@ -134,7 +135,11 @@ def test_a_login_node_that_cannot_be_reached_or_trusted_is_one_line_and_leaves_n
 
 
 def test_nodes_that_do_not_see_the_login_nodes_folder_get_folders_of_their_own_and_keep_nothing(
-    slurm: SlurmLab, slurm_sh: Shell, slurm_login_apart: LoginNode, tmp_path: Path
+    slurm: SlurmLab,
+    slurm_sh: Shell,
+    slurm_login_apart: LoginNode,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A login node whose home no node sees (a site without a shared home): each node's folder
     is its own, at the same path; the workdir travels through a step, what comes back from a
@@ -176,6 +181,11 @@ def test_nodes_that_do_not_see_the_login_nodes_folder_get_folders_of_their_own_a
         assert ex.get(str(given), tmp_path / "got")
         assert sorted(p.name for p in (tmp_path / "got").iterdir()) == ["saved.pt"]
         assert not ex.get(str(nodes / "node-1" / "none"), tmp_path / "none")
+        (given / "huge.pt").write_bytes(b"x" * 200_000)  # past the limit, headers and all
+        monkeypatch.setenv("CLOUDTRAIN_MAX_PULL_GB", "0.0001")  # 100 kB
+        with pytest.raises(NodeDataError, match=r"passed 0\.0001 GB"):
+            ex.get(str(given), tmp_path / "got")
+        assert sorted(p.name for p in (tmp_path / "got").iterdir()) == ["saved.pt"], "as it was"
     finally:
         ex.close()
 

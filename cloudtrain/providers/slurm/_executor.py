@@ -178,12 +178,15 @@ class SrunExecutor:
     def get(self, remote: str, local: Path) -> bool:
         if self.stage is None:
             return self.login.get(remote, local)
-        bound = received.limit() + 1  # a tar this long is over the limit: it stops there
+        # `received.untar` holds the files to `limit()`; this bound, with room for the tar's
+        # headers and padding, keeps a node that lies from filling the login node's disk
+        limit = received.limit()
+        bound = limit + (limit >> 6) + (1 << 20)
         with self._staged() as stage, tempfile.TemporaryDirectory() as here:
             pack = shlex.join(self._transfer("pack", remote))
             into = shlex.quote(stage)
             script = f'{{ {pack}; echo "$?" > {into}/status; }} | head -c {bound} > {into}/data.tar'
-            self._sh(("get", remote), script)
+            said = self._sh(("get", remote), script)
             came = Path(here) / "came"
             if not self.login.get(stage, came):
                 raise NodeDataError(f"{self.node}: {remote}: nothing came back of it")
@@ -192,9 +195,9 @@ class SrunExecutor:
                 return False  # no such folder on the node
             tar = came / "data.tar"
             if not tar.is_file() or tar.stat().st_size >= bound:
-                raise NodeDataError(f"{self.node}: {remote}: more than the limit of a copy")
+                raise NodeDataError(received.too_large(local, limit))
             if status != "0":
-                raise CommandError(int(status) if status.isdigit() else 1, ("get", remote), "")
+                raise CommandError(int(status) if status.isdigit() else 1, ("get", remote), said)
             received.untar(tar, local)
         return True
 
@@ -209,12 +212,14 @@ class SrunExecutor:
         finally:
             self.login.run(["rm", "-rf", "--", folder], timeout=120)
 
-    def _sh(self, argv: tuple[str, ...], script: str) -> None:
-        """`script` run by the login node's shell; `CommandError` when it fails."""
+    def _sh(self, argv: tuple[str, ...], script: str) -> str:
+        """`script` run by the login node's shell: what it said on stderr, less srun's noise;
+        `CommandError` when it fails."""
         done = self.login.run(["sh", "-c", script], timeout=3600)
         kept = [line for line in done.stderr.splitlines() if not _SRUN_NOISE.match(line.strip())]
         if done.returncode != 0:
             raise CommandError(done.returncode, argv, "\n".join(kept))
+        return "\n".join(kept)
 
     def close(self) -> None:
         self.login.close()
