@@ -180,12 +180,6 @@ class Login:
     def exists(self, path: str) -> bool:
         return self._sh('test -e "$1"', path).ok
 
-    def count(self, paths: Sequence[str]) -> int:
-        """How many of `paths` are files."""
-        script = 'n=0; for f; do [ -f "$f" ] && n=$((n+1)); done; echo "$n"'
-        said = self._sh(script, *paths).stdout.strip()
-        return int(said) if said.isdigit() else 0
-
     def remove(self, path: str) -> None:
         self._sh('rm -rf -- "$1"', path).check()
 
