@@ -3,6 +3,7 @@ the strings a hostile or careless job name or comment puts in it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,19 @@ def test_a_comment_reads_back_whatever_the_owner_is(owner: str) -> None:
     )
     [job] = parse_queue(line + "\n")
     assert (job.owner, job.cluster_id, job.nodelist) == (owner, "abc123", "")
+
+
+@pytest.mark.parametrize(
+    ("index", "read"), [(1, 1), (0, 0), (-1, None), ("1", None), (True, None), (10**9, None)]
+)
+def test_a_node_made_again_is_its_jobs_index_and_nothing_else_reads_as_one(
+    index: object, read: int | None
+) -> None:
+    marked = comment("me", "abc123", 1).replace('"index": 1', f'"index": {json.dumps(index)}')
+    line = SEP.join(["8", "exp", "RUNNING", "None", "n2", "1", "1:00", "59:00", "N/A", marked])
+    [job] = parse_queue(line + "\n")
+    assert (job.owner, job.index) == ("me", read)
+    assert parse_queue(line.replace(marked, comment("me", "abc123")) + "\n")[0].index is None
 
 
 def test_lines_squeue_should_not_print_are_skipped() -> None:

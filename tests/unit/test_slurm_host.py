@@ -21,15 +21,15 @@ import pytest
 
 from cloudtrain.executors.base import DETACH_SCRIPT
 from cloudtrain.providers.slurm import _host
-from cloudtrain.providers.slurm._executor import host_source
+from cloudtrain.providers.slurm._executor import files_source, host_source
 from tests.integration.conftest import wait_for
 
 
 @pytest.fixture
 def host(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     base = tmp_path / "cluster"
-    env = {**os.environ, "SLURM_NODEID": "1"}
-    argv = [sys.executable, "-c", host_source(), "serve", str(base), "1.5"]  # a grace of 1.5 s
+    env = {**os.environ, "SLURMD_NODENAME": "n7", "SLURM_JOB_ID": "42"}
+    argv = [sys.executable, "-c", host_source(), "serve", str(base), "1", "1.5"]  # a grace of 1.5 s
     proc = subprocess.Popen(argv, env=env)
     root = base / "node-1"
     try:
@@ -243,16 +243,23 @@ def test_a_command_whose_client_goes_is_killed(
     wait_for(lambda: not _host.descendants(proc.pid), 10, "the command killed with its client")
 
 
+#: What Slurm gives a step's task: the node's name, the job's id.
+STEP = {"SLURMD_NODENAME": "n7", "SLURM_JOB_ID": "42"}
+
+
 def start_host(base: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "SLURM_NODEID": "0"}
-    proc = subprocess.Popen([sys.executable, "-c", host_source(), "serve", str(base)], env=env)
+    env = {**os.environ, **STEP}
+    proc = subprocess.Popen([sys.executable, "-c", host_source(), "serve", str(base), "0"], env=env)
     wait_for(lambda: (base / "node-0" / _host.READY).is_file(), 20, "the host's ready file")
     return proc
 
 
-def host_verb(verb: str, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-    argv = [sys.executable, "-c", host_source(), verb, *args]
-    env = {**os.environ, "SLURM_NODEID": "0"}
+def host_verb(
+    verb: str, *args: str, stdin: bytes = b"", job: str = "42"
+) -> subprocess.CompletedProcess[bytes]:
+    source = host_source() if verb in ("ready", "notice") else files_source()
+    argv = [sys.executable, "-c", source, verb, *args]
+    env = {**os.environ, **STEP, "SLURM_JOB_ID": job}
     return subprocess.run(argv, input=stdin, capture_output=True, timeout=30, env=env, check=False)
 
 
@@ -267,8 +274,13 @@ def test_a_host_on_a_folder_of_its_own_removes_it_at_its_end_and_one_on_the_logi
     hosts = [start_host(own), start_host(shared)]
     try:
         said = [json.loads(host_verb("ready", str(base)).stdout) for base in (own, shared)]
-        assert [(s["index"], s["shared"]) for s in said] == [(0, False), (0, True)]
-        assert json.loads(host_verb("ready", str(tmp_path / "none")).stdout) == {"index": 0}
+        assert [(s["index"], s["shared"], s["node"]) for s in said] == [
+            (0, False, "n7"),
+            (0, True, "n7"),
+        ]
+        assert said[0]["root"] == str(own / "node-0"), "found by the node's name and the job"
+        assert json.loads(host_verb("ready", str(own), job="43").stdout) == {}, "another job's"
+        assert json.loads(host_verb("ready", str(tmp_path / "none")).stdout) == {}
     finally:
         for proc in hosts:
             proc.send_signal(signal.SIGTERM)

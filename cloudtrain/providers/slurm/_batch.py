@@ -56,15 +56,17 @@ class Batch:
             notice_s=int(_seconds(opts.get("notice"), NOTICE_S, "notice")),
         )
 
-    def options(self, spec: ClusterSpec, owner: str) -> list[str]:
-        """sbatch's options for `spec`: whole nodes (every CPU and all memory), the GPUs."""
+    def options(self, spec: ClusterSpec, owner: str, index: int | None = None) -> list[str]:
+        """sbatch's options for `spec` (for its node `index` alone, when given): whole nodes
+        (every CPU and all memory), the GPUs."""
         options = [
             f"--job-name={spec.name}",
-            f"--comment={comment(owner, spec.cluster_id)}",
-            f"--nodes={spec.num_nodes}",
+            f"--comment={comment(owner, spec.cluster_id, index)}",
+            f"--nodes={spec.num_nodes if index is None else 1}",
             "--ntasks-per-node=1",
             "--exclusive",
-            "--no-requeue",  # a node lost ends the job: recovery is cloudtrain's, not a rerun
+            "--no-kill",  # a node lost leaves the others: the job goes on, it is made again
+            "--no-requeue",  # a rerun of the script would bring back hosts without their agents
             "--mem=0",
             "--chdir=/",  # the cluster's folder may be none of the nodes': the script makes it
             "--output=/dev/null",  # the script writes its own log (`script`)
@@ -81,21 +83,18 @@ class Batch:
                 options.append(f"--{flag}={value}")
         return options
 
-    def script(self, spec: ClusterSpec, folder: str) -> str:
+    def script(self, spec: ClusterSpec, folder: str, first: int = 0) -> str:
         """The batch script, on the first node in `folder` (the cluster's): one host per node
-        (`_host`), in a step that holds all of the node; on Slurm's ``USR1`` before the time
-        limit (``--signal=B:``, to this shell only: a step's signal reaches every process of
-        the step, and would kill what does not catch it), the notice on every node, in a step
-        of its own (``cloudtrain.node notice``). Its log is in `folder`; where that is the
-        node's own (no ``owner.json``: the login node's folder is not shared), the script
-        removes it, and `folder`, once the hosts have ended."""
+        (`_host`: nodes `first`, `first` + 1 …), each in a step of its own that holds all of
+        its node (a node lost ends only its own: ``--no-kill``); on Slurm's ``USR1`` before the
+        time limit (``--signal=B:``, to this shell only: a step's signal reaches every process
+        of the step, and would kill what does not catch it), the notice on every node, in a
+        step of its own (``_host notice``). Its log is in `folder`; where that is the node's
+        own (no ``owner.json``: the login node's folder is not shared), the script removes it,
+        and `folder`, once the hosts have ended."""
         gres = f" --gres={gres}" if (gres := _gres(spec)) else ""
         base = shlex.quote(folder)
         python = shlex.quote(self.python)
-        tell = (
-            f'exec {python} -m cloudtrain.node notice --root {base}/node-"$SLURM_NODEID" '
-            "--source slurm --action end"
-        )
         return (
             "#!/bin/bash\n"
             f"# cloudtrain cluster {spec.name}: `cloudtrain down {spec.name}` cancels it\n"
@@ -109,19 +108,18 @@ class Batch:
             "CLOUDTRAIN_HOST\n)\n"
             "notice() {\n"
             '  srun --overlap --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 '
-            f"sh -c {shlex.quote(tell)}\n"
+            f'{python} -c "$HOST" notice {base}\n'
             "}\n"
             "trap notice USR1\n"
             "trap : TERM  # scancel's: the hosts end what they started, then this script\n"
-            'srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" --mem=0'
-            f'{gres} --kill-on-bad-exit=1 {python} -c "$HOST" serve {base} &\n'
-            "hosts=$!\n"
-            "while :; do  # a trapped signal ends a wait: wait again until the hosts end\n"
-            '  wait "$hosts"; code=$?\n'
-            '  kill -0 "$hosts" 2>/dev/null || break\n'
+            "for i in $(seq 0 $((SLURM_JOB_NUM_NODES - 1))); do\n"
+            '  srun --nodes=1 --ntasks=1 --relative="$i" --cpus-per-task="$SLURM_CPUS_ON_NODE" '
+            f'--mem=0{gres} {python} -c "$HOST" serve {base} $((i + {first})) &\n'
+            "done\n"
+            'while [ -n "$(jobs -pr)" ]; do  # a trapped signal ends a wait: wait again\n'
+            "  wait\n"
             "done\n"
             '[ "$shared" = 1 ] || { rm -f -- "$log"; cd /; rmdir -- "$base"; } 2>/dev/null\n'
-            'exit "$code"\n'
         )
 
 

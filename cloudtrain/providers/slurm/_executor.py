@@ -51,6 +51,11 @@ def host_source() -> str:
     return (Path(__file__).parent / "_host.py").read_text()
 
 
+def files_source() -> str:
+    """The program that reads and writes a node's files (`_files`), as ``python -c`` runs it."""
+    return (Path(__file__).parent / "_files.py").read_text()
+
+
 class SrunExecutor:
     """Runs commands on node `node` of the job `job_id`, from the login node."""
 
@@ -152,15 +157,15 @@ class SrunExecutor:
                 "--nodes=1", "--ntasks=1", "--quiet"]  # fmt: skip
 
     def _transfer(self, verb: str, path: str) -> list[str]:
-        """A step of the node's whose task is `_host`'s `verb` of `path` (``pack``,
+        """A step of the node's whose task is `_files`'s `verb` of `path` (``pack``,
         ``unpack``), in a folder every node has."""
-        return [*self._srun(), "--chdir=/", self.python, "-c", host_source(), verb, path]
+        return [*self._srun(), "--chdir=/", self.python, "-c", files_source(), verb, path]
 
     def files(self, texts: Mapping[str, str], *, unless: str | None = None) -> bool:
         """Write `texts` (path: text) on the node, atomically and the user's alone, unless the
         path `unless` exists there: whether they were written."""
         request = json.dumps({"files": dict(texts), "unless": unless}) + "\n"
-        task = [self.python, "-c", host_source(), "files"]
+        task = [self.python, "-c", files_source(), "files"]
         done = self._step(["files", *texts], task, stdin=request, timeout=120)
         if done.returncode != 0:
             raise CommandError(done.returncode, ("files", *texts), done.stderr or done.stdout)

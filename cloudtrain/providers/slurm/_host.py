@@ -1,8 +1,10 @@
 """A Slurm node's host: the one long step that keeps what cloudtrain runs on the node inside the
 allocation. Standard library only: it runs before anything is installed on the node, as
-``python -c SOURCE serve BASE`` (`SOURCE`, this file's text) in the batch script's step, one task
-per node; its clients are ``python -c SOURCE run ROOT -- ARGV…`` and ``python -c SOURCE spawn
-ROOT`` (a request on stdin), each in a short ``srun --overlap`` step.
+``python -c SOURCE serve BASE INDEX`` (`SOURCE`, this file's text) in a step of the batch
+script's own on each node (node INDEX of the cluster: its folder is ``BASE/node-INDEX``), so that
+a node lost ends only its own host (``--no-kill``); its clients are ``python -c SOURCE run ROOT
+-- ARGV…`` and ``python -c SOURCE spawn ROOT`` (a request on stdin), each in a short ``srun
+--overlap`` step.
 
 Why: Slurm ends a step's processes when the step ends (every one of them where proctrack is
 cgroup, which most sites run; where it is linuxproc, an orphan escapes it instead), so nothing a
@@ -23,38 +25,33 @@ step's SIGTERM (``scancel``) the host outlives what it started: it ends once the
 what is left after a grace. When the node's folder goes (its agent removed the node: autostop)
 the host TERMs what it started and ends the same way, and with the last host the allocation.
 
-Once listening, the host writes ``ROOT/host.json`` (its pid, the node's hostname and index, and
-whether BASE is the login node's folder: its ``owner.json`` is there) atomically; ``ready BASE``,
-one task per node in one step, prints each node's as a JSON line, which the controller waits for
-before it starts the bootstraps. Where BASE is the node's own (a site without a shared home), the
-host removes its node's folder, and BASE when it is left empty, when it ends: nothing of the
-cluster stays on the node.
+Once listening, the host writes ``ROOT/host.json`` (its pid, the node's hostname, Slurm name,
+job and index, and whether BASE is the login node's folder: its ``owner.json`` is there)
+atomically; ``ready BASE``, one task per node in one step, prints each node's as a JSON line,
+which the controller waits for before it starts the bootstraps. A step finds its node's folder
+by that file (`own`: Slurm's name for the node and the job's id), not by its own node id, which
+a job that lost a node numbers anew; so does ``notice BASE``, the notice before the time limit.
 
-A step's task may also be one of these, on their own (no host needed), for what is written on a
-node that does not share the login node's folder: ``files`` (files named in a JSON object on
-stdin, written atomically, the user's alone), ``unpack DEST`` (a tar on stdin made DEST's content:
-only what changed is replaced, what it does not name is removed) and ``pack SRC`` (SRC's regular
-files and folders as a tar on stdout, links and saves in progress left out; exit 3 when SRC is no
-folder). What ``pack`` sends is checked again where it arrives: the node may lie.
+Where BASE is the node's own (a site without a shared home), the host removes its node's folder,
+and BASE when it is left empty, when it ends: nothing of the cluster stays on the node.
+
+What is written on a node, and read from one that does not share the login node's folder, goes
+through steps of `_files`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import fnmatch
 import json
 import os
 import select
 import shutil
 import signal
 import socket
-import stat
 import struct
 import subprocess
 import sys
-import tarfile
-import tempfile
 import threading
 import time
 
@@ -62,8 +59,6 @@ SOCKET = "host.sock"
 READY = "host.json"
 #: The file of the login node's own folder (the cluster's): a BASE that has it is shared.
 OWNER = "owner.json"
-#: What `pack` leaves out: a save being written (`cloudtrain.executors.received.IN_PROGRESS`).
-IN_PROGRESS = ("*.tmp", "*.cloudtrain-tmp")
 _PR_SET_CHILD_SUBREAPER = 36
 #: How long the host lets what it started end by the step's SIGTERM before it KILLs them.
 STOP_GRACE_S = 10.0
@@ -248,9 +243,8 @@ def _serve_one(conn: socket.socket) -> None:
             conn.sendall(json.dumps(answer).encode() + b"\n")
 
 
-def serve(base: str, grace_s: float = STOP_GRACE_S) -> None:
-    """Host the node ``BASE/node-$SLURM_NODEID`` until the step ends."""
-    index = int(os.environ["SLURM_NODEID"])
+def serve(base: str, index: int, grace_s: float = STOP_GRACE_S) -> None:
+    """Host the node ``BASE/node-INDEX`` until the step ends."""
     root = os.path.abspath(os.path.join(base, f"node-{index}"))
     os.makedirs(root, mode=0o700, exist_ok=True)
     os.chdir(root)  # the socket is bound by a relative name: a long path fits
@@ -265,7 +259,13 @@ def serve(base: str, grace_s: float = STOP_GRACE_S) -> None:
     stopping: list[float] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(time.monotonic()))
     shared = os.path.isfile(os.path.join(base, OWNER))
-    facts = {"pid": os.getpid(), "hostname": socket.gethostname(), "index": index}
+    facts = {
+        "pid": os.getpid(),
+        "hostname": socket.gethostname(),
+        "index": index,
+        "node": os.environ.get("SLURMD_NODENAME", ""),
+        "job": os.environ.get("SLURM_JOB_ID", ""),
+    }
     with open(READY + ".tmp", "w") as f:
         json.dump({**facts, "shared": shared}, f)
     os.replace(READY + ".tmp", READY)
@@ -339,128 +339,53 @@ def run(root: str, argv: list[str]) -> int:
     return code if isinstance(code, int) else 1
 
 
+def own(base: str) -> dict[str, object] | None:
+    """The ready file of this node's host in this job (`serve`'s, its folder as ``root``), of
+    the folders in `base`; None when it has none yet."""
+    me = (os.environ.get("SLURMD_NODENAME", ""), os.environ.get("SLURM_JOB_ID", ""))
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir(base)):
+            if not name.startswith("node-"):
+                continue
+            said: object = None
+            with (
+                contextlib.suppress(OSError, ValueError),
+                open(os.path.join(base, name, READY)) as f,
+            ):
+                said = json.load(f)
+            if isinstance(said, dict) and (said.get("node"), said.get("job")) == me:
+                return {**said, "root": os.path.join(base, name)}
+    return None
+
+
 def ready(base: str) -> None:
-    """Print this node's ready file (``{"index": N}`` alone when its host is not up yet)."""
-    index = int(os.environ["SLURM_NODEID"])
-    said: object = {}
-    with (
-        contextlib.suppress(OSError, ValueError),
-        open(os.path.join(base, f"node-{index}", READY)) as f,
-    ):
-        said = json.load(f)
-    print(json.dumps({**(said if isinstance(said, dict) else {}), "index": index}), flush=True)
+    """Print this node's ready file (``{}`` when its host is not up yet)."""
+    print(json.dumps(own(base) or {}), flush=True)
 
 
-def files() -> None:
-    """Write the files of the JSON object on stdin (``{"files": {PATH: TEXT}, "unless": PATH}``),
-    each atomically and the user's alone, unless ``unless`` exists: then print ``exists``."""
-    request = json.loads(sys.stdin.read())
-    if request.get("unless") and os.path.exists(request["unless"]):
-        print("exists")
-        return
-    os.umask(0o077)
-    for path, text in request["files"].items():
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        with open(f"{path}.tmp.{os.getpid()}", "w") as f:
-            f.write(text)
-        os.replace(f"{path}.tmp.{os.getpid()}", path)
-    print("written")
-
-
-def unpack(dest: str) -> None:
-    """Make `dest` what the tar on stdin holds under ``data`` (a file, or a folder): only what
-    changed is replaced, in place, and what it does not name is removed."""
-    os.umask(0o077)
-    parent = os.path.dirname(os.path.abspath(dest))
-    os.makedirs(parent, mode=0o700, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=parent, prefix=".unpack-") as tmp:
-        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as tar:
-            if hasattr(tarfile, "data_filter"):
-                tar.extraction_filter = tarfile.data_filter
-            tar.extractall(tmp)
-        data = os.path.join(tmp, "data")
-        if not os.path.isdir(data):
-            if os.path.isdir(dest) and not os.path.islink(dest):
-                shutil.rmtree(dest)
-            os.replace(data, dest)
-            return
-        if os.path.islink(dest) or (os.path.exists(dest) and not os.path.isdir(dest)):
-            os.unlink(dest)
-        os.makedirs(dest, mode=0o700, exist_ok=True)
-        wanted = set()
-        for top, folders, names in os.walk(data):
-            rel = os.path.relpath(top, data)
-            for name in folders + names:
-                wanted.add(os.path.normpath(os.path.join(rel, name)))
-                old, new = os.path.join(dest, rel, name), os.path.join(top, name)
-                if os.path.isdir(new) and not os.path.islink(new):
-                    if os.path.islink(old) or (os.path.exists(old) and not os.path.isdir(old)):
-                        os.unlink(old)
-                    os.makedirs(old, mode=0o700, exist_ok=True)
-                    continue
-                if os.path.isdir(old) and not os.path.islink(old):
-                    shutil.rmtree(old)
-                os.replace(new, old)
-        for top, folders, names in os.walk(dest, topdown=False):
-            for name in folders + names:
-                path = os.path.join(top, name)
-                if os.path.normpath(os.path.relpath(path, dest)) in wanted:
-                    continue
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path)
-                else:
-                    os.unlink(path)
-
-
-def pack(src: str) -> int:
-    """Write `src`'s regular files and folders to stdout as a tar; 3 when it is no folder."""
-    if not os.path.isdir(src) or os.path.islink(src):
-        print(f"{src}: no folder", file=sys.stderr)
-        return 3
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # a link is refused, a fifo not waited on
-    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
-        for top, folders, names in os.walk(src):
-            for name in sorted(folders + names):
-                if any(fnmatch.fnmatch(name, p) for p in IN_PROGRESS):
-                    continue
-                path = os.path.join(top, name)
-                try:  # gone meanwhile, or a link: left out
-                    fd = os.open(path, flags)
-                except OSError:
-                    continue
-                st = os.fstat(fd)
-                info = tarfile.TarInfo(os.path.relpath(path, src))
-                info.mtime, info.mode = int(st.st_mtime), stat.S_IMODE(st.st_mode)
-                if not stat.S_ISREG(st.st_mode):
-                    os.close(fd)
-                    if stat.S_ISDIR(st.st_mode):
-                        info.type = tarfile.DIRTYPE
-                        tar.addfile(info)
-                    continue
-                with os.fdopen(fd, "rb") as f:  # never a hard link: each name its bytes
-                    info.size = st.st_size
-                    tar.addfile(info, f)  # cut short while it is sent: the pack fails
-    return 0
+def notice(base: str) -> None:
+    """Tell this node's jobs that the allocation ends soon (``cloudtrain.node notice``)."""
+    found = own(base)
+    if found is None:
+        sys.exit("cloudtrain host: no node of this job here")
+    argv = [sys.executable, "-m", "cloudtrain.node", "notice", "--root", str(found["root"])]
+    os.execv(sys.executable, [*argv, "--source", "slurm", "--action", "end"])
 
 
 if __name__ == "__main__":
     verb, args = sys.argv[1:2], sys.argv[2:]
     if verb == ["serve"]:
-        serve(args[0], *map(float, args[1:2]))
+        serve(args[0], int(args[1]), *map(float, args[2:3]))
     elif verb == ["spawn"]:
         sys.exit(spawn(args[0]))
     elif verb == ["run"] and args[1:2] == ["--"]:
         sys.exit(run(args[0], args[2:]))
     elif verb == ["ready"]:
         ready(args[0])
-    elif verb == ["files"]:
-        files()
-    elif verb == ["unpack"]:
-        unpack(args[0])
-    elif verb == ["pack"]:
-        sys.exit(pack(args[0]))
+    elif verb == ["notice"]:
+        notice(args[0])
     else:
         sys.exit(
-            "usage: host serve BASE [GRACE_S] | spawn ROOT | run ROOT -- ARGV… | ready BASE "
-            "| files | unpack DEST | pack SRC"
+            "usage: host serve BASE INDEX [GRACE_S] | spawn ROOT | run ROOT -- ARGV… "
+            "| ready BASE | notice BASE"
         )

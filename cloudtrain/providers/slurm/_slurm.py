@@ -6,8 +6,10 @@ with ``--noheader --format`` (fields split by the ASCII unit separator, which no
 ``scancel``; no ``--json`` and no ``squeue --only-job-state`` (neither in 22.05). Whatever comes
 back is parsed defensively: an odd line is skipped, never trusted to be complete.
 
-Each cluster is one batch job: its name is the cluster's name and its comment says whose it is
-(``cloudtrain {"owner": …, "id": …}``): `Allocation` is what ``squeue`` shows of one.
+Each cluster is a batch job: its name is the cluster's name and its comment says whose it is
+(``cloudtrain {"owner": …, "id": …}``): `Allocation` is what ``squeue`` shows of one. A node made
+again while the cluster's job runs on (a lost node's, ``--no-kill``) is a job of its own, of one
+node, whose comment names its index too (``"index": N``).
 """
 
 from __future__ import annotations
@@ -82,15 +84,20 @@ class Allocation:
     start: str
     owner: str | None
     cluster_id: str | None
+    #: the node index a job of one node holds for its cluster; None: the cluster's own job
+    index: int | None = None
 
     @property
     def running(self) -> bool:
         return self.state == "RUNNING"
 
 
-def comment(owner: str, cluster_id: str | None) -> str:
-    """The comment that marks a job as one cluster of `owner`'s."""
-    return COMMENT_PREFIX + json.dumps({"owner": owner, "id": cluster_id}, sort_keys=True)
+def comment(owner: str, cluster_id: str | None, index: int | None = None) -> str:
+    """The comment that marks a job as one cluster of `owner`'s (as its node `index`'s)."""
+    marks: dict[str, object] = {"owner": owner, "id": cluster_id}
+    if index is not None:
+        marks["index"] = index
+    return COMMENT_PREFIX + json.dumps(marks, sort_keys=True)
 
 
 def parse_queue(text: str) -> list[Allocation]:
@@ -103,7 +110,7 @@ def parse_queue(text: str) -> list[Allocation]:
         job_id, name, state, reason, nodelist, count, limit, left, start, note = (
             p.strip() for p in parts
         )
-        owner, cluster_id = None, None
+        owner, cluster_id, index = None, None, None
         if note.startswith(COMMENT_PREFIX):
             try:
                 marks = json.loads(note[len(COMMENT_PREFIX) :])
@@ -112,6 +119,8 @@ def parse_queue(text: str) -> list[Allocation]:
             if isinstance(marks, dict) and isinstance(marks.get("owner"), str):
                 owner = marks["owner"]
                 cluster_id = marks.get("id") if isinstance(marks.get("id"), str) else None
+                said = marks.get("index")
+                index = said if type(said) is int and 0 <= said < 100_000 else None
         found.append(
             Allocation(
                 job_id,
@@ -125,6 +134,7 @@ def parse_queue(text: str) -> list[Allocation]:
                 start if _WHEN.fullmatch(start) else "",
                 owner,
                 cluster_id,
+                index,
             )
         )
     return found

@@ -4,8 +4,10 @@
 and time limit asked for), waits while Slurm keeps it pending and says why (squeue's reason;
 past ``--wait`` it is cancelled, one line naming the reason; a reason that can never clear, a
 time beyond the partition's limit, ends the wait at once), then, once it runs, waits for its
-host on every node (`_host`: the job's one long step, which keeps what cloudtrain starts inside
-the allocation) and starts each node's bootstrap through it, check-only against ``--python``.
+host on every node (`_host`: a long step of the job's on each node, which keeps what cloudtrain
+starts inside the allocation) and starts each node's bootstrap through it, check-only against
+``--python``. A node lost leaves the job running on the others (``--no-kill``); the next
+`apply` makes it again as a job of one node (`_make_again`), which `describe` merges in.
 Commands run as ``srun --overlap`` steps of the job (`_executor`), so a second `train` does not
 queue again. `terminate` cancels the job (Slurm stops everything of it on every node) and
 removes the cluster's folder.
@@ -35,7 +37,7 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import ClassVar
 
@@ -124,10 +126,14 @@ class SlurmProvider:
         spec = plan.spec
         folder = self._folder(spec.name)
         job = self._held(spec.name, spec.cluster_id)
-        if job is not None and job.state not in ("PENDING", "CONFIGURING", "RUNNING"):
-            self._until_gone(spec.name, [job.job_id])  # ending (a node failed): a new one
+        if job is None or job.state not in ("PENDING", "CONFIGURING", "RUNNING"):
+            # ending (every node lost), or gone: a new one, and nothing of the old left
+            ending = [j.job_id for j in self._mine(spec.name, spec.cluster_id)]
+            self.slurm.cancel([j for j in ending if job is None or j != job.job_id])
+            self._until_gone(spec.name, ending)
             job = None
         made = not self.login.exists(folder)
+        made_now = job is None or job.state != "RUNNING"
         try:
             if job is None:
                 self._claim(spec)
@@ -143,16 +149,40 @@ class SlurmProvider:
             if made and not self._mine(spec.name, None):  # nothing of it in the queue
                 self.login.remove(folder)
             raise
-        self._until_hosts(spec.name, job_id, len(self.slurm.hostnames(job.nodelist)))
+        if made_now or not self._known(spec.name, job):  # (a running job's hosts are known)
+            self._until_hosts(spec.name, job, range(spec.num_nodes) if made_now else ())
+        fan_out(lambda i: self._make_again(spec, i, on_event), self._missing(spec))
         nodes = self.describe(spec.name, spec.cluster_id)
         fan_out(lambda n: self._make_node(spec, n), nodes)
         return self.describe(spec.name, spec.cluster_id)
+
+    def _known(self, cluster: str, job: Allocation) -> bool:
+        """Whether `job`'s hosts were found up before (`LAYOUT` names its nodes)."""
+        layout = _json(self.login.read(posixpath.join(self._folder(cluster), LAYOUT)))
+        nodes = layout.get("nodes")
+        return isinstance(nodes, dict) and any(k.startswith(f"{job.job_id}/") for k in nodes)
+
+    def _missing(self, spec: ClusterSpec) -> list[int]:
+        """The nodes of `spec` that no job of the cluster holds, or only a lost one."""
+        held = {n.index for n in self.describe(spec.name, spec.cluster_id) if n.state == "running"}
+        coming = {j.index for j in self._mine(spec.name, spec.cluster_id) if not j.running}
+        return [i for i in range(spec.num_nodes) if i not in held and i not in coming]
+
+    def _make_again(self, spec: ClusterSpec, index: int, on_event: OnEvent) -> None:
+        """Node `index` of the cluster, lost while the cluster's job runs on (``--no-kill``),
+        made again as a job of one node of its own."""
+        folder = self._folder(spec.name)
+        script = self.batch.script(spec, folder, first=index)
+        job_id = self.slurm.submit(script, self.batch.options(spec, self.owner, index))
+        on_event(Event("node", f"node {index}: submitted job {job_id} to make it again"))
+        job = self._until_running(spec.name, job_id, on_event)
+        self._until_hosts(spec.name, job, [index])
 
     def _first_wins(self, cluster: str, job_id: str) -> None:
         """Of two `up`s of one name at once (from two machines: one machine's hold its lock),
         the job submitted first is the cluster; a later one is cancelled, and says whose."""
         first = min(
-            (j for j in self.slurm.queue(cluster) if j.name == cluster),
+            (j for j in self.slurm.queue(cluster) if j.name == cluster and j.index is None),
             key=lambda j: int(j.job_id),
             default=None,
         )
@@ -207,36 +237,46 @@ class SlurmProvider:
             return f"see {log}"
         return f"its log is {log} on its first node, where the folder is the node's own"
 
-    def _until_hosts(self, cluster: str, job_id: str, count: int) -> None:
-        """Wait until every node's host is up (one step over the nodes asks them all); keep
-        whether every node shares the cluster's folder (`LAYOUT`)."""
+    def _until_hosts(self, cluster: str, job: Allocation, indices: Sequence[int]) -> None:
+        """Wait until the host of every node of `job` is up, nodes `indices` among them (one
+        step over its nodes asks them all); keep which node is which, and whether they all
+        share the cluster's folder (`LAYOUT`)."""
         deadline = time.monotonic() + HOSTS_S
-        ask = ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={count}",
+        ask = ["srun", "--overlap", f"--jobid={job.job_id}", f"--nodes={job.nodes}",
                "--ntasks-per-node=1", "--chdir=/", "--quiet", self.python, "-c", host_source(),
                "ready", self._folder(cluster)]  # fmt: skip
         while True:
             said = [
                 _json(line) for line in self.login.shell.run(ask, timeout=60).stdout.splitlines()
             ]
-            up = {i: n for n in said if isinstance(i := n.get("index"), int) and "pid" in n}
-            if all(i in up for i in range(count)):
-                shared = all(n.get("shared") is True for n in up.values())
-                self.login.write(
-                    posixpath.join(self._folder(cluster), LAYOUT), json.dumps({"shared": shared})
-                )
+            up = {
+                i: str(n.get("node"))
+                for n in said
+                if isinstance(i := n.get("index"), int) and "pid" in n and n.get("node")
+            }
+            if len(up) >= job.nodes and all(i in up for i in indices):
+                path = posixpath.join(self._folder(cluster), LAYOUT)
+                layout = _json(self.login.read(path))
+                known = layout.get("nodes")
+                nodes = dict(known) if isinstance(known, dict) else {}
+                nodes |= {f"{job.job_id}/{name}": i for i, name in up.items()}
+                shared = all(n.get("shared") is True for n in said if "pid" in n)
+                if layout.get("shared") is False:
+                    shared = False  # one node of the cluster does not share it: none do
+                self.login.write(path, json.dumps({"shared": shared, "nodes": nodes}))
                 return
             if time.monotonic() > deadline:
                 raise ProviderError(
                     "slurm",
                     "NoHost",
-                    f"job {job_id}: its nodes' hosts did not "
-                    f"start in {HOSTS_S:.0f} s; {self._log(cluster, job_id)}",
+                    f"job {job.job_id}: its nodes' hosts did not "
+                    f"start in {HOSTS_S:.0f} s; {self._log(cluster, job.job_id)}",
                 )
-            if not any(j.job_id == job_id for j in self.slurm.queue(cluster)):
+            if not any(j.job_id == job.job_id for j in self.slurm.queue(cluster)):
                 raise ProviderError(
                     "slurm",
                     "Ended",
-                    f"job {job_id} ended as it started; {self._log(cluster, job_id)}",
+                    f"job {job.job_id} ended as it started; {self._log(cluster, job.job_id)}",
                 )
             time.sleep(0.5)
 
@@ -281,30 +321,38 @@ class SlurmProvider:
                 f"cluster {cluster!r}: Slurm job {other[0].job_id} has that name "
                 f"({whose}); choose another name, or `cloudtrain down {cluster}` it first"
             )
-        return jobs[0] if jobs else None
+        return next((j for j in jobs if j.index is None), None)  # the cluster's own
 
     def describe(self, cluster: str, cluster_id: str | None = None) -> list[NodeInfo]:
-        mine = self._mine(cluster, cluster_id)
-        job = mine[0] if mine else None
-        if job is None or not job.running:
-            return []
-        names = self.slurm.hostnames(job.nodelist)
-        shown = self.slurm.nodes(names)
-        addrs = {n: shown.get(n, {}).get("NodeAddr") or n for n in names}
+        """The nodes of the cluster's running jobs (its own, and those that made a lost node
+        again), each by the index its host was started as."""
+        jobs = [j for j in self._mine(cluster, cluster_id) if j.running and j.nodelist]
+        names = {j.job_id: self.slurm.hostnames(j.nodelist) for j in jobs}
+        every = sorted({n for found in names.values() for n in found})
+        shown = self.slurm.nodes(every)
+        addrs = {n: shown.get(n, {}).get("NodeAddr") or n for n in every}
         resolved = self.login.addresses([a for a in addrs.values() if not _is_ip(a)])
-        roots = [posixpath.join(self._folder(cluster), f"node-{i}") for i in range(len(names))]
-        layout, *said = self.login.read_all(
-            [posixpath.join(self._folder(cluster), LAYOUT)]
-            + [self._facts(cluster, i) for i in range(len(names))]
+        layout = _json(self.login.read(posixpath.join(self._folder(cluster), LAYOUT)))
+        known = layout.get("nodes") if isinstance(layout.get("nodes"), dict) else {}
+        assert isinstance(known, dict)
+        held: dict[int, tuple[Allocation, str]] = {}
+        for job in sorted(jobs, key=lambda j: j.index is not None):  # the made again last
+            for position, name in enumerate(names[job.job_id]):
+                said = known.get(f"{job.job_id}/{name}")
+                index = (
+                    said if type(said) is int else job.index if job.index is not None else position
+                )
+                if index not in held or not _lost(shown.get(held[index][1], {})):
+                    held[index] = (job, name)
+        said_of = dict(
+            zip(held, self.login.read_all([self._facts(cluster, i) for i in held]), strict=True)
         )
-        shared = _json(layout).get("shared") is not False  # until the hosts said: as before
-        left = seconds(job.time_left)
-        ends_at = time.time() + left if left is not None else None
+        shared = layout.get("shared") is not False  # until the hosts said: as before
         nodes = []
-        for index, (name, root) in enumerate(zip(names, roots, strict=True)):
-            ifname = str(_json(said[index]).get("ifname") or "")
+        for index, (job, name) in sorted(held.items()):
+            ifname = str(_json(said_of[index]).get("ifname") or "")
             state = shown.get(name, {}).get("State", "")
-            lost = any(w in state for w in ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING"))
+            left = seconds(job.time_left)
             nodes.append(
                 NodeInfo(
                     cluster=cluster,
@@ -312,13 +360,13 @@ class SlurmProvider:
                     node_id=f"{name}/{job.job_id}",  # this allocation's: a new one's differs
                     private_ip=resolved.get(addrs[name], addrs[name]),
                     public_ip=None,
-                    state="unreachable" if lost else "running",
+                    state="unreachable" if _lost(shown.get(name, {})) else "running",
                     zone=self.batch.partition,
                     instance_type="slurm",
-                    root=root,
+                    root=posixpath.join(self._folder(cluster), f"node-{index}"),
                     python=self.python,
                     ifname=ifname if _IFNAME.fullmatch(ifname) else None,
-                    ends_at=ends_at,
+                    ends_at=time.time() + left if left is not None else None,
                     extra=MappingProxyType(
                         {"job": job.job_id, "host": name, "slurm_state": state}
                         | ({} if shared else {"shared": "no"})
@@ -409,6 +457,12 @@ class SlurmProvider:
         return SrunExecutor(
             self.login.channel(), str(job), str(host), node.root, self.python, stage=stage
         )
+
+
+def _lost(node: Mapping[str, str]) -> bool:
+    """Whether Slurm says the node (``scontrol show node``'s) is lost to its jobs."""
+    state = node.get("State", "")
+    return any(w in state for w in ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING"))
 
 
 def _is_ip(text: str) -> bool:
