@@ -337,6 +337,9 @@ def test_pack_sends_regular_files_and_folders_only_and_no_save_in_progress(
     with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
         assert sorted(tar.getnames()) == ["model.pt", "step-2", "step-2/model.pt"]
         assert all(m.isreg() or m.isdir() for m in tar.getmembers()), "no hard link either"
+        saved = tar.getmember("step-2/model.pt").mtime
+    exact = (folder / "step-2" / "model.pt").stat().st_mtime_ns / 1e9
+    assert abs(saved - exact) < 1e-5, "finer than the second: a save within it is new"
     assert host_verb("pack", str(tmp_path / "none")).returncode == 3
 
 

@@ -96,7 +96,9 @@ def pack(src: str) -> int:
         print(f"{src}: no folder", file=sys.stderr)
         return 3
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # a link is refused, a fifo not waited on
-    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
+    # PAX: a modification time finer than the second, which the copy's quick check compares
+    # (a checkpoint saved again within the second, at the same size, is a new one)
+    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for top, folders, names in os.walk(src):
             for name in sorted(folders + names):
                 if any(fnmatch.fnmatch(name, p) for p in IN_PROGRESS):
@@ -108,7 +110,7 @@ def pack(src: str) -> int:
                     continue
                 st = os.fstat(fd)
                 info = tarfile.TarInfo(os.path.relpath(path, src))
-                info.mtime, info.mode = int(st.st_mtime), stat.S_IMODE(st.st_mode)
+                info.mtime, info.mode = st.st_mtime_ns / 1e9, stat.S_IMODE(st.st_mode)
                 if not stat.S_ISREG(st.st_mode):
                     os.close(fd)
                     if stat.S_ISDIR(st.st_mode):
