@@ -12,8 +12,9 @@ import functools
 import os
 import re
 import stat
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -330,6 +331,27 @@ def parallelism() -> int:
     return int(text)
 
 
+#: How often a thread that waits for others wakes. The kernel may hand the process's SIGINT to
+#: any of its threads, and Python runs the handler (Ctrl-C's KeyboardInterrupt) only in the
+#: main thread, when it next runs: a wait with no timeout can sleep through Ctrl-C until what
+#: it waits for ends (a setup's `sleep 600` kept `train` so: 3 Ctrl-C of 40 in a loop here).
+WAKE_S = 0.25
+
+
+def wait_all(futures: Iterable[Future[R]]) -> None:
+    """Until every one of `futures` is done, awake for a signal (`WAKE_S`)."""
+    pending = set(futures)
+    while pending:
+        _, pending = wait(pending, timeout=WAKE_S)
+
+
+def join(*threads: threading.Thread) -> None:
+    """`Thread.join` for each, awake for a signal (`WAKE_S`)."""
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(WAKE_S)
+
+
 def fan_out(fn: Callable[[T], R], items: Sequence[T], *, max_workers: int | None = None) -> list[R]:
     """Apply `fn` to every item concurrently (at most `max_workers`, default `parallelism()`),
     results in order. The first exception is raised after every call has finished, so one
@@ -338,12 +360,13 @@ def fan_out(fn: Callable[[T], R], items: Sequence[T], *, max_workers: int | None
         return [fn(item) for item in items]
     workers = max_workers or parallelism()
     pool = ThreadPoolExecutor(max_workers=min(workers, len(items)))
-    futures = [pool.submit(fn, item) for item in items]
     try:
-        errors = [f.exception() for f in futures]
+        futures = [pool.submit(fn, item) for item in items]
+        wait_all(futures)
     except BaseException:  # Ctrl-C: not waited for (the executors' `close` ends the calls)
         pool.shutdown(wait=False, cancel_futures=True)
         raise
+    errors = [f.exception() for f in futures]
     pool.shutdown()
     for error in errors:
         if error is not None:

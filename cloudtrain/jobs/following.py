@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from cloudtrain.errors import NotFoundError, ProviderError
-from cloudtrain.executors.base import fan_out
+from cloudtrain.executors.base import fan_out, join
 from cloudtrain.jobs import logtail, preemptions, rehost, saves
 from cloudtrain.jobs.attempts import (
     HEARTBEAT_S,
@@ -325,8 +325,7 @@ class Following(Pulling):
                 self.pull_metrics(rec, [n for n in nodes if n.index not in lost])
                 next_metrics = time.monotonic() + METRICS_S
             copies.tick()  # each save that completes comes home at once (and every 30 s)
-        for thread in regrowing.values():  # a node made again is the next attempt's
-            thread.join()
+        join(*regrowing.values())  # a node made again is the next attempt's
         copies.close()
         last = [n for n in nodes if n.index not in lost]  # their last metrics, meanwhile
         metrics = threading.Thread(target=self.pull_metrics, args=(rec, last), daemon=True)
@@ -339,7 +338,7 @@ class Following(Pulling):
                 return Verdict("failed", "regrow", node=restart, reason="is back")
             statuses = fan_out(lambda n: self._status(n, rec), nodes)
         finally:
-            metrics.join()
+            join(metrics)
         return self._verdict(rec, nodes, statuses, lost=lost)
 
     def logs(self, job_id: str, on_line: OnLine, *, follow: bool = False) -> JobRecord:

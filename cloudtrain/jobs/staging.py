@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cloudtrain.errors import CloudtrainError
-from cloudtrain.executors.base import Executor
+from cloudtrain.executors.base import Executor, join
 from cloudtrain.jobs.attempts import JobSpec
 from cloudtrain.jobs.coordinator import OnLine, run_setup, sync_workdir
 from cloudtrain.model import Event, NodeInfo, OnEvent
@@ -150,6 +150,5 @@ class Stager:
         cluster's lock, so no other command's setup runs beside a staged one (and again for
         each cloud it tries, and `launch` once more when `up` never took the lock)."""
         self._closing.set()
-        for thread in list(self._threads.values()):
-            thread.join()
+        join(*self._threads.values())
         self._closing.clear()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,43 @@ def test_fan_out_is_bounded_by_cloudtrain_parallel(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("CLOUDTRAIN_PARALLEL", "0")
     with pytest.raises(ConfigError, match="CLOUDTRAIN_PARALLEL='0': use a positive whole number"):
         fan_out(work, [1, 2])
+
+
+def test_ctrl_c_reaches_a_fan_out_and_a_join_though_a_worker_thread_got_the_signal() -> None:
+    """The kernel may hand the terminal's SIGINT to any thread; Python raises it only in the
+    main thread when that runs. Here it is sent to a worker on purpose: the main thread's waits
+    still end in KeyboardInterrupt at once, not when the worker's command ends (never, here)."""
+    import signal
+    import threading
+
+    from cloudtrain.executors.base import fan_out, join
+
+    go, release = threading.Event(), threading.Event()
+
+    def hit_me_and_hang(i: int) -> None:
+        if i == 0 and go.wait(60):
+            time.sleep(0.5)  # the main thread waits by now
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        release.wait(60)
+
+    def go_then(wait: Callable[[], object]) -> None:
+        go.set()  # inside `pytest.raises`: the signal may come before `wait` starts
+        wait()
+
+    try:
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            go_then(lambda: fan_out(hit_me_and_hang, [0, 1]))
+        assert time.monotonic() - started < 10
+        go.clear()
+        worker = threading.Thread(target=hit_me_and_hang, args=(0,))
+        worker.start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            go_then(lambda: join(worker))
+        assert time.monotonic() - started < 10
+    finally:
+        release.set()
 
 
 #: Credential files a careless workdir holds: none of them may reach a node.
