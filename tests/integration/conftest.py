@@ -85,10 +85,48 @@ def sh(tmp_path: Path) -> Iterator[Shell]:
     shell = Shell(tmp_path / "home")
     yield shell
     leftovers = shell.strays()  # a cluster a test leaves up keeps its agents: stop them too
-    procs.kill_matching({"CLOUDTRAIN_HOME": str(shell.home)}, grace_s=2)
-    clusters = [str(c) for c in shell.home.glob("local/*")]  # and its warm servers (no home)
-    procs.stop(lambda: [pid for c in clusters for pid in procs.find_nodes(c)], grace_s=2)
+    _stop_all(shell)
     assert not leftovers, f"processes left behind: {leftovers}"
+
+
+def _stop_all(shell: Shell) -> None:
+    """Every process of `shell`'s home, its clusters' warm servers (which carry no home) too."""
+    procs.kill_matching({"CLOUDTRAIN_HOME": str(shell.home)}, grace_s=2)
+    clusters = [str(c) for c in shell.home.glob("local/*")]
+    procs.stop(lambda: [pid for c in clusters for pid in procs.find_nodes(c)], grace_s=2)
+
+
+#: The name of `two_nodes`' cluster.
+TWO = "two"
+
+
+@pytest.fixture(scope="module")
+def _two_nodes_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
+    shell = Shell(tmp_path_factory.mktemp("two") / "home")
+    try:
+        up = shell("up", "--nodes", "2", "--name", TWO)
+        assert up.returncode == 0, up.stderr
+        yield shell
+        down = shell("down", TWO)
+        assert down.returncode == 0, down.stderr
+        assert shell.processes() == [], "the agents outlived `down`"
+    finally:
+        _stop_all(shell)
+
+
+@pytest.fixture
+def two_nodes(_two_nodes_up: Shell) -> Iterator[Shell]:
+    """`sh` with a local cluster of 2 nodes up, named `TWO`: one for the tests of a module
+    that each only train on it (an `up` and `down` cost about 14 s of CPU: the bootstrap, its
+    check, the nodes' warm servers). Each test must leave no process of its jobs (checked
+    after it; what it left is stopped, so the next test starts clean); `down` comes after the
+    module's last test, and must leave nothing."""
+    shell = _two_nodes_up
+    yield shell
+    try:
+        wait_for(lambda: not shell.strays(), timeout=30, what="the test's jobs to end")
+    finally:
+        procs.stop(shell.strays, grace_s=2)  # so the next test starts clean
 
 
 def wait_for(predicate: Any, timeout: float = 60, what: str = "condition") -> None:

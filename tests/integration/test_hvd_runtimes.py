@@ -12,10 +12,16 @@ import re
 
 import pytest
 
-from tests.integration.conftest import SCRIPTS, Shell
+from tests.integration.conftest import SCRIPTS, TWO, Shell
 from tests.integration.test_frameworks import needs
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def sh(two_nodes: Shell) -> Shell:
+    """Every test here trains on one cluster of 2 nodes, `TWO`."""
+    return two_nodes
 
 
 def checks(out: str) -> list[str]:
@@ -25,8 +31,7 @@ def checks(out: str) -> list[str]:
 
 
 def test_a_torchrun_worker_that_imports_horovod_is_refused_at_once(sh: Shell) -> None:
-    assert sh("up", "--nodes", "2", "--name", "wr").returncode == 0
-    done = sh("train", "-c", "wr", str(SCRIPTS / "imports_horovod.py"))
+    done = sh("train", "-c", TWO, str(SCRIPTS / "imports_horovod.py"))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "trained alone" not in done.stdout
     assert (
@@ -35,59 +40,50 @@ def test_a_torchrun_worker_that_imports_horovod_is_refused_at_once(sh: Shell) ->
     ) in done.stdout
     assert "Train it with --runtime horovod" in done.stdout
     assert 'imports_horovod.py", line' not in done.stdout  # one line, not the script's traceback
-    assert sh("down", "wr").returncode == 0
 
 
 def test_horovod_workers_running_cloudtrain_hvd_are_refused_at_once(sh: Shell) -> None:
     needs("horovod", "python -m cloudtrain.node horovod build --cache DIR --install")
-    assert sh("up", "--nodes", "2", "--name", "wr2").returncode == 0
-    done = sh("train", "-c", "wr2", "--runtime", "horovod", str(SCRIPTS / "hvd_mnist_style.py"))
+    done = sh("train", "-c", TWO, "--runtime", "horovod", str(SCRIPTS / "hvd_mnist_style.py"))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "world of" not in done.stdout
     assert "epoch 1" not in done.stdout
     assert "cloudtrain: the job's runtime is horovod (2 workers)" in done.stdout
     assert "Train it with --runtime torch (the default)" in done.stdout
     assert 'hvd_mnist_style.py", line' not in done.stdout  # one line, not a traceback
-    assert sh("down", "wr2").returncode == 0
 
 
 def test_cloudtrain_hvd_gives_horovods_own_numbers(sh: Shell) -> None:
     needs("horovod", "python -m cloudtrain.node horovod build --cache DIR --install")
-    assert sh("up", "--nodes", "2", "--name", "num").returncode == 0
     script = str(SCRIPTS / "hvd_checks.py")
-    real = sh("train", "-c", "num", "--runtime", "horovod", script)
+    real = sh("train", "-c", TWO, "--runtime", "horovod", script)
     assert real.returncode == 0, real.stdout + real.stderr
-    ours = sh("train", "-c", "num", script)
+    ours = sh("train", "-c", TWO, script)
     assert ours.returncode == 0, ours.stdout + ours.stderr
     assert len(checks(real.stdout)) == 28, real.stdout
     assert checks(ours.stdout) == checks(real.stdout)
-    assert sh("down", "num").returncode == 0
 
 
 def test_a_script_written_as_horovods_mnist_example_trains_unchanged(sh: Shell) -> None:
-    assert sh("up", "--nodes", "2", "--name", "mn").returncode == 0
     script = str(SCRIPTS / "hvd_mnist_style.py")
-    done = sh("train", "-c", "mn", script, "--", "--fp16-allreduce", "--lr", "0.1")
+    done = sh("train", "-c", TWO, script, "--", "--fp16-allreduce", "--lr", "0.1")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "world of 2: done" in done.stdout
     lrs = re.findall(r"epoch \d lr ([\d.]+) loss [\d.]+ accuracy ([\d.]+)", done.stdout)
     assert [lr for lr, _ in lrs] == ["0.1400", "0.0980", "0.0686"]  # StepLR stepped it
     assert float(lrs[-1][1]) >= 0.8  # 0.86: held-out writers of the digits set; chance is 0.1
-    assert sh("down", "mn").returncode == 0
 
 
 def test_a_spawned_torchrun_worker_that_imports_horovod_is_refused_at_once(sh: Shell) -> None:
     needs("horovod", "python -m cloudtrain.node horovod build --cache DIR --install")
-    assert sh("up", "--nodes", "2", "--name", "ws").returncode == 0
     script = str(SCRIPTS / "imports_horovod.py")
-    done = sh("train", "-c", "ws", "--start-method", "spawn", script)
+    done = sh("train", "-c", TWO, "--start-method", "spawn", script)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "trained alone" not in done.stdout
     assert (
         "cloudtrain: this script imports horovod.torch, but the job's runtime is torch "
         "(torchrun, 2 workers)"
     ) in done.stdout
-    assert sh("down", "ws").returncode == 0
 
 
 def elastic_run(out: str) -> tuple[list[str], list[str]]:
@@ -100,9 +96,8 @@ def elastic_run(out: str) -> tuple[list[str], list[str]]:
 def test_an_elastic_script_written_as_horovods_trains_and_recovers_its_last_commit(
     sh: Shell,
 ) -> None:
-    assert sh("up", "--nodes", "2", "--name", "el").returncode == 0
     script = str(SCRIPTS / "hvd_elastic_style.py")
-    plain = sh("train", "-c", "el", script)
+    plain = sh("train", "-c", TWO, script)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     losses, ends = elastic_run(plain.stdout)
     assert len(losses) == 3, plain.stdout
@@ -112,7 +107,7 @@ def test_an_elastic_script_written_as_horovods_trains_and_recovers_its_last_comm
     assert len(params) == 1, plain.stdout  # the ranks agree
     assert all("steps 48 executed 48 resets 0" in e for e in ends), ends  # 3 × 512/(2 × 16)
 
-    failed = sh("train", "-c", "el", script, "--", "--fail-at-step", "5")
+    failed = sh("train", "-c", TWO, script, "--", "--fail-at-step", "5")
     assert failed.returncode == 0, failed.stdout + failed.stderr
     assert failed.stdout.count(": reset, world of 2") == 2  # each rank's reset callback ran
     _, again = elastic_run(failed.stdout)
@@ -120,7 +115,6 @@ def test_an_elastic_script_written_as_horovods_trains_and_recovers_its_last_comm
     # is the one trained without the failure
     assert all("steps 48 executed 49 resets 1" in e for e in again), again
     assert {e.rsplit(" params ", 1)[1] for e in again} == params
-    assert sh("down", "el").returncode == 0
 
 
 def elastic_numbers(out: str) -> tuple[list[str], list[float], list[str], list[float]]:
@@ -139,12 +133,10 @@ def test_the_elastic_script_gives_horovods_own_numbers(sh: Shell, fail: list[str
     driver) and cloudtrain's deal the same indices, undo the same uncommitted step, train the
     same model."""
     needs("horovod", "python -m cloudtrain.node horovod build --cache DIR --install")
-    name = f"er{len(fail)}"
-    assert sh("up", "--nodes", "2", "--name", name).returncode == 0
     script = str(SCRIPTS / "hvd_elastic_style.py")
-    real = sh("train", "-c", name, "--runtime", "horovod", script, *fail)
+    real = sh("train", "-c", TWO, "--runtime", "horovod", script, *fail)
     assert real.returncode == 0, real.stdout + real.stderr
-    ours = sh("train", "-c", name, script, *fail)
+    ours = sh("train", "-c", TWO, script, *fail)
     assert ours.returncode == 0, ours.stdout + ours.stderr
     r_orders, r_losses, r_counters, r_params = elastic_numbers(real.stdout)
     orders, losses, counters, params = elastic_numbers(ours.stdout)
@@ -156,12 +148,10 @@ def test_the_elastic_script_gives_horovods_own_numbers(sh: Shell, fail: list[str
     assert losses == pytest.approx(r_losses, abs=1e-5), (losses, r_losses)
     assert len(params) == 4, ours.stdout
     assert params == pytest.approx(r_params, abs=1e-5), (params, r_params)
-    assert sh("down", name).returncode == 0
 
 
 def test_sync_batch_norm_is_one_batch_norm_over_every_ranks_batch(sh: Shell) -> None:
-    assert sh("up", "--nodes", "2", "--name", "bn").returncode == 0
-    done = sh("train", "-c", "bn", str(SCRIPTS / "hvd_sync_bn.py"))
+    done = sh("train", "-c", TWO, str(SCRIPTS / "hvd_sync_bn.py"))
     assert done.returncode == 0, done.stdout + done.stderr
     worst = [float(w) for w in re.findall(r"syncbn worst difference (\S+)", done.stdout)]
     assert len(worst) == 2, done.stdout
@@ -170,4 +160,3 @@ def test_sync_batch_norm_is_one_batch_norm_over_every_ranks_batch(sh: Shell) -> 
     assert len(trained) == 2, done.stdout
     assert all(agree == "True" for *_, agree in trained), done.stdout
     assert all(float(last) < 0.5 * float(first) for first, last, _ in trained), done.stdout
-    assert sh("down", "bn").returncode == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import REPO, SCRIPTS, Shell, wait_for
+from tests.integration.conftest import REPO, SCRIPTS, TWO, Shell, wait_for
 
 pytestmark = pytest.mark.integration
 EXAMPLE = REPO / "examples" / "digits_ddp.py"
@@ -116,17 +116,16 @@ def test_two_node_ddp_trains_streams_both_nodes_and_leaves_nothing(sh: Shell) ->
     assert "nothing to do" in again_down.stdout
 
 
-def test_a_horovod_style_script_trains_on_two_nodes_unchanged(sh: Shell) -> None:
+def test_a_horovod_style_script_trains_on_two_nodes_unchanged(two_nodes: Shell) -> None:
     """`examples/digits_hvd.py`, written as Horovod's docs write a script, under cloudtrain's
     torchrun through `cloudtrain.runtime.hvd` (Horovod itself is not installed here)."""
-    assert sh("up", "--nodes", "2", "--name", "hvd").returncode == 0
-    train = sh("train", "-c", "hvd", str(REPO / "examples" / "digits_hvd.py"), "--",
+    sh = two_nodes
+    train = sh("train", "-c", TWO, str(REPO / "examples" / "digits_hvd.py"), "--",
                "--epochs", "5")  # fmt: skip
     assert train.returncode == 0, train.stdout + train.stderr
     accuracy = re.search(r"final test accuracy: (\d\.\d+)", train.stdout)
     assert accuracy, train.stdout
     assert float(accuracy.group(1)) >= 0.95, train.stdout
-    assert sh("down", "hvd").returncode == 0
 
 
 def test_a_jobs_checkpoint_outlives_its_cluster_and_starts_a_job_on_another(sh: Shell) -> None:
@@ -161,11 +160,11 @@ def test_a_jobs_checkpoint_outlives_its_cluster_and_starts_a_job_on_another(sh: 
     assert sh("down", "second").returncode == 0
 
 
-def test_detach_logs_follow_and_cancel_leave_no_process(sh: Shell) -> None:
-    assert sh("up", "--name", "bg", "--nodes", "2").returncode == 0
-    start = sh("train", "-c", "bg", "--detach", str(SCRIPTS / "sleeper.py"))
+def test_detach_logs_follow_and_cancel_leave_no_process(two_nodes: Shell) -> None:
+    sh = two_nodes
+    start = sh("train", "-c", TWO, "--detach", str(SCRIPTS / "sleeper.py"))
     assert start.returncode == 0, start.stderr
-    job_id = re.search(r"job (bg-\d+) running", start.stderr)
+    job_id = re.search(rf"job ({TWO}-\d+) running", start.stderr)
     assert job_id
     assert "cloudtrain logs" in start.stderr
     jid = job_id.group(1)
@@ -186,12 +185,11 @@ def test_detach_logs_follow_and_cancel_leave_no_process(sh: Shell) -> None:
     assert sh.job(jid)["status"] == "cancelled"
     assert sh.strays() == []  # the cluster's agents stay
     assert sh("cancel", jid).returncode == 0  # idempotent
-    assert sh("down", "bg").returncode == 0
 
 
-def test_a_failing_node_fails_the_job_stops_the_others_and_exits_1(sh: Shell) -> None:
-    assert sh("up", "--name", "bad", "--nodes", "2").returncode == 0
-    train = sh("train", "-c", "bad", str(SCRIPTS / "fail_on_node.py"), timeout=120)
+def test_a_failing_node_fails_the_job_stops_the_others_and_exits_1(two_nodes: Shell) -> None:
+    sh = two_nodes
+    train = sh("train", "-c", TWO, str(SCRIPTS / "fail_on_node.py"), timeout=120)
     assert train.returncode == 1, train.stdout + train.stderr
     assert "failed: node 1 exited" in train.stderr
     assert "boom: node 1 gives up" in train.stderr  # the failed node's log tail is shown
@@ -199,7 +197,6 @@ def test_a_failing_node_fails_the_job_stops_the_others_and_exits_1(sh: Shell) ->
     assert job["status"] == "failed"
     assert job["detail"]["failed_node"] == 1
     assert sh.strays() == []  # the cluster's agents stay
-    assert sh("down", "bad").returncode == 0
 
 
 def test_ctrl_c_stops_following_and_leaves_the_job_running(sh: Shell) -> None:
@@ -249,17 +246,16 @@ def listeners(pids: list[int]) -> list[tuple[str, int]]:
     return found
 
 
-def test_a_running_job_listens_on_loopback_only(sh: Shell) -> None:
+def test_a_running_job_listens_on_loopback_only(two_nodes: Shell) -> None:
     """The rendezvous store, the workers' store and gloo's pairs of a local job listen on
     127.0.0.1, never on every interface (torch's c10d backend listens on ``*``)."""
-    assert sh("up", "--name", "lo", "--nodes", "2").returncode == 0
-    start = sh("train", "-c", "lo", "--detach", str(SCRIPTS / "grouped_sleeper.py"))
+    sh = two_nodes
+    start = sh("train", "-c", TWO, "--detach", str(SCRIPTS / "grouped_sleeper.py"))
     assert start.returncode == 0, start.stderr
-    jid = re.search(r"job (lo-\d+) running", start.stderr)
+    jid = re.search(rf"job ({TWO}-\d+) running", start.stderr)
     assert jid
     wait_for(lambda: "grouped 2" in sh("logs", jid.group(1)).stdout, what="the process group")
     found = listeners(sh.processes())
     assert len(found) >= 4, found  # two stores on the head's agent, a gloo listener per worker
     assert [a for a, _ in found if not a.startswith("127.0.0.1:")] == [], found
     assert sh("cancel", jid.group(1)).returncode == 0
-    assert sh("down", "lo").returncode == 0
