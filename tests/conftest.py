@@ -58,9 +58,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 #: The tests of real processes that mostly wait (on a clock, an sshd, a stand-in) and train
-#: nothing (their scripts sleep, print or exit; at most torchrun's agents import torch): they
-#: run as one more piece of work, on the other worker, beside the rest, so that it does not sit
-#: idle while the first one runs the jobs that train.
+#: nothing (their scripts sleep, print or exit; at most torchrun's agents import torch, or pip
+#: fills a node's venv): they run as one more piece of work, on the other worker, beside the
+#: rest, so that it does not sit idle while the first one runs the jobs that train.
 BESIDE = frozenset(
     f"{PROCESSES}test_{name}.py"
     for name in (
@@ -83,6 +83,7 @@ BESIDE = frozenset(
         "resident_agent",
         "selfstop_jobs",
         "ssh_executor",
+        "ssh_install",
         "terminal_safety",
         "warm_secrets",
         "watcher_survives",

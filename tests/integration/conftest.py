@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 from cloudtrain.jobs import warm
 from cloudtrain.node import procs
 from tests.conftest import unavailable
+from tests.sshd import Lab
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -188,3 +190,22 @@ def down_leaves_nothing(sh: Shell, name: str, base: Path) -> None:
     assert down.returncode == 0, down.stdout + down.stderr
     assert of_cluster(base) == []
     assert not base.exists()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """Two sshd hosts (127.0.0.2, 127.0.0.3) for a module's tests of the ssh provider."""
+    built = Lab(tmp_path_factory.mktemp("lab") / "lab")
+    yield built
+    built.stop()
+
+
+@pytest.fixture
+def name(lab: Lab) -> Iterator[str]:
+    """A cluster name of the test's own on `lab`: none of its processes or files left after."""
+    cluster = f"lab{uuid.uuid4().hex[:8]}"
+    yield cluster
+    left = procs.find_processes({"CLOUDTRAIN_CLUSTER": cluster})
+    procs.kill_matching({"CLOUDTRAIN_CLUSTER": cluster}, grace_s=2)
+    assert not left, f"processes left behind: {left}"
+    assert not (lab.home / ".cloudtrain" / cluster).exists()

@@ -8,8 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,31 +18,12 @@ from tests.integration.conftest import (
     REPO,
     SCRIPTS,
     Shell,
-    down_leaves_nothing,
     is_agent,
-    torch_index,
     wait_for,
 )
 from tests.sshd import Lab, keygen
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    built = Lab(tmp_path_factory.mktemp("lab") / "lab")
-    yield built
-    built.stop()
-
-
-@pytest.fixture
-def name(lab: Lab) -> Iterator[str]:
-    cluster = f"lab{uuid.uuid4().hex[:8]}"
-    yield cluster
-    left = procs.find_processes({"CLOUDTRAIN_CLUSTER": cluster})
-    procs.kill_matching({"CLOUDTRAIN_CLUSTER": cluster}, grace_s=2)
-    assert not left, f"processes left behind: {left}"
-    assert not (lab.home / ".cloudtrain" / cluster).exists()
 
 
 def test_ddp_across_two_ssh_hosts_and_down_leaves_nothing(sh: Shell, lab: Lab, name: str) -> None:
@@ -195,69 +174,6 @@ def test_up_from_an_inventory_file_checks_each_host_s_gpus(
         wrong.stderr
     )
     assert not (lab.home / ".cloudtrain" / name).exists(), "nothing written on a bad input"
-
-
-def test_without_python_each_node_gets_a_venv_with_torch_and_this_cloudtrain(
-    sh: Shell, lab: Lab, name: str, tmp_path: Path
-) -> None:
-    """The install path: a venv per node, torch from a (local) index, the coordinator's wheel
-    copied over SSH when the bootstrap asks for it, then the verify phase; `launch` sends the
-    workdir and runs the setup on each node once it is past torch, while the bootstrap
-    finishes, and the job's start does not run it again; `down` removes it."""
-    args = [a for a in lab.up_args(name) if a not in ("--python", sys.executable)]
-    # a SkyPilot user's first task: `setup: pip install ...`, then a job that imports it
-    work = tmp_path / "proj"
-    wheel = tiny_wheel(work)
-    (work / "uses_it.py").write_text("import tinyct\nprint('tinyct says', tinyct.VALUE)\n")
-    task = work / "task.yaml"
-    task.write_text(f"workdir: .\nsetup: pip install --no-index {wheel.name}\nrun: uses_it.py\n")
-    launch = sh("launch", str(task), *args[1:], "--torch-index", torch_index(tmp_path), timeout=900)
-    assert launch.returncode == 0, launch.stdout + launch.stderr
-    assert "copying the cloudtrain wheel" in launch.stderr
-    assert "verify: ready" in launch.stderr
-    for i in (0, 1):
-        assert f"node {i}: workdir and setup in place while the bootstrap finishes" in (
-            launch.stderr
-        ), launch.stderr
-    assert launch.stdout.count("Successfully installed tinyct-1.0") == 2, "once per node"
-    assert launch.stdout.count("tinyct says 42") == 2, launch.stdout
-    for i in (0, 1):
-        venv = lab.home / ".cloudtrain" / name / f"node-{i}" / "venv"
-        probe = "import cloudtrain, torch; print(cloudtrain.__file__)"
-        done = subprocess.run([venv / "bin" / "python", "-c", probe], cwd=tmp_path,
-                              capture_output=True, text=True, check=False)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.startswith(str(venv)), "cloudtrain is the venv's own copy"
-    train = sh("train", "-c", name, str(SCRIPTS / "countdown.py"))
-    assert train.returncode == 0, train.stdout + train.stderr
-    down_leaves_nothing(sh, name, lab.home / ".cloudtrain" / name)  # its venv's processes too
-
-
-def tiny_wheel(folder: Path) -> Path:
-    """A one-module wheel (``tinyct``) that pip installs with no index and no build step."""
-    import base64
-    import hashlib
-    import zipfile
-
-    files = {
-        "tinyct.py": "VALUE = 42\n",
-        "tinyct-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinyct\nVersion: 1.0\n",
-        "tinyct-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: cloudtrain-tests\n"
-        "Root-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-
-    def digest(text: str) -> str:
-        raw = hashlib.sha256(text.encode()).digest()
-        return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-    record = "".join(f"{n},{digest(t)},{len(t.encode())}\n" for n, t in files.items())
-    files["tinyct-1.0.dist-info/RECORD"] = record + "tinyct-1.0.dist-info/RECORD,,\n"
-    folder.mkdir(parents=True, exist_ok=True)
-    wheel = folder / "tinyct-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        for name, text in files.items():
-            archive.writestr(name, text)
-    return wheel
 
 
 def test_an_idle_cluster_on_ssh_hosts_removes_itself_and_says_why(
