@@ -28,7 +28,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+    from collections.abc import Callable
+
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousHandler,
+        RendezvousInfo,
+        RendezvousParameters,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +116,38 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
             "workers' store to one address"
         )
     setattr(handler, SHARED_STORE_HOOK, bound_store)
+    handler.next_rendezvous = each_round(handler)  # type: ignore[method-assign]
     return handler
+
+
+def each_round(handler: RendezvousHandler) -> Callable[[], RendezvousInfo]:
+    """`handler`'s ``next_rendezvous``, which gives every agent of each round the workers' store
+    of that round's rank 0.
+
+    torch's store sharing writes the store's address (``MASTER_ADDR``, ``MASTER_PORT``) under a
+    round's prefix only when an agent first becomes rank 0; an agent reads it only at its
+    first round. So an agent that joins a later round (an elastic job's node made again, which
+    arrived after the others formed a round without it) waits for an address no one writes,
+    and the others wait for it: both fail after the store's timeout (60 s). And an agent whose
+    rank changed keeps the address of the round it first read. Here rank 0 writes its store's
+    address in every round, and every other agent reads it there."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousInfo, RendezvousStoreInfo
+
+    first = handler.next_rendezvous
+
+    def next_rendezvous() -> RendezvousInfo:
+        info = first()
+        shared = info.bootstrap_store_info
+        if not handler.use_agent_store or shared is None:
+            return info  # each round's rank 0 makes the workers' store (torch's own way)
+        if info.rank == 0:
+            info.store.set(RendezvousStoreInfo.MASTER_ADDR_KEY, shared.master_addr)
+            info.store.set(RendezvousStoreInfo.MASTER_PORT_KEY, str(shared.master_port))
+            return info
+        this_round = RendezvousStoreInfo.build(info.rank, info.store, local_addr=None)
+        return RendezvousInfo(info.store, info.rank, info.world_size, this_round)
+
+    return next_rendezvous
 
 
 #: The `DynamicRendezvousHandler` method (torch 2.4 and later) that makes the workers' store.
