@@ -189,6 +189,19 @@ class SlurmLab:
 
         self._wait_for(up, seconds, what)
 
+    def lose_node_under(self, train: subprocess.Popen[str], once: str, node: str = "n2") -> str:
+        """Set `node` down once `train` (a `cloudtrain train` with its output piped) printed
+        `once`; everything it printed, after it ended (within 300 s)."""
+        assert train.stdout is not None
+        out = ""
+        while once not in out:
+            line = train.stdout.readline()
+            assert line, out
+            out += line
+        self.run("scontrol", "update", f"nodename={node}", "state=down", "reason=test")
+        rest, _ = train.communicate(timeout=300)
+        return out + rest
+
     def run(
         self, *argv: str, check: bool = True, timeout: float = 30
     ) -> subprocess.CompletedProcess[str]:

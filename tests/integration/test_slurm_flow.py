@@ -88,15 +88,7 @@ def test_a_managed_job_whose_node_slurm_sets_down_resumes_with_that_node_made_ag
     [first] = slurm.queue()
     train = slurm_sh.popen("train", "-c", "m", "--managed", str(EXAMPLE), "--",
                            "--epochs", "6", "--pause", "1")  # fmt: skip
-    assert train.stdout is not None
-    out = ""
-    while "epoch 3/6" not in out:
-        line = train.stdout.readline()
-        assert line, out
-        out += line
-    slurm.run("scontrol", "update", "nodename=n2", "state=down", "reason=test")
-    rest, _ = train.communicate(timeout=300)
-    out += rest
+    out = slurm.lose_node_under(train, once="epoch 3/6")
     assert train.returncode == 0, out
     assert re.search(r"recovery 1/3: node 1 went away", out), out
     resumed = re.search(r"resumed from epoch (\d+)", out)

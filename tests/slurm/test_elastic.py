@@ -30,15 +30,7 @@ def test_a_managed_elastic_job_goes_on_without_a_node_slurm_sets_down_and_gets_i
     assert up.returncode == 0, up.stdout + up.stderr
     train = slurm_sh.popen("train", "-c", "e", "--managed", "--nodes", "1:2", str(EXAMPLE), "--",
                            "--epochs", "12", "--pause", "1")  # fmt: skip
-    assert train.stdout is not None
-    out = ""
-    while "epoch 3/12" not in out:
-        line = train.stdout.readline()
-        assert line, out
-        out += line
-    slurm.run("scontrol", "update", "nodename=n2", "state=down", "reason=test")
-    rest, _ = train.communicate(timeout=300)
-    out += rest
+    out = slurm.lose_node_under(train, once="epoch 3/12")
     assert train.returncode == 0, out
     assert "recovery 1/3: node 1 was lost; the others go on (elastic) while it is made" in out
     assert re.search(r"node 1 is back after \d+\.\d s; the job starts again on all", out), out
