@@ -8,7 +8,9 @@ port can join the job or worse. This backend is the same rendezvous (torch's
 endpoint's own address: the head's private address, or loopback for local nodes; so does the
 second store torch's head agent hosts for the workers' process group (``--local-addr``). A job
 opens no other listening TCP port but its process group's transport's, which gloo and NCCL bind
-to ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.
+to ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``. One mend to torch's rendezvous: an agent that
+joins a later round (an elastic job's node made again) gets that round's workers' store
+(`each_round`).
 
 It runs on the node, inside torchrun's agent (which imported torch already); it lives here, not
 in `cloudtrain.runtime`, because torchrun loads every plugin of its group at start: importing
