@@ -47,9 +47,10 @@ def error_line(done: subprocess.CompletedProcess[str]) -> str:
     [
         (["--partition", "nope"], "sbatch refused the allocation: Invalid partition name"),
         (["--gpus", "A100:9"], "Requested node configuration is not available"),
-        # Slurm says either, by when its scheduler first looks at the job
+        # Slurm says either, by when its scheduler first looks at the job (PartitionNodeLimit or
+        # PartitionTimeLimit, else PartitionConfig)
         (["--nodes", "3"], "more nodes than the partition allows|the partition cannot give it"),
-        (["--time", "3:00:00"], "the partition cannot give it"),
+        (["--time", "3:00:00"], "beyond the partition's MaxTime|the partition cannot give it"),
         (["--time", "soon"], "--time 'soon': give minutes, HH:MM:SS or D-HH:MM:SS"),
         (["--partition", "gpu;rm"], "--partition 'gpu;rm': letters, digits and _.+- only"),
         (["--login", "-oProxyCommand=id@h"], "user '-oProxyCommand=id' is not a user name"),
