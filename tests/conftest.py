@@ -108,6 +108,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ProcessesOnOneWorker(config, log)
 
 
+#: Under xdist, each worker's tests and the seconds they took (setup, call and teardown):
+#: which worker the suite's wall time waits for, so that the two can be balanced (`BESIDE`).
+_WORKERS: dict[str, list[float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # xdist's controller: the worker that ran it
+    gateway = getattr(node, "gateway", None)
+    if gateway is None:
+        return
+    spent = _WORKERS.setdefault(str(gateway.id), [0.0, 0.0])
+    spent[0] += report.duration
+    spent[1] += report.when == "call"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for worker, (seconds, tests) in sorted(_WORKERS.items()):
+        terminalreporter.write_line(f"{worker}: {tests:.0f} tests in {seconds:.0f} s")
+
+
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No test may reach beyond this machine: cloud SDKs and the "what is my IP" lookup are
