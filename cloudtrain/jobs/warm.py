@@ -334,25 +334,42 @@ def _exit_as(status: int) -> None:
 
 def start(root: Path, job_env: Mapping[str, str]) -> None:
     """Start the node's server detached, unless one holds its lock (or the node is gone), with
-    what of `job_env` acts at import time (`server_env`) and nothing else of it."""
+    what of `job_env` acts at import time (`server_env`) and nothing else of it.
+
+    The server is handed the lock held, with its `STARTING` file made: from the moment this
+    returns, a job's client waits for it (`_serving`). A server that took them itself would
+    leave a window, while its interpreter starts, in which a job that came (the first one
+    after `up`) found neither and started cold."""
     here = folder(root)
     if not root.is_dir():
         return
     here.mkdir(mode=0o700, exist_ok=True)
-    with procs.held_if_free(here / "lock") as free:
-        if not free:
-            return
-    env = server_env(job_env)
-    with open(here / "server.log", "ab") as log:
-        subprocess.Popen(
-            [sys.executable, "-m", "cloudtrain.jobs.warmserver", str(root)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=root,
-            env=env,
-            start_new_session=True,
-        )
+    lock = os.open(here / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # a server holds the node, or is starting
+        (here / STARTING).touch(mode=0o600)
+        try:
+            with open(here / "server.log", "ab") as log:
+                server = subprocess.Popen(
+                    [sys.executable, "-m", "cloudtrain.jobs.warmserver", str(root), str(lock)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=root,
+                    env=server_env(job_env),
+                    start_new_session=True,
+                    pass_fds=(lock,),
+                )
+        except BaseException:
+            (here / STARTING).unlink(missing_ok=True)
+            raise
+        os.ftruncate(lock, 0)
+        os.pwrite(lock, str(server.pid).encode(), 0)
+    finally:
+        os.close(lock)  # no unlock: the server's descriptor holds the same lock
 
 
 if __name__ == "__main__":

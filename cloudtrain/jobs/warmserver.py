@@ -31,16 +31,22 @@ from cloudtrain.jobs.warm import IDLE_S, STARTING, fingerprint, folder
 _MAX_REQUEST = 4 << 20
 
 
-def serve(root: Path) -> int:
-    """Import what an agent and its workers import, then fork an agent for each request."""
+def serve(root: Path, held: int | None = None) -> int:
+    """Import what an agent and its workers import, then fork an agent for each request.
+    `held`: the descriptor of the node's lock, taken for this server by `warm.start` (which
+    made the `STARTING` file too); None: take it here."""
     here = folder(root)
-    lock = os.open(here / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return 0  # another server holds the node
     starting = here / STARTING
-    starting.touch(mode=0o600)
+    if held is None:
+        lock = os.open(here / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return 0  # another server holds the node
+        starting.touch(mode=0o600)
+    else:
+        lock = held
+        os.set_inheritable(lock, False)  # the forked agents' jobs must not hold it
     try:
         return _serve(root, lock)
     finally:
@@ -326,4 +332,4 @@ def _status(body: Callable[[], object]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(Path(sys.argv[1])))
+    sys.exit(serve(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else None))

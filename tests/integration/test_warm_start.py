@@ -348,6 +348,11 @@ def test_a_job_waits_for_a_server_that_is_starting_and_not_for_one_that_stopped_
                              env=job_env(node), cwd=node, timeout=60, check=True)  # fmt: skip
     assert started.returncode == 0
     assert not (warm.folder(node) / "sock").exists(), "it should still import torch"
+    # From the moment `--start` returns, the server is seen as starting: a job that comes
+    # before its interpreter even ran waits for it (the first job after `up` did not).
+    assert (warm.folder(node) / warm.STARTING).exists()
+    with open(warm.folder(node) / "lock") as lock, pytest.raises(BlockingIOError):
+        fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
     code, out = run(workdir, "cloudtrain.jobs.warm", job_env(node), "train.py")
     assert code == 0, out
     assert len(facts(out)) == 2
