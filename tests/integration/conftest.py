@@ -102,7 +102,7 @@ def _stop_all(shell: Shell) -> None:
 TWO = "two"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def _two_nodes_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
     shell = Shell(tmp_path_factory.mktemp("two") / "home")
     try:
@@ -118,11 +118,12 @@ def _two_nodes_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
 
 @pytest.fixture
 def two_nodes(_two_nodes_up: Shell) -> Iterator[Shell]:
-    """`sh` with a local cluster of 2 nodes up, named `TWO`: one for the tests of a module
-    that each only train on it (an `up` and `down` cost about 14 s of CPU: the bootstrap, its
-    check, the nodes' warm servers). Each test must leave no process of its jobs (checked
-    after it; what it left is stopped, so the next test starts clean); `down` comes after the
-    module's last test, and must leave nothing."""
+    """`sh` with a local cluster of 2 nodes up, named `TWO`: one for every test that only
+    trains on a cluster (an `up` and `down` cost about 14 s of CPU: the bootstrap, its check,
+    the nodes' warm servers), brought up once per worker process. Each test must leave no
+    process of its jobs (checked after it; what it left is stopped, so the next test starts
+    clean), and must not change the cluster; `down` comes after the session's last test, and
+    must leave nothing."""
     shell = _two_nodes_up
     yield shell
     try:

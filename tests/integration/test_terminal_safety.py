@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import CLOUDTRAIN, REPO, SCRIPTS, Shell, wait_for
+from tests.integration.conftest import CLOUDTRAIN, REPO, SCRIPTS, TWO, Shell, wait_for
 
 pytestmark = pytest.mark.integration
 #: rich's own styles and cursor moves (the only escape sequences a terminal may get)
@@ -77,6 +77,10 @@ def in_terminal(
     return code, RICH.sub("", shown.decode(errors="replace")).replace("\r", "")
 
 
+def job_ids(sh: Shell) -> set[str]:
+    return {j["id"] for j in sh.status()["jobs"]}
+
+
 def test_a_failure_tail_and_a_bootstrap_phase_reach_the_terminal_escaped(sh: Shell) -> None:
     assert sh("up", "--name", "esc").returncode == 0
     failed = sh("train", "-c", "esc", str(SCRIPTS / "hostile_failure.py"))
@@ -102,10 +106,11 @@ def test_a_failure_tail_and_a_bootstrap_phase_reach_the_terminal_escaped(sh: She
     assert sh("down", "esc").returncode == 0
 
 
-def test_ctrl_c_during_train_is_one_line_and_no_node_traceback(sh: Shell) -> None:
-    assert sh("up", "--nodes", "2", "--name", "cc").returncode == 0
+def test_ctrl_c_during_train_is_one_line_and_no_node_traceback(two_nodes: Shell) -> None:
+    sh = two_nodes
+    before = job_ids(sh)
     code, shown = in_terminal(
-        sh, ["train", "-c", "cc", str(SCRIPTS / "sleeper.py")], interrupt_after=b"tick 3"
+        sh, ["train", "-c", TWO, str(SCRIPTS / "sleeper.py")], interrupt_after=b"tick 3"
     )
     assert code == 130, shown
     assert "Traceback" not in shown, shown
@@ -115,34 +120,35 @@ def test_ctrl_c_during_train_is_one_line_and_no_node_traceback(sh: Shell) -> Non
     said = [
         ln for ln in shown[last_log:].splitlines() if ln.strip(" ^C") and not ln.startswith(panel)
     ]
+    (job,) = job_ids(sh) - before
     assert said == [
-        "stopped following job cc-1; it keeps running on its nodes: `cloudtrain logs cc-1 -f` "
-        "follows it again, `cloudtrain cancel cc-1` stops it"
+        f"stopped following job {job}; it keeps running on its nodes: `cloudtrain logs {job} -f` "
+        f"follows it again, `cloudtrain cancel {job}` stops it"
     ], shown
-    assert sh.job("cc-1")["status"] == "running"  # left running, as said
-    assert sh("cancel", "cc-1").returncode == 0
+    assert sh.job(job)["status"] == "running"  # left running, as said
+    assert sh("cancel", job).returncode == 0
     wait_for(lambda: not sh.strays(), what="the job's processes to end")
-    assert sh("down", "cc").returncode == 0
 
 
 def test_ctrl_c_while_the_job_starts_is_one_line_and_leaves_nothing(
-    sh: Shell, tmp_path: Path
+    two_nodes: Shell, tmp_path: Path
 ) -> None:
+    sh = two_nodes
     task = tmp_path / "task.yaml"
     task.write_text(
-        f"name: cs\nnum_nodes: 2\nworkdir: {SCRIPTS}\nrun: sleeper.py\n"
+        f"name: {TWO}\nnum_nodes: 2\nworkdir: {SCRIPTS}\nrun: sleeper.py\n"
         "setup: echo setting up; sleep 600\n"
     )
-    assert sh("up", "--name", "cs", "--nodes", "2").returncode == 0
+    before = job_ids(sh)
     code, shown = in_terminal(sh, ["train", str(task)], interrupt_after=b"setting up")
     assert code == 130, shown
     assert "Traceback" not in shown, shown
     last_log = max(m.end() for m in re.finditer(r"\[node \d\] setting up\n", shown))
     said = [ln for ln in shown[last_log:].splitlines() if ln.strip(" ^C")]
-    assert said == ["stopped starting job cs-1: what had started was stopped, nothing of it runs"]
-    assert sh.job("cs-1")["status"] == "cancelled"
+    (job,) = job_ids(sh) - before
+    assert said == [f"stopped starting job {job}: what had started was stopped, nothing of it runs"]
+    assert sh.job(job)["status"] == "cancelled"
     wait_for(lambda: not sh.strays(), what="the setup to be stopped")
-    assert sh("down", "cs").returncode == 0
 
 
 def test_the_panel_takes_the_terminals_width_and_keeps_pace_with_the_log(sh: Shell) -> None:
@@ -168,14 +174,16 @@ def test_the_panel_takes_the_terminals_width_and_keeps_pace_with_the_log(sh: She
     assert sh("down", "wide").returncode == 0
 
 
-def test_the_users_horovod_timeout_wins_and_wiring_is_refused_in_one_line(sh: Shell) -> None:
+def test_the_users_horovod_timeout_wins_and_wiring_is_refused_in_one_line(
+    two_nodes: Shell,
+) -> None:
     pytest.importorskip("horovod")
-    assert sh("up", "--name", "hv").returncode == 0
+    sh = two_nodes
     script = SCRIPTS / "show_env.py"
     done = sh(
         "train",
         "-c",
-        "hv",
+        TWO,
         "--runtime",
         "horovod",
         "--env",
@@ -184,6 +192,7 @@ def test_the_users_horovod_timeout_wins_and_wiring_is_refused_in_one_line(sh: Sh
     )
     assert done.returncode == 0, done.stderr
     assert "[node 0] HOROVOD_GLOO_TIMEOUT_SECONDS=7" in done.stdout, done.stdout
+    jobs = [j["id"] for j in sh.status()["jobs"]]
     for env, line in [
         (
             "HOROVOD_GLOO_TIMEOUT_SECONDS=soon",
@@ -196,7 +205,6 @@ def test_the_users_horovod_timeout_wins_and_wiring_is_refused_in_one_line(sh: Sh
             "each horovod worker (it wires the job together); leave it out",
         ),
     ]:
-        refused = sh("train", "-c", "hv", "--runtime", "horovod", "--env", env, str(script))
+        refused = sh("train", "-c", TWO, "--runtime", "horovod", "--env", env, str(script))
         assert (refused.returncode, refused.stderr) == (2, line + "\n")
-    assert [j["id"] for j in sh.status()["jobs"]] == ["hv-1"]  # the refused ones cost nothing
-    assert sh("down", "hv").returncode == 0
+    assert [j["id"] for j in sh.status()["jobs"]] == jobs  # the refused ones cost nothing
