@@ -7,6 +7,7 @@ elastic`), but the agent itself still starts a new interpreter and imports torch
     python -m cloudtrain.jobs.warm [elastic's flags] script.py ARGS      (the client)
     python -m cloudtrain.jobs.warmserver ROOT                             (the server)
     python -m cloudtrain.jobs.warm --start            (start the server for the job's env)
+    python -m cloudtrain.jobs.warm --keep ...         (either, disturbing no server: `KEEP`)
 
 the client asks the node's server (``<root>/warm/sock``; ``<root>`` is the job's
 ``CLOUDTRAIN_NODE_ROOT``) for an agent: the server forks one with its standard streams, its
@@ -18,7 +19,11 @@ stopped it (a recovery's, a cancel's: they mark its folder first), not when the 
 teardown did (that leaves no process behind it did not find). ``--start`` starts one with the
 job's environment before any job ran (`up` readies each new node so, and a recovery its
 replacement while the node's bootstrap checks torch), and a client that finds a server still
-importing (its `STARTING` file there, its lock held) waits for it up to `STARTING_S`. So every
+importing (its `STARTING` file there, its lock held) waits for it up to `STARTING_S`. A CPU
+node's bootstrap starts one for its own check of torch (`KEEP`: it disturbs none there),
+in its own environment: ``--start`` keeps a server whose `fingerprint` is its jobs' and
+retires one whose is not (it stops listening, and exits once no agent of it runs) for a new
+one. So every
 fork job on a node is warm, for as long as the server lives: until the node's
 teardown (it carries ``CLOUDTRAIN_NODE_ROOT``, and is stopped with the node's processes), its
 folder is gone, or `IDLE_S` without a request.
@@ -82,6 +87,10 @@ IDLE_S = 3600.0
 STARTING_S = 30.0
 #: The file a server holds while it imports, before it listens.
 STARTING = "starting"
+#: The file that holds a listening server's `fingerprint`, which `start` compares with its job's.
+KEY = "key"
+#: How long `start` waits for a server it retired (one not for its job's fingerprint) to exit.
+RETIRE_S = 5.0
 #: Variables read when torch and its libraries are imported: a request must match the server's.
 IMPORT_TIME = ("PYTHON", "TORCH", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "CUDA_")
 #: The variables the node finds a job's processes by (`cloudtrain.node.procs`).
@@ -92,6 +101,9 @@ MARKERS = ("CLOUDTRAIN_JOB_ID", "CLOUDTRAIN_NODE_ROOT")
 SERVER_ENV = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "LC_ALL", "LC_CTYPE")
 #: ``CLOUDTRAIN_WARM=0`` turns warm starts off for a job.
 SWITCH = "CLOUDTRAIN_WARM"
+#: The first flag of a client that must leave the node's server as it is (the bootstrap's
+#: check): ``--start`` retires none, and a job asks only a server of its own fingerprint.
+KEEP = "--keep"
 
 
 def folder(root: Path) -> Path:
@@ -185,13 +197,15 @@ def _set_first_letter(names: Sequence[str], old: str, new: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    keep = args[:1] == [KEEP]
+    args = args[keep:]
     named = os.environ.get("CLOUDTRAIN_NODE_ROOT")
     root = Path(named) if named and os.environ.get(SWITCH, "1") != "0" else None
     if args == ["--start"]:  # a job's next start is near: its server, now (`prewarm`)
         if root is not None:
-            start(root, os.environ)
+            start(root, os.environ, retire=not keep)
         return
-    status = ask(root, args) if root is not None else None
+    status = ask(root, args, keep) if root is not None else None
     if status is not None:
         _exit_as(status)
     from cloudtrain.jobs import elastic
@@ -220,11 +234,12 @@ def _stopped_as_a_job(env: Mapping[str, str]) -> bool:
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def ask(root: Path, argv: Sequence[str]) -> int | None:
+def ask(root: Path, argv: Sequence[str], keep: bool = False) -> int | None:
     """Have the node's server fork the agent for `argv`, and wait for it: its exit status
-    (negative: killed by that signal), or None when no server took the request."""
+    (negative: killed by that signal), or None when no server took the request. `keep`: ask
+    only a server of this process's `fingerprint` (one of another's would stop serving)."""
     path = folder(root) / "sock"
-    if not _serving(root):
+    if not _serving(root) or (keep and _key(root) != fingerprint(os.environ)):
         return None
     # From the request on, the agent is the job's process, not this one: a stop finds it, and
     # this process passes on a signal it gets (held until the agent's pid is known).
@@ -332,9 +347,10 @@ def _exit_as(status: int) -> None:
     os._exit(status & 0xFF)
 
 
-def start(root: Path, job_env: Mapping[str, str]) -> None:
+def start(root: Path, job_env: Mapping[str, str], retire: bool = False) -> None:
     """Start the node's server detached, unless one holds its lock (or the node is gone), with
-    what of `job_env` acts at import time (`server_env`) and nothing else of it.
+    what of `job_env` acts at import time (`server_env`) and nothing else of it. `retire`:
+    unless the one that holds it serves jobs of `job_env`'s `fingerprint` (`_take`).
 
     The server is handed the lock held, with its `STARTING` file made: from the moment this
     returns, a job's client waits for it (`_serving`). A server that took them itself would
@@ -346,10 +362,8 @@ def start(root: Path, job_env: Mapping[str, str]) -> None:
     here.mkdir(mode=0o700, exist_ok=True)
     lock = os.open(here / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return  # a server holds the node, or is starting
+        if not _take(lock, root, fingerprint(job_env) if retire else None):
+            return  # a server for these jobs holds the node, or one busy with another's
         (here / STARTING).touch(mode=0o600)
         try:
             with open(here / "server.log", "ab") as log:
@@ -370,6 +384,58 @@ def start(root: Path, job_env: Mapping[str, str]) -> None:
         os.pwrite(lock, str(server.pid).encode(), 0)
     finally:
         os.close(lock)  # no unlock: the server's descriptor holds the same lock
+
+
+def _take(lock: int, root: Path, key: str | None) -> bool:
+    """Take the node's `lock` for a new server. With a `key`, after retiring the one that
+    holds it if that one serves jobs of another fingerprint (it would refuse each of them,
+    and the first would start cold): the node's bootstrap started it for its own check of
+    torch, in its own environment (`cloudtrain.node.bootstrap`'s verify). Retired, it stops
+    listening and exits once no agent of it runs; one still busy after `RETIRE_S` keeps the
+    node (False)."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass
+    if key is None or not _serving(root) or _key(root) in (key, None):
+        return False
+    if not _retire(folder(root) / "sock", key):
+        return False
+    deadline = time.monotonic() + RETIRE_S
+    while time.monotonic() < deadline:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(0.05)
+    return False
+
+
+def _key(root: Path) -> str | None:
+    """The listening server's `fingerprint` (it writes it before it listens)."""
+    try:
+        return (folder(root) / KEY).read_text()
+    except OSError:
+        return None
+
+
+def _retire(path: Path, key: str) -> bool:
+    """Ask the server at `path` to retire: a request with `key`, which it refuses and stops
+    listening for unless `key` is its own (a server that took the node meanwhile: it refuses
+    the request alone, since it asks for no agent). Whether the server answered."""
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with conn, open(os.devnull, "rb") as null:
+            with unix_address(path) as address:
+                conn.connect(address)
+            request = {"argv": [], "size": 0, "cwd": "/", "umask": 0o77, "key": key, "retire": 1}
+            fds = [null.fileno()] * 3
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], fds)
+            conn.settimeout(10)
+            return bool(conn.recv(4096))
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

@@ -72,6 +72,12 @@ def _serve(root: Path, lock: int) -> int:
     path = here / "sock"
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
+    # Before the socket: a start that finds it listening compares its job's key with this.
+    (here / "key.new").unlink(missing_ok=True)
+    fd = os.open(here / "key.new", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with open(fd, "w") as f:
+        f.write(key)
+    os.replace(here / "key.new", here / warm.KEY)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)
     try:
@@ -239,6 +245,8 @@ def _handle(
                 "(cgroups, limits, CPUs) are not this server's",
                 stale=True,
             )
+        if request.get("retire"):  # (from a `warm.start` for this server's jobs: nothing to do)
+            raise _Refused("a request to retire from a job this server serves")
         start, end = warm.environ_region()
         if size + len(warm.environ_block(added)) > end - start:
             raise _Refused("the job's environment is larger than this server's room for it")

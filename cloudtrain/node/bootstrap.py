@@ -19,6 +19,7 @@ nccl       ``<root>/nccl.env`` (``KEY='value'`` lines every job on the node gets
            interface, EFA's settings (no GPUDirect RDMA on Volta), the fabric's; CPU: skipped
 verify     in the node's Python, not here: torch sees the GPUs and has kernels for them, then an
            NCCL all_reduce across them under ``torch.distributed.run``; CPU: a gloo all_reduce
+           by a rank forked from the node's warm server (`cloudtrain.jobs.warm`), started here
 =========  ====================================================================================
 
 The agent stays stdlib-only: torch is imported only by `cloudtrain.node.verify`, which the
@@ -46,6 +47,16 @@ ALL_PHASES = ("base", "nvidia-driver", "python", "cloudtrain", "torch", "nccl", 
 MODULE = "cloudtrain.node.bootstrap"
 #: The verify phase's probes, run in the node's Python (which has torch).
 VERIFY = "cloudtrain.node.verify"
+#: A CPU node's check runs as a rank forked from the node's warm server, which it starts.
+WARM = "cloudtrain.jobs.warm"
+#: The check's one-node launch, its stores and transport on loopback alone (cloudtrain's
+#: rendezvous, `cloudtrain.jobs.rendezvous`: torch's ``--standalone`` listens on every
+#: interface, with no authentication).
+LOOPBACK = (
+    "--nnodes", "1", "--rdzv-backend", "cloudtrain", "--rdzv-endpoint", "127.0.0.1:0",
+    "--rdzv-id", "verify", "--rdzv-conf", "is_host=1", "--local-addr", "127.0.0.1",
+)  # fmt: skip
+LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 VERIFY_TIMEOUT_S = 300
 #: The installed torch's version and CUDA, read from its ``version.py`` without importing torch
 #: (seconds of CPU on every node at every `up`; the verify phase imports it once).
@@ -166,8 +177,11 @@ class Phase:
         self.log.write(message + "\n")
         self.log.flush()
 
-    def run(self, argv: Sequence[str], timeout: float | None = None) -> int:
-        """Run `argv` with its output in the log; its exit code (124 when it timed out)."""
+    def run(
+        self, argv: Sequence[str], timeout: float | None = None, env: dict[str, str] | None = None
+    ) -> int:
+        """Run `argv` (in `env`, else this process's) with its output in the log; its exit code
+        (124 when it timed out)."""
         self.log.flush()
         try:
             return subprocess.run(
@@ -177,6 +191,7 @@ class Phase:
                 stdin=subprocess.DEVNULL,
                 timeout=timeout,
                 check=False,
+                env=env,
             ).returncode
         except subprocess.TimeoutExpired:
             self.echo(f"timed out after {timeout:.0f} s: {shlex.join(argv)}")
@@ -185,8 +200,10 @@ class Phase:
             self.echo(f"cannot run {argv[0]}: {exc}")
             return 127
 
-    def check(self, argv: Sequence[str], timeout: float | None = None) -> None:
-        code = self.run(argv, timeout)
+    def check(
+        self, argv: Sequence[str], timeout: float | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        code = self.run(argv, timeout, env)
         if code != 0:
             raise fail(f"{shlex.join(argv)} exited {code}", code)
 
@@ -299,27 +316,43 @@ def phase_nccl(p: Phase) -> None:
 
 
 def phase_verify(p: Phase) -> None:
-    """CPU: one process checks and all-reduces. GPU: check, then one rank per GPU all-reduces.
+    """CPU: the node's warm server, then a rank forked from it checks and all-reduces (alone in
+    one process where ``CLOUDTRAIN_WARM=0``). GPU: check, then one rank per GPU all-reduces.
     Skipped where another node verified this machine (``CT_VERIFIED_BY``)."""
     if p.config["CT_VERIFIED_BY"]:
         raise skip(f"this machine is verified by {p.config['CT_VERIFIED_BY']}")
     gpus, py = p.config.gpus, p.config.python
+    if gpus == 0 and _as_the_jobs_user(p.config.root):
+        # The torch import a check pays is the one `up` readies the node's jobs with (a warm
+        # server, `cloudtrain.jobs.warm`): pay it once. The environment is a CPU job's, as far
+        # as the import reads it (`Coordinator._node_env`), so `up`'s readying finds the same
+        # server; where it is not (a job's cgroup is another), `up`'s start retires it for one
+        # that is. `--keep`: a server there already (a recovery readies its replacement while
+        # this runs) is left as it is, and checked with only where it is this check's.
+        env = {**os.environ, **LOOPBACK_ENV, "CLOUDTRAIN_NODE_ROOT": str(p.config.root)}
+        env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        p.check([py, "-m", WARM, "--keep", "--start"], VERIFY_TIMEOUT_S, env)
+        rank = [*LOOPBACK, "--nproc-per-node", "1", "--start-method", "fork"]
+        argv = [py, "-m", WARM, "--keep", *rank, "-m", VERIFY, "check", "0"]
+        p.check(argv, VERIFY_TIMEOUT_S, env)
+        return
     p.check([py, "-m", VERIFY, "check", str(gpus)], VERIFY_TIMEOUT_S)
     if gpus > 0:
-        p.check(
-            [
-                py,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc-per-node",
-                str(gpus),
-                "-m",
-                VERIFY,
-                "allreduce",
-            ],
-            VERIFY_TIMEOUT_S,
-        )
+        ranks = [*LOOPBACK, "--nproc-per-node", str(gpus)]
+        argv = [py, "-m", "torch.distributed.run", *ranks, "-m", VERIFY, "allreduce"]
+        p.check(argv, VERIFY_TIMEOUT_S, {**os.environ, **LOOPBACK_ENV})
+
+
+def _as_the_jobs_user(root: Path) -> bool:
+    """Whether this runs as the user the node's jobs run as (who owns its folder), and may
+    start their warm server: a cloud node's bootstrap runs as root (cloud-init), whose server
+    would serve no job. ``CLOUDTRAIN_WARM=0`` here: never."""
+    if os.environ.get("CLOUDTRAIN_WARM", "1") == "0":
+        return False
+    try:
+        return root.stat().st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 PHASE_RUNNERS: dict[str, Callable[[Phase], None]] = {

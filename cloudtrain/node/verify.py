@@ -2,9 +2,10 @@
 verify phase (`cloudtrain.node.bootstrap`)::
 
     python -m cloudtrain.node.verify check GPUS     torch sees GPUS usable GPUs (CPU: 0, and a
-                                                    gloo all_reduce in this process)
-    python -m cloudtrain.node.verify allreduce      one rank's all_reduce (NCCL under
-                                                    torch.distributed.run, else gloo)
+                                                    gloo all_reduce: in this process, or across
+                                                    the ranks when a launcher runs it)
+    python -m cloudtrain.node.verify allreduce      one rank's NCCL all_reduce under
+                                                    torch.distributed.run
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from collections.abc import Sequence
 
 def check(gpus: int) -> None:
     """torch imports; GPU node: CUDA sees `gpus` GPUs and the build has kernels for them; CPU
-    node: a gloo all_reduce in this process (importing torch is most of the time)."""
+    node: a gloo all_reduce (importing torch is most of the time), as one rank of a launcher's
+    (a CPU node's bootstrap runs it forked from the node's warm server) or alone."""
     import torch
 
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
     if gpus == 0:
         print("CPU node: no GPU to check")
-        allreduce()
+        allreduce(cuda=False)
         return
     if not torch.cuda.is_available():
         sys.exit(f"torch.cuda.is_available() is False, expected {gpus} GPU(s)")
@@ -39,17 +41,20 @@ def check(gpus: int) -> None:
     print(f"{count} GPU(s): {torch.cuda.get_device_name(0)}, kernels for {arches}")
 
 
-def allreduce() -> None:
-    """One all_reduce: NCCL across this node's GPUs under torch.distributed.run, else gloo in
-    one process."""
+def allreduce(cuda: bool = True) -> None:
+    """One all_reduce across the launcher's ranks (NCCL across this node's GPUs, or gloo), or
+    with no launcher (no ``LOCAL_RANK``), gloo in this one process."""
     import torch
     import torch.distributed as dist
 
     with tempfile.TemporaryDirectory() as tmp:
-        if "LOCAL_RANK" in os.environ:
+        if "LOCAL_RANK" in os.environ and cuda:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
             dist.init_process_group("nccl")
             tensor = torch.ones(1, device="cuda")
+        elif "LOCAL_RANK" in os.environ:
+            dist.init_process_group("gloo")
+            tensor = torch.ones(1)
         else:
             store = f"file://{tmp}/store"
             dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)

@@ -194,7 +194,8 @@ def test_a_local_clusters_first_job_is_warm_and_down_leaves_no_server(tmp_path: 
             )  # fmt: skip
             assert done.returncode == 0, done.stdout + done.stderr
             said = [log.read_text() for log in logs]
-            assert [s.count("forked agent") for s in said] == [i + 1, i + 1], said
+            # node 0's server forked its bootstrap's check too (node 1's machine is node 0's)
+            assert [s.count("forked agent") for s in said] == [i + 2, i + 1], said
             assert [s.count("serving on") for s in said] == [1, 1], said  # one server each
         roots = [str(p.parents[1]) for p in logs]
     finally:
@@ -359,3 +360,92 @@ def test_a_job_waits_for_a_server_that_is_starting_and_not_for_one_that_stopped_
     assert "forked agent" in (warm.folder(node) / "server.log").read_text()
     assert procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node)}, grace_s=5)["terminated"] == 1
     assert not (warm.folder(node) / warm.STARTING).exists()
+
+
+GATE = """
+import os, sys, time
+if __name__ == "__main__":
+    sys.stdout.write("WAITING\\n")
+    sys.stdout.flush()
+    while not os.path.exists(os.environ["GATE"]):
+        time.sleep(0.05)
+"""
+
+
+def start_for(env: dict[str, str]) -> None:
+    """``warm --start`` as `up` runs it on a node, for jobs of `env`."""
+    subprocess.run([sys.executable, "-m", "cloudtrain.jobs.warm", "--start"], env=env,
+                   check=True, timeout=60)  # fmt: skip
+
+
+def test_a_start_keeps_a_server_for_its_jobs_and_replaces_one_for_others(
+    node: Path, workdir: Path, server: subprocess.Popen[bytes]
+) -> None:
+    """A node's bootstrap starts its server for its own check of torch (`cloudtrain.node.
+    bootstrap`); `up`'s start then keeps it where it serves the jobs, and replaces it where
+    its jobs' import-time variables (or cgroup…) are not the bootstrap's."""
+    start_for(job_env(node))
+    assert server.poll() is None
+    assert "refused" not in served(server)
+    other = job_env(node, TORCH_SHOW_CPP_STACKTRACES="1")
+    start_for(other)
+    assert server.wait(timeout=30) == 0  # retired, once it answered
+    assert "import-time variables or confinement" in served(server)
+    log = warm.folder(node) / "server.log"
+    deadline = time.monotonic() + 60
+    while "serving on" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, "no new server"
+        time.sleep(0.1)
+    try:
+        assert (warm.folder(node) / warm.KEY).exists()
+        (workdir / "noop.py").write_text("")
+        code, out = run(workdir, "cloudtrain.jobs.warm", other, "noop.py")
+        assert code == 0, out
+        assert "forked agent" in log.read_text()  # the new server serves the other jobs
+    finally:
+        procs.kill_matching({"CLOUDTRAIN_NODE_ROOT": str(node)}, grace_s=5)
+
+
+def test_a_start_for_other_jobs_leaves_a_busy_server_to_its_job(
+    node: Path, workdir: Path, server: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    """A server that runs a job's agent is not stopped for a start: it stops listening (the
+    next job starts cold, and starts the next server) and ends when its agent has."""
+    (workdir / "gate.py").write_text(GATE)
+    gate = tmp_path / "gate"
+    argv = [sys.executable, "-m", "cloudtrain.jobs.warm", "--standalone", "--nproc-per-node",
+            "1", "--start-method", "fork", "gate.py"]  # fmt: skip
+    with subprocess.Popen(argv, cwd=workdir, env=job_env(node, GATE=str(gate)),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as job:  # fmt: skip
+        assert job.stdout is not None
+        for line in job.stdout:
+            if b"WAITING" in line:
+                break
+        start_for(job_env(node, TORCH_SHOW_CPP_STACKTRACES="1"))
+        assert not (warm.folder(node) / "sock").exists()  # no longer listening
+        assert not (warm.folder(node) / "server.log").exists()  # and no second server
+        assert server.poll() is None
+        assert job.poll() is None
+        gate.touch()
+        assert job.wait(timeout=60) == 0
+    assert server.wait(timeout=30) == 0
+    assert procs.find_processes({"CLOUDTRAIN_NODE_ROOT": str(node)}) == []
+
+
+def test_a_client_that_keeps_the_server_asks_it_only_for_its_own_jobs(
+    node: Path, workdir: Path, server: subprocess.Popen[bytes]
+) -> None:
+    """``--keep`` (the bootstrap's check): a server of other jobs is neither asked (which would
+    make it stop serving them) nor retired; a server of its own is asked."""
+    (workdir / "noop.py").write_text("")
+    argv = [sys.executable, "-m", "cloudtrain.jobs.warm", "--keep", "--standalone",
+            "--nproc-per-node", "1", "--start-method", "fork", "noop.py"]  # fmt: skip
+    other = job_env(node, TORCH_SHOW_CPP_STACKTRACES="1")
+    subprocess.run([*argv[:4], "--start"], env=other, check=True, timeout=60)
+    done = subprocess.run(argv, cwd=workdir, env=other, timeout=120, check=False)
+    assert done.returncode == 0
+    assert served(server) == ""  # cold, and no request made
+    assert server.poll() is None
+    done = subprocess.run(argv, cwd=workdir, env=job_env(node), timeout=120, check=False)
+    assert done.returncode == 0
+    assert served(server).count("forked agent") == 1

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain.jobs import warm
 from cloudtrain.node import bootstrap as phases
-from cloudtrain.node import verify
+from cloudtrain.node import procs, verify
 
 SOURCE = Path(phases.__file__)
 
@@ -110,9 +111,19 @@ def phase(name: str, path: Path, *command: str) -> subprocess.CompletedProcess[s
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
 
+def stop_the_checks_server(root: Path) -> str:
+    """Stop the warm server a CPU node's verify phase started under `root` (every process of
+    the node); what it said."""
+    log = warm.folder(root) / "server.log"
+    said = log.read_text() if log.exists() else ""
+    counts = procs.stop(lambda: procs.find_node(str(root)), 10.0)
+    assert counts["killed"] == counts["left"] == 0, counts
+    return said
+
+
 def test_each_phase_with_this_python_check_only(tmp_path: Path) -> None:
     """Check-only, CPU: torch imports, nccl.env says CPU (skipped, and why), a gloo all_reduce
-    in one process."""
+    by a rank forked from the node's warm server, which the phase started (and leaves)."""
     path = config(tmp_path, CT_INSTALL="0", CT_PYTHON=sys.executable)
     (tmp_path / "root").mkdir()
     torch = phase("torch", path)
@@ -123,10 +134,29 @@ def test_each_phase_with_this_python_check_only(tmp_path: Path) -> None:
     assert "skipped: CPU node: no NCCL settings" in nccl.stdout
     assert (tmp_path / "skipped.nccl").read_text() == "CPU node: no NCCL settings\n"
     assert (tmp_path / "root" / "nccl.env").read_text().startswith("# cloudtrain: a CPU node")
-    verify = phase("verify", path)
+    try:
+        verify = phase("verify", path)
+    finally:
+        said = stop_the_checks_server(tmp_path / "root")
     assert verify.returncode == 0, verify.stderr
     assert "gloo all_reduce across 1 process(es): ok" in verify.stdout
     assert not (tmp_path / "skipped.verify").exists()
+    assert said.count("serving on") == said.count("forked agent") == 1, said
+
+
+def test_a_cpu_check_starts_the_jobs_warm_server_only_as_their_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The jobs run as the node folder's owner: a cloud node's bootstrap, root under
+    cloud-init, starts no server (one of root's would serve none of them)."""
+    monkeypatch.delenv(warm.SWITCH, raising=False)
+    assert phases._as_the_jobs_user(tmp_path)
+    assert not phases._as_the_jobs_user(tmp_path / "gone")
+    with monkeypatch.context() as m:
+        m.setattr(os, "geteuid", lambda: tmp_path.stat().st_uid + 1)
+        assert not phases._as_the_jobs_user(tmp_path)
+    monkeypatch.setenv(warm.SWITCH, "0")
+    assert not phases._as_the_jobs_user(tmp_path)
 
 
 def test_a_node_whose_machine_another_node_verified_skips_the_verify_phase(tmp_path: Path) -> None:

@@ -24,10 +24,14 @@ import pytest
 
 import cloudtrain
 from cloudtrain.boot.gpustack import GpuStack, stack_for
+from cloudtrain.node import bootstrap
 from tests.conftest import require_tool
+from tests.unit.test_node_bootstrap import stop_the_checks_server
 
 STUBS = Path(__file__).parent / "stubs"
 STUB_COMMANDS = ("apt-get", "dpkg", "nvidia-smi", "lspci", "modprobe", "systemctl", "sudo")
+#: The verify phase's one-node launch, on loopback alone.
+LOOPBACK = " ".join(bootstrap.LOOPBACK)
 ALL = ["base", "nvidia-driver", "python", "cloudtrain", "torch", "nccl", "verify"]
 PHASE_KEYS = {"name", "state", "started", "finished", "exit_code", "log"}
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
@@ -246,12 +250,28 @@ def test_cpu_node_from_scratch(node: Node) -> None:
         "--index-url https://download.pytorch.org/whl/cpu",
     ]
     assert node.calls(f"python -m {PY_PHASES}") == node.py_phases("torch", "nccl", "verify")
-    assert node.calls("python -m cloudtrain.node.verify") == [
-        "python -m cloudtrain.node.verify check 0"]  # fmt: skip
+    assert node.calls("python -m cloudtrain.jobs.warm") == [
+        "python -m cloudtrain.jobs.warm --keep --start",
+        f"python -m cloudtrain.jobs.warm --keep {LOOPBACK} --nproc-per-node 1 --start-method "
+        "fork -m cloudtrain.node.verify check 0",
+    ]
     assert node.calls("python -m torch.distributed.run") == []
     assert "gloo all_reduce across 1 process(es): ok" in node.log("verify")
     assert (node.root / "nccl.env").read_text().startswith("# cloudtrain: a CPU node")
     assert "skipped, no GPU on this node" in result.stdout
+
+
+def test_a_cpu_node_with_warm_starts_off_checks_in_one_process(node: Node) -> None:
+    """``CLOUDTRAIN_WARM=0`` (as for a bootstrap that runs as another user than the jobs',
+    `test_node_bootstrap`): the check imports torch itself, and starts no server."""
+    node.configure(stack_for(None), agent=True, CT_INSTALL="0", CT_PHASES="verify")
+    node.put("torch", "2.13.0+cpu None\n")
+    result = node.run(CLOUDTRAIN_WARM="0")
+    assert result.returncode == 0, result.stderr
+    assert node.calls("python -m cloudtrain.jobs.warm") == []
+    assert node.calls("python -m cloudtrain.node.verify") == [
+        "python -m cloudtrain.node.verify check 0"]  # fmt: skip
+    assert "gloo all_reduce across 1 process(es): ok" in node.log("verify")
 
 
 def test_v100_node_gets_the_cu12_index_and_keeps_a_recent_driver(node: Node) -> None:
@@ -268,7 +288,7 @@ def test_v100_node_gets_the_cu12_index_and_keeps_a_recent_driver(node: Node) -> 
     (torch_install,) = [c for c in node.calls("python -m pip install") if "torch" in c]
     assert torch_install.endswith("--index-url https://download.pytorch.org/whl/cu126")
     (torchrun,) = node.calls("python -m torch.distributed.run")
-    assert "--standalone --nproc-per-node 8 " in torchrun
+    assert f" {LOOPBACK} --nproc-per-node 8 " in torchrun  # (loopback: not --standalone)
     assert torchrun.endswith(" -m cloudtrain.node.verify allreduce")
     assert "8 GPU(s)" in node.log("verify")
 
@@ -521,7 +541,11 @@ def test_local_provider_check_only_with_the_real_python(node: Node) -> None:
         CT_CLOUDTRAIN_WHEEL="",
         CT_CLOUDTRAIN_VERSION=cloudtrain.__version__,
     )
-    result = node.run()
+    try:
+        result = node.run()
+    finally:
+        said = stop_the_checks_server(node.root)
+    assert said.count("forked agent") == 1, said  # the check's rank
     assert result.returncode == 0, result.stderr + result.stdout
     assert_schema(node, ["python", "cloudtrain", "torch", "verify"])
     assert set(node.states().values()) == {"done"}
