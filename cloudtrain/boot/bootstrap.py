@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import gzip
 import math
+import os
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -152,6 +153,9 @@ def config(
         "CT_CLOUDTRAIN_WHEEL": f"{root}/dist/cloudtrain-{__version__}-py3-none-any.whl",
         "CT_CLOUDTRAIN_VERSION": __version__,
         "CT_AGENT": agent,
+        # the switch of the warm server (`cloudtrain.jobs.warm`), which a CPU node's check of
+        # torch starts: the user's at `up` holds on nodes reached over SSH or Slurm too
+        "CT_WARM": "0" if os.environ.get("CLOUDTRAIN_WARM", "1") == "0" else "1",
     }
     if phases is not None:
         values["CT_PHASES"] = phases

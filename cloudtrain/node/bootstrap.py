@@ -317,12 +317,13 @@ def phase_nccl(p: Phase) -> None:
 
 def phase_verify(p: Phase) -> None:
     """CPU: the node's warm server, then a rank forked from it checks and all-reduces (alone in
-    one process where ``CLOUDTRAIN_WARM=0``). GPU: check, then one rank per GPU all-reduces.
+    one process where ``CT_WARM=0`` or ``CLOUDTRAIN_WARM=0``). GPU: check, then one rank per
+    GPU all-reduces.
     Skipped where another node verified this machine (``CT_VERIFIED_BY``)."""
     if p.config["CT_VERIFIED_BY"]:
         raise skip(f"this machine is verified by {p.config['CT_VERIFIED_BY']}")
     gpus, py = p.config.gpus, p.config.python
-    if gpus == 0 and _as_the_jobs_user(p.config.root):
+    if gpus == 0 and p.config["CT_WARM"] != "0" and _as_the_jobs_user(p.config.root):
         # The torch import a check pays is the one `up` readies the node's jobs with (a warm
         # server, `cloudtrain.jobs.warm`): pay it once. The environment is a CPU job's, as far
         # as the import reads it (`Coordinator._node_env`), so `up`'s readying finds the same

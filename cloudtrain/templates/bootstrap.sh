@@ -33,6 +33,7 @@
 #                          nodes; systemd runs it on clouds)  [none]
 #   CT_VERIFIED_BY         set: the verify phase is skipped, this machine having been verified
 #                          by the node it names (a local cluster's nodes are one machine)  [none]
+#   CT_WARM                0: a CPU node's verify phase starts no warm server  [1]
 #
 # Phases (each idempotent, timed, logged to $CT_LOG_DIR/<phase>.log; "check:" is CT_INSTALL=0):
 #   base           apt-get install python3-venv python3-pip rsync, those missing. check: skipped

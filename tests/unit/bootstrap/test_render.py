@@ -226,3 +226,14 @@ def test_bootstrap_render_prints_placeholders_not_keys(run_cli: Cli, home: Path)
     local = run_cli("bootstrap", "render", "--provider", "local")
     assert local.exit_code == 2
     assert "its nodes do not boot from user-data; those that do: aws, azure, gcp" in local.output
+
+
+def test_the_users_warm_switch_at_up_reaches_every_nodes_bootstrap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``CLOUDTRAIN_WARM=0`` where `up` runs travels in the config (``CT_WARM``): an ssh host
+    or a Slurm node's bootstrap does not see the user's environment."""
+    monkeypatch.delenv("CLOUDTRAIN_WARM", raising=False)
+    assert "CT_WARM=1\n" in bootstrap.config(NodeShape("ssh"))
+    monkeypatch.setenv("CLOUDTRAIN_WARM", "0")
+    assert "CT_WARM=0\n" in bootstrap.config(NodeShape("ssh"))

@@ -261,12 +261,16 @@ def test_cpu_node_from_scratch(node: Node) -> None:
     assert "skipped, no GPU on this node" in result.stdout
 
 
-def test_a_cpu_node_with_warm_starts_off_checks_in_one_process(node: Node) -> None:
-    """``CLOUDTRAIN_WARM=0`` (as for a bootstrap that runs as another user than the jobs',
-    `test_node_bootstrap`): the check imports torch itself, and starts no server."""
-    node.configure(stack_for(None), agent=True, CT_INSTALL="0", CT_PHASES="verify")
+@pytest.mark.parametrize("where", ["config", "environment"])
+def test_a_cpu_node_with_warm_starts_off_checks_in_one_process(node: Node, where: str) -> None:
+    """``CT_WARM=0`` (`up` under ``CLOUDTRAIN_WARM=0``) or ``CLOUDTRAIN_WARM=0`` here (as for
+    a bootstrap that runs as another user than the jobs', `test_node_bootstrap`): the check
+    imports torch itself, and starts no server."""
+    switch = "0" if where == "config" else "1"
+    node.configure(stack_for(None), agent=True, CT_INSTALL="0", CT_PHASES="verify",
+                   CT_WARM=switch)  # fmt: skip
     node.put("torch", "2.13.0+cpu None\n")
-    result = node.run(CLOUDTRAIN_WARM="0")
+    result = node.run(CLOUDTRAIN_WARM="1" if where == "config" else "0")
     assert result.returncode == 0, result.stderr
     assert node.calls("python -m cloudtrain.jobs.warm") == []
     assert node.calls("python -m cloudtrain.node.verify") == [
