@@ -350,7 +350,7 @@ def _exit_as(status: int) -> None:
 def start(root: Path, job_env: Mapping[str, str], retire: bool = False) -> None:
     """Start the node's server detached, unless one holds its lock (or the node is gone), with
     what of `job_env` acts at import time (`server_env`) and nothing else of it. `retire`:
-    unless the one that holds it serves jobs of `job_env`'s `fingerprint` (`_take`).
+    unless the one that holds it serves jobs of `job_env`'s `fingerprint` (`_retired`).
 
     The server is handed the lock held, with its `STARTING` file made: from the moment this
     returns, a job's client waits for it (`_serving`). A server that took them itself would
@@ -360,9 +360,9 @@ def start(root: Path, job_env: Mapping[str, str], retire: bool = False) -> None:
     if not root.is_dir():
         return
     here.mkdir(mode=0o700, exist_ok=True)
-    lock = os.open(here / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock, taken = lock_node(here)
     try:
-        if not _take(lock, root, fingerprint(job_env) if retire else None):
+        if not taken and not _retired(lock, root, fingerprint(job_env) if retire else None):
             return  # a server for these jobs holds the node, or one busy with another's
         (here / STARTING).touch(mode=0o600)
         try:
@@ -386,30 +386,38 @@ def start(root: Path, job_env: Mapping[str, str], retire: bool = False) -> None:
         os.close(lock)  # no unlock: the server's descriptor holds the same lock
 
 
-def _take(lock: int, root: Path, key: str | None) -> bool:
-    """Take the node's `lock` for a new server. With a `key`, after retiring the one that
-    holds it if that one serves jobs of another fingerprint (it would refuse each of them,
-    and the first would start cold): the node's bootstrap started it for its own check of
-    torch, in its own environment (`cloudtrain.node.bootstrap`'s verify). Retired, it stops
-    listening and exits once no agent of it runs; one still busy after `RETIRE_S` keeps the
-    node (False)."""
+def lock_node(here: Path) -> tuple[int, bool]:
+    """The node's lock (``<here>/lock``), which its one server holds: the open descriptor (the
+    caller closes it) and whether this process took it (it does not wait)."""
+    fd = os.open(here / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    return fd, _try_lock(fd)
+
+
+def _try_lock(fd: int) -> bool:
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
     except BlockingIOError:
-        pass
+        return False
+
+
+def _retired(lock: int, root: Path, key: str | None) -> bool:
+    """Whether this process took the node's `lock` (held by a server) after retiring that
+    server because it serves jobs of another fingerprint than `key` (it would refuse each of
+    them, and the first would start cold): the node's bootstrap started it for its own check
+    of torch, in its own environment (`cloudtrain.node.bootstrap`'s verify). Retired, it stops
+    listening and exits once no agent of it runs; one still busy after `RETIRE_S` keeps the
+    node. No `key`: none is retired."""
     if key is None or not _serving(root) or _key(root) in (key, None):
         return False
     if not _retire(folder(root) / "sock", key):
         return False
     deadline = time.monotonic() + RETIRE_S
-    while time.monotonic() < deadline:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            time.sleep(0.05)
-    return False
+    while not _try_lock(lock):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _key(root: Path) -> str | None:

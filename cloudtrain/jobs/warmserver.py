@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import fcntl
 import importlib
 import json
 import os
@@ -38,10 +37,9 @@ def serve(root: Path, held: int | None = None) -> int:
     here = folder(root)
     starting = here / STARTING
     if held is None:
-        lock = os.open(here / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        lock, taken = warm.lock_node(here)
+        if not taken:
+            os.close(lock)
             return 0  # another server holds the node
         starting.touch(mode=0o600)
     else:
