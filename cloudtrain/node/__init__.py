@@ -61,6 +61,10 @@ from cloudtrain.node.procs import POLL_S, alive, find_processes, kill_matching, 
 __all__ = ["find_processes", "kill_matching", "main", "tell_job", "whole_lines"]
 
 MAX_POLL_S = 0.1
+#: The commands of the node itself (its agent, a scheduler's notice, autostop), in
+#: `cloudtrain.node.upkeep`: the coordinator's per-job calls (status, metrics, follow, kill,
+#: port), every few seconds on every node, import none of their modules.
+UPKEEP = ("agent", "notice", "autostop")
 #: The most of a job's metrics one `metrics` call returns (the coordinator asks again).
 METRICS_CHUNK = 4 << 20
 
@@ -213,45 +217,12 @@ def _tail_offset(log: Path, lines: int) -> int:
     return start + cut + 1
 
 
-def _policy_args(parser: argparse.ArgumentParser) -> None:
-    from cloudtrain.node import agent
-
-    parser.add_argument("--idle-s", type=float, help="stop after this many seconds idle")
-    parser.add_argument(
-        "--ends-in", type=float, metavar="SECONDS", help="stop this many seconds from now"
-    )
-    parser.add_argument("--why", choices=agent.ENDS, help="what the deadline is")
-    parser.add_argument("--sessions", action=argparse.BooleanOptionalAction,
-                        help="an SSH session of the user is work (not idle)")  # fmt: skip
-
-
-def _policy(args: argparse.Namespace) -> dict[str, object]:
-    """The policy fields the command line gives."""
-    from cloudtrain.node import agent
-
-    return {k: getattr(args, k) for k in agent.POLICY_FIELDS if getattr(args, k) is not None}
-
-
-def _agent(args: argparse.Namespace) -> int:
-    from cloudtrain.node import agent
-
-    root = args.root.absolute()
-    if args.ensure:
-        print(json.dumps(agent.ensure(root, args.source, args.endpoint, wait_s=args.wait)))
-        return 0
-    if args.supervise:
-        return agent.supervise(agent.argv(root, args.source, args.endpoint))
-    if root.is_dir():
-        agent.boot_policy(root, **_policy(args))
-    return agent.resident(root, args.source, args.endpoint, halt=args.halt, arm=args.arm)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    # here, not at the top: `cloudtrain.locks` imports `procs` on every command of the CLI,
-    # which needs none of the agent's modules
-    from cloudtrain.node import agent, notices, selfstop, unattended
-
     words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] and words[0] in UPKEEP:  # the node's own commands: their modules only then
+        from cloudtrain.node import upkeep
+
+        return upkeep.main(words)
     if words[:1] == ["bootstrap"]:  # the bootstrap's phases, with their own arguments and --help
         from cloudtrain.node import bootstrap
 
@@ -292,36 +263,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--job-dir", type=Path, help="spare the job's wrapper (it records the exit)"
     )
     p_kill.add_argument("--mark", action="store_true", help="write JOB_DIR/cancelled first")
-    p_agent = sub.add_parser("agent")
-    p_agent.add_argument("--root", type=Path, required=True)
-    p_agent.add_argument("--source", choices=sorted(notices.ENDPOINTS))
-    p_agent.add_argument("--endpoint", help="the metadata server (default: the cloud's own)")
-    mode = p_agent.add_mutually_exclusive_group()
-    mode.add_argument("--ensure", action="store_true", help="start it detached, supervised")
-    mode.add_argument("--supervise", action="store_true", help="run it, again when it dies")
-    p_agent.add_argument(
-        "--wait", type=float, default=0.0, help="--ensure: seconds to wait for its first beat"
-    )
-    p_agent.add_argument(
-        "--halt",
-        nargs="?",
-        const=selfstop.POWEROFF,
-        choices=selfstop.KINDS,
-        help="a cloud node: how it stops itself (default: power off)",
-    )
-    p_agent.add_argument("--arm", help="Azure Resource Manager (default: the public cloud's)")
-    _policy_args(p_agent)
-    p_notice = sub.add_parser(
-        "notice", help="a scheduler's notice that the node goes: record it, tell the job"
-    )
-    p_notice.add_argument("--root", type=Path, required=True)
-    p_notice.add_argument("--source", required=True, help="who said it (slurm, …)")
-    p_notice.add_argument("--action", default="end", help="what it will do (end, preempt …)")
-    p_notice.add_argument("--not-before", help="when, as the scheduler says it")
-    p_stop = sub.add_parser("autostop")
-    p_stop.add_argument("--root", type=Path, required=True)
-    p_stop.add_argument("--off", action="store_true", help="never stop when idle")
-    _policy_args(p_stop)
     args = parser.parse_args(words)
 
     if args.command == "port":
@@ -329,33 +270,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "follow":
         return follow(args.job_dir, once=args.once, tail=args.tail)
     elif args.command == "status":
+        from cloudtrain.node import agent
+
         root = args.job_dir.absolute().parent.parent  # <root>/jobs/<id>
         print(json.dumps({**job_status(args.job_dir), "agent": agent.heal(root)}))
     elif args.command == "metrics":
         data = whole_lines(args.job_dir / "metrics.jsonl", args.offset)
         # the offset after them first: what the lines are as text need not be their bytes
         sys.stdout.buffer.write(b"%d\n" % (max(args.offset, 0) + len(data)) + data)
-    elif args.command == "agent":
-        return _agent(args)
-    elif args.command == "notice":  # a node whose scheduler signals it (Slurm's --signal)
-        root = args.root.absolute()
-        if not root.is_dir():  # not made yet, or gone: nothing runs there to tell
-            print(f"cloudtrain: no node at {root}", file=sys.stderr)
-            return 3
-        notice = notices.Notice(args.source, args.action, args.not_before)
-        told = tell_job(root, notice)
-        print(json.dumps({**notice.to_dict(), "signalled": told}))
-    elif args.command == "autostop":
-        root = args.root.absolute()
-        if not root.is_dir():  # never make a node's folder again: it went away
-            print(f"cloudtrain: no node at {root} (it went away)", file=sys.stderr)
-            return 3
-        changes = _policy(args)
-        if args.off:
-            changes["idle_s"] = None
-        if changes:
-            agent.set_policy(root, **changes)
-        print(json.dumps(unattended.tend(root)))  # a node with no agent: acted on
     else:
         match = dict(item.split("=", 1) for item in args.match)
         spare = None

@@ -107,7 +107,15 @@ def test_no_module_imports_itself_back() -> None:
                     "unattended",
                     "oom",
                     "restarts",
+                    "upkeep",
                 )
+            },
+        ),
+        (
+            "cloudtrain.node.upkeep",
+            {
+                "cloudtrain.node." + m
+                for m in ("agent", "notices", "procs", "restarts", "selfstop", "unattended")
             },
         ),
         ("cloudtrain.node.spawn", {"cloudtrain.node.horovod"}),
