@@ -181,6 +181,24 @@ class RemovesNodes(Protocol):
 # -- helpers for implementations ----------------------------------------------------------------
 
 
+def option_seconds(
+    options: Mapping[str, Any], key: str, default: float, *, most: float = 65535
+) -> float:
+    """The option `key`'s seconds (`default` when not given): more than 0, at most `most`;
+    `ConfigError` naming the flag otherwise."""
+    value = options.get(key)
+    if value is None or value == "":
+        return default
+    try:
+        seconds = float(str(value))
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= most:  # NaN fails too
+        flag = "--" + key.replace("_", "-")
+        raise ConfigError(f"{flag} {value!r}: give seconds, more than 0 and at most {most:g}")
+    return seconds
+
+
 def default_owner() -> str:
     """Who owns what a provider creates (the owner tag; `down --all` and `clusters()` look
     for it): ``$CLOUDTRAIN_OWNER``, else ``user@host``."""

@@ -14,6 +14,7 @@ from cloudtrain.errors import ConfigError
 from cloudtrain.providers.slurm._executor import host_source
 from cloudtrain.providers.slurm._host import OWNER
 from cloudtrain.providers.slurm._slurm import comment
+from cloudtrain.provision.provider import option_seconds
 from cloudtrain.spec import ClusterSpec
 
 #: How long `apply` lets the allocation pend before it cancels it (``--wait``), in seconds.
@@ -52,8 +53,8 @@ class Batch:
             account=_word(opts, "account"),
             qos=_word(opts, "qos"),
             time=time,
-            wait_s=_seconds(opts.get("wait"), WAIT_S, "wait"),
-            notice_s=int(_seconds(opts.get("notice"), NOTICE_S, "notice")),
+            wait_s=option_seconds(opts, "wait", WAIT_S),
+            notice_s=int(option_seconds(opts, "notice", NOTICE_S, most=65535)),
         )
 
     def options(self, spec: ClusterSpec, owner: str, index: int | None = None) -> list[str]:
@@ -134,16 +135,3 @@ def _word(opts: Mapping[str, Any], key: str) -> str | None:
     if value is not None and not NAME.fullmatch(value):
         raise ConfigError(f"--{key} {value!r}: letters, digits and _.+- only, at most 64")
     return value
-
-
-def _seconds(value: object, default: float, flag: str) -> float:
-    """The option `flag`'s seconds: more than 0, at most 65535 (what ``--signal`` takes)."""
-    if value is None or value == "":
-        return default
-    try:
-        seconds = float(str(value))
-    except ValueError:
-        seconds = -1
-    if not 0 < seconds <= 65535:
-        raise ConfigError(f"--{flag} {value!r}: give seconds, more than 0 and at most 65535")
-    return seconds

@@ -31,6 +31,7 @@ from pathlib import Path
 from cloudtrain.errors import CommandError, NodeDataError
 from cloudtrain.executors import received
 from cloudtrain.executors.base import DETACH_SCRIPT, SSH_FAILED, RunResult
+from cloudtrain.node import files
 from cloudtrain.providers.slurm._login import Shell
 
 #: What srun adds to a failed step's stderr, which is no word of the command's.
@@ -52,8 +53,9 @@ def host_source() -> str:
 
 
 def files_source() -> str:
-    """The program that reads and writes a node's files (`_files`), as ``python -c`` runs it."""
-    return (Path(__file__).parent / "_files.py").read_text()
+    """The program that reads and writes a node's files (`cloudtrain.node.files`), as
+    ``python -c`` runs it."""
+    return files.source()
 
 
 class SrunExecutor:
@@ -157,7 +159,7 @@ class SrunExecutor:
                 "--nodes=1", "--ntasks=1", "--quiet"]  # fmt: skip
 
     def _transfer(self, verb: str, path: str) -> list[str]:
-        """A step of the node's whose task is `_files`'s `verb` of `path` (``pack``,
+        """A step of the node's whose task is `cloudtrain.node.files`'s `verb` of `path` (``pack``,
         ``unpack``), in a folder every node has."""
         return [*self._srun(), "--chdir=/", self.python, "-c", files_source(), verb, path]
 

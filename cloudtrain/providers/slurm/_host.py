@@ -36,7 +36,7 @@ Where BASE is the node's own (a site without a shared home), the host removes it
 and BASE when it is left empty, when it ends: nothing of the cluster stays on the node.
 
 What is written on a node, and read from one that does not share the login node's folder, goes
-through steps of `_files`.
+through steps of `cloudtrain.node.files`.
 """
 
 from __future__ import annotations

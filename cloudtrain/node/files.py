@@ -1,5 +1,7 @@
-"""Files on a Slurm node, each the one task of a step (`_executor`). Standard library only: it
-runs as ``python -c SOURCE VERB …`` (`SOURCE`, this file's text) before anything is installed.
+"""Files on a node that no rsync or SSH reaches: a Slurm node (each the one task of a step,
+`cloudtrain.providers.slurm._executor`) or a Kubernetes pod (through the API's exec). Standard
+library only: it runs as ``python -c SOURCE VERB …`` (`source()`, this file's text) before
+anything is installed.
 
     files          write the files of the JSON object on stdin, each atomically and the user's
                    alone, unless the one it names as ``unless`` exists (the bootstrap's)
@@ -9,7 +11,8 @@ runs as ``python -c SOURCE VERB …`` (`SOURCE`, this file's text) before anythi
     pack SRC       SRC's regular files and folders as a tar on stdout: no link, no hard link,
                    no save in progress; exit 3 when SRC is no folder
 
-``unpack`` and ``pack`` carry files where the node does not share the login node's folder. What
+``unpack`` and ``pack`` carry a folder's files both ways (on Slurm, where the node does not
+share the login node's folder). What
 ``pack`` sends is checked again where it arrives (`cloudtrain.executors.received.untar`): the
 node may lie.
 """
@@ -27,6 +30,12 @@ import tempfile
 
 #: What `pack` leaves out: a save being written (`cloudtrain.executors.received.IN_PROGRESS`).
 IN_PROGRESS = ("*.tmp", "*.cloudtrain-tmp")
+
+
+def source() -> str:
+    """This program's text, for ``python -c`` (the controller's; no node imports it)."""
+    with open(__file__) as f:
+        return f.read()
 
 
 def files() -> None:
