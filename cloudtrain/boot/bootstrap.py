@@ -22,10 +22,11 @@ import math
 import os
 import shlex
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cloudtrain import __version__
 from cloudtrain.node.selfstop import POWEROFF
@@ -162,6 +163,44 @@ def config(
     if verified_by is not None:
         values["CT_VERIFIED_BY"] = verified_by
     return "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
+
+
+class WritesFiles(Protocol):
+    """An executor that also writes small files on its node in one call (a Slurm step's or a
+    pod's: no rsync there)."""
+
+    def files(self, texts: Mapping[str, str], *, unless: str | None = None) -> bool: ...
+
+    def start_detached(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, job_dir: str
+    ) -> int: ...
+
+
+#: The check-only phases of a node whose Python and torch are there (a Slurm node with the
+#: user's ``--python``, a pod of an image that brings them): nothing is installed.
+CHECK_PHASES = "python cloudtrain torch verify"
+
+
+def start_checks(ex: WritesFiles, shape: NodeShape, *, root: str, python: str) -> None:
+    """Write the node's bootstrap and its check-only settings (`CHECK_PHASES`) under `root`
+    and start it detached, unless an earlier start did (its status is there: readiness reads
+    how far it got)."""
+    script_path = f"{root}/bootstrap/bootstrap.sh"
+    config_path = f"{root}/bootstrap/bootstrap.env"
+    texts = {
+        script_path: script(),
+        config_path: config(
+            shape, install=False, phases=CHECK_PHASES, python=python, root=root, agent="detached"
+        ),
+    }
+    if not ex.files(texts, unless=f"{root}/bootstrap/status.json"):
+        return
+    ex.start_detached(
+        ["bash", script_path, config_path],
+        env={"CLOUDTRAIN_NODE_ROOT": root},
+        cwd=root,
+        job_dir=f"{root}/bootstrap/run",
+    )
 
 
 def agent_fields(limits: Limits, sessions: bool = True, now: float | None = None) -> dict[str, Any]:

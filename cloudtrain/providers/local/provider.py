@@ -31,8 +31,6 @@ from cloudtrain.provision.provider import ProviderContext, node_price
 from cloudtrain.spec import ClusterSpec
 
 LOOPBACK = "127.0.0.1"
-#: The bootstrap phases that make sense on this machine (nothing is installed).
-LOCAL_PHASES = "python cloudtrain torch verify"
 
 
 class LocalProvider:
@@ -110,7 +108,7 @@ class LocalProvider:
             bootstrap.config(
                 bootstrap.NodeShape("local"),
                 install=False,
-                phases=LOCAL_PHASES,
+                phases=bootstrap.CHECK_PHASES,
                 python=sys.executable,
                 root=str(root),
                 agent="detached",

@@ -53,8 +53,6 @@ from cloudtrain.providers.slurm._slurm import NEVER, Allocation, Slurm, seconds
 from cloudtrain.provision.provider import ProviderContext, default_owner, node_price
 from cloudtrain.spec import ClusterSpec
 
-#: The bootstrap phases of a node whose Python the user names (nothing is installed).
-PHASES = "python cloudtrain torch verify"
 #: The clusters' folder on a login node over SSH, in the login user's home.
 SHARED = ".cloudtrain/slurm"
 #: The file in a cluster's folder that says whose it is (and, to the nodes, that they share it).
@@ -288,23 +286,8 @@ class SlurmProvider:
         said = route.stdout.strip() if route.ok else ""  # the node's word: an interface name
         facts = {"ifname": said if _IFNAME.fullmatch(said) else ""}
         self.login.write(self._facts(spec.name, node.index), json.dumps(facts))
-        script = posixpath.join(root, "bootstrap", "bootstrap.sh")
-        config = posixpath.join(root, "bootstrap", "bootstrap.env")
         shape = bootstrap.NodeShape("slurm", spec.resources.accelerator, spec.resources.count)
-        texts = {
-            script: bootstrap.script(),
-            config: bootstrap.config(
-                shape, install=False, phases=PHASES, python=self.python, root=root, agent="detached"
-            ),
-        }
-        if not ex.files(texts, unless=posixpath.join(root, "bootstrap", "status.json")):
-            return  # started by an earlier apply: readiness reads how far it got
-        ex.start_detached(
-            ["bash", script, config],
-            env={"CLOUDTRAIN_NODE_ROOT": root},
-            cwd=root,
-            job_dir=f"{root}/bootstrap/run",
-        )
+        bootstrap.start_checks(ex, shape, root=root, python=self.python)
 
     def _facts(self, cluster: str, index: int) -> str:
         """What `apply` learned of node `index` (in the cluster's folder on the login node)."""
