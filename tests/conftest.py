@@ -229,6 +229,7 @@ pytest_plugins = [
     "tests.azure.fixtures",
     "tests.azure.blob",
     "tests.slurm.fixtures",
+    "tests.k8s.fixtures",
 ]
 
 

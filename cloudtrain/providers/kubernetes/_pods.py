@@ -1,0 +1,183 @@
+"""What the provider asks the API server to make: one pod per node and a headless Service, each
+carrying the labels that say whose it is. Plain dicts, as the API's JSON has them (the client
+sends a dict body as it is), so a dry run shows exactly what `up` sends.
+
+**Labels.** ``cloudtrain.dev/cluster`` (the name), ``cloudtrain.dev/cluster-id`` (the
+incarnation), ``cloudtrain.dev/owner`` and ``cloudtrain.dev/node`` (the index). A label value
+cannot hold an owner as cloudtrain writes it (``user@host``), so the label holds a digest of it
+and the annotation of the same key the owner itself: selection by the label, words by the
+annotation. Everything of a cluster is found by a label selector, never by local state.
+
+**The pod** runs a keeper as its main process (`KEEPER`): it lives until the pod is deleted,
+reaps what exec'd commands leave behind, and turns the grace period's SIGTERM (an eviction, a
+drain, a node going away) into the node's notice (``python -m cloudtrain.node notice``), the
+same "checkpoint now" a cloud's preemption notice gives; it then lives on, so the job has the
+whole grace period (``terminationGracePeriodSeconds``, 30) to save before the kill. Its GPUs
+are limits (the device plugin's ``nvidia.com/gpu``), its shared memory a memory-backed
+``/dev/shm`` (NCCL needs more than a container's 64 MiB), and it gets no service account token:
+nothing on a node calls the API. ``restartPolicy: Never``: a pod that ends is a node lost,
+which a managed job replaces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from cloudtrain.errors import ConfigError
+
+PREFIX = "cloudtrain.dev/"
+LABEL_CLUSTER = PREFIX + "cluster"
+LABEL_ID = PREFIX + "cluster-id"
+LABEL_OWNER = PREFIX + "owner"
+LABEL_NODE = PREFIX + "node"
+#: The node's folder in the pod (learned from the pod's ``$HOME`` once it runs).
+ANNOTATION_ROOT = PREFIX + "root"
+#: The device plugin's resource of NVIDIA GPUs, and GPU feature discovery's product label.
+GPU = "nvidia.com/gpu"
+GPU_PRODUCT = "nvidia.com/gpu.product"
+#: The GPUs by the product name GPU feature discovery labels nodes with (its usual spellings).
+PRODUCTS = {
+    "V100": "Tesla-V100-SXM2-16GB",
+    "A100": "NVIDIA-A100-SXM4-80GB",
+    "H100": "NVIDIA-H100-80GB-HBM3",
+}
+#: The pod's main process (see the module docstring): sh, so that any image with a shell
+#: serves; the node's folder is under its $HOME (`node_root`).
+KEEPER = """\
+root="$HOME/.cloudtrain/node"
+notice() {
+  [ -d "$root" ] && "$CT_PYTHON" -m cloudtrain.node notice --root "$root" \\
+    --source kubernetes --action end >/dev/null 2>&1
+}
+trap notice TERM
+while :; do sleep 3600 & wait $!; done
+"""
+#: Kueue's labels and annotation that make the pods one gang (its plain-pod integration).
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
+KUEUE_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+
+
+def node_root(home: str) -> str:
+    """The node's folder in a pod whose ``$HOME`` is `home` (as `KEEPER` writes it)."""
+    return f"{home.rstrip('/')}/.cloudtrain/node"
+
+
+def owner_label(owner: str) -> str:
+    """The label value that stands for `owner` (a digest: labels take 63 characters of
+    ``[A-Za-z0-9_.-]``)."""
+    return "o" + hashlib.sha256(owner.encode()).hexdigest()[:40]
+
+
+def pod_name(cluster: str, index: int) -> str:
+    return f"{cluster}-{index}"
+
+
+def service_name(cluster: str) -> str:
+    return f"{cluster}-nodes"
+
+
+def selector(cluster: str | None, owner: str | None = None, cluster_id: str | None = None) -> str:
+    """The label selector of a cluster's objects (every cluster's with `cluster` None)."""
+    parts = [f"{LABEL_CLUSTER}={cluster}" if cluster else LABEL_CLUSTER]
+    if owner is not None:
+        parts.append(f"{LABEL_OWNER}={owner_label(owner)}")
+    if cluster_id:
+        parts.append(f"{LABEL_ID}={cluster_id}")
+    return ",".join(parts)
+
+
+def node_selector(text: str | None, accelerator: str | None) -> dict[str, str]:
+    """``--node-selector KEY=VALUE[,KEY=VALUE]``, or the GPU's product label by default."""
+    if not text:
+        product = PRODUCTS.get(accelerator or "")
+        return {GPU_PRODUCT: product} if product else {}
+    found: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = item.strip().partition("=")
+        if not sep or not key or any(c.isspace() for c in item.strip()):
+            raise ConfigError(
+                f"--node-selector {text!r}: give KEY=VALUE pairs separated by ',' "
+                "(e.g. nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB)"
+            )
+        found[key] = value
+    return found
+
+
+def labels(cluster: str, owner: str, cluster_id: str | None) -> dict[str, str]:
+    found = {LABEL_CLUSTER: cluster, LABEL_OWNER: owner_label(owner)}
+    if cluster_id:
+        found[LABEL_ID] = cluster_id
+    return found
+
+
+def pod(
+    cluster: str,
+    index: int,
+    *,
+    owner: str,
+    cluster_id: str | None,
+    image: str,
+    python: str,
+    gpus: int,
+    nodes: int,
+    selector: Mapping[str, str],
+    queue: str | None = None,
+) -> dict[str, Any]:
+    """Node `index`'s pod of a cluster of `nodes` nodes."""
+    meta_labels = {**labels(cluster, owner, cluster_id), LABEL_NODE: str(index)}
+    annotations = {LABEL_OWNER: owner}
+    if queue:
+        meta_labels[KUEUE_QUEUE] = queue
+        meta_labels[KUEUE_GROUP] = f"{cluster}-{cluster_id or 'x'}"
+        annotations[KUEUE_COUNT] = str(nodes)
+    limits = {GPU: str(gpus)} if gpus else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(cluster, index),
+            "labels": meta_labels,
+            "annotations": annotations,
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "hostname": pod_name(cluster, index),
+            "subdomain": service_name(cluster),
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 30,
+            **({"nodeSelector": dict(selector)} if selector else {}),
+            "containers": [
+                {
+                    "name": "node",
+                    "image": image,
+                    "command": ["sh", "-c", KEEPER],
+                    "env": [{"name": "CT_PYTHON", "value": python}],
+                    "resources": {"limits": limits, "requests": dict(limits)} if limits else {},
+                    "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+                }
+            ],
+            "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+        },
+    }
+
+
+def service(cluster: str, owner: str, cluster_id: str | None) -> dict[str, Any]:
+    """The headless Service that gives each pod a stable name (``NAME.SERVICE``)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(cluster),
+            "labels": labels(cluster, owner, cluster_id),
+            "annotations": {LABEL_OWNER: owner},
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": labels(cluster, owner, cluster_id),
+            "publishNotReadyAddresses": True,
+        },
+    }

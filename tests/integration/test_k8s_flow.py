@@ -1,0 +1,135 @@
+"""A cluster on Kubernetes (the stand-in, tests/k8s: the official client over HTTP, pods that
+run as processes here), through the CLI as its users type it: `up` makes a pod per node, `train`
+runs the digits example across them through exec to its accuracy, and `down`, with the state
+file gone, finds everything by label and leaves nothing: no object, no process of a pod."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import REPO, Shell
+from tests.k8s.fixtures import api_client
+from tests.k8s.standin import StandIn
+
+pytestmark = pytest.mark.integration
+EXAMPLE = REPO / "examples" / "digits_ddp.py"
+
+
+@pytest.fixture
+def k8s_sh(k8s: StandIn, tmp_path: Any) -> Shell:
+    """The CLI as a user with a kubeconfig of the stand-in runs it."""
+    shell = Shell(tmp_path / "home")
+    shell.env.update(k8s.env())
+    return shell
+
+
+def pods(k8s: StandIn, selector: str) -> list[Any]:
+    from kubernetes import client
+
+    api = api_client(k8s)
+    try:
+        return list(
+            client.CoreV1Api(api).list_namespaced_pod("default", label_selector=selector).items
+        )
+    finally:
+        api.close()
+
+
+def test_up_train_down_on_two_pods_leaves_nothing(k8s: StandIn, k8s_sh: Shell) -> None:
+    k8s.add_node("n1", gpus=0)
+    k8s.add_node("n2", gpus=0)
+    up = k8s_sh("up", "--provider", "kubernetes", "--nodes", "2", "--name", "exp1", timeout=180)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "cluster exp1 is up: 2 node(s)" in up.stdout
+    made = pods(k8s, "cloudtrain.dev/cluster=exp1")
+    assert sorted(p.metadata.name for p in made) == ["exp1-0", "exp1-1"]
+    assert all(p.status.phase == "Running" for p in made)
+    assert all("@" in p.metadata.annotations["cloudtrain.dev/owner"] for p in made)
+    assert all(not p.spec.automount_service_account_token for p in made), "no API on a node"
+
+    train = k8s_sh("train", "-c", "exp1", str(EXAMPLE), "--epochs", "2", timeout=180)
+    assert train.returncode == 0, train.stdout + train.stderr
+    assert "[node 1]" in train.stdout, "both pods' ranks are heard"
+    accuracy = re.search(r"final test accuracy: ([\d.]+)", train.stdout)
+    assert accuracy, train.stdout
+    assert float(accuracy.group(1)) > 0.9, train.stdout
+    again = k8s_sh("train", "-c", "exp1", str(EXAMPLE), "--epochs", "1", timeout=180)
+    assert again.returncode == 0, again.stdout + again.stderr
+    made_calls = [c for c in k8s.calls("create", "pods") if not c.subresource]
+    assert len(made_calls) == 2, "jobs run in the pods: none made again"
+    execs = k8s.calls("create", "pods", "exec")
+    assert execs
+    assert not [c for c in execs if "CLOUDTRAIN_JOB_ID" in str(c.query)], (
+        "a job's environment goes on the exec's stdin, not in its URL (the audit log's)"
+    )
+
+    (k8s_sh.home / "state.db").unlink()  # down reads the API's labels, not what was recorded
+    down = k8s_sh("down", "exp1", "--provider", "kubernetes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert k8s.is_empty(), k8s.leftovers()
+
+
+def test_an_unknown_context_or_namespace_is_one_line_and_makes_nothing(
+    k8s: StandIn, k8s_sh: Shell
+) -> None:
+    k8s.add_node("n1", gpus=0)
+    for flags, said in [
+        (["--context", "prod"], "--context 'prod': "),
+        (["--namespace", "nosuch"], "--namespace 'nosuch': not found"),
+    ]:
+        done = k8s_sh("up", "--provider", "kubernetes", "--name", "x", *flags)
+        assert done.returncode != 0
+        assert said in done.stderr + done.stdout, done.stderr + done.stdout
+        assert "Traceback" not in done.stderr
+        assert k8s.is_empty(), k8s.leftovers()
+
+
+def test_a_managed_job_whose_pod_is_evicted_gets_it_back_and_resumes(
+    k8s: StandIn, k8s_sh: Shell
+) -> None:
+    """An eviction (the Eviction API, as a drain sends it) is a notice on pod 1 (the job is told
+    to checkpoint), then ends it at its grace period; the watcher sees the node gone, `up` makes
+    the pod again, and the job resumes on both from the newest checkpoint."""
+    from kubernetes import client
+
+    k8s.add_node("n1", gpus=0)
+    k8s_sh.env["CLOUDTRAIN_CHECKPOINT_PULL_S"] = "1"
+    up = k8s_sh("up", "--provider", "kubernetes", "--nodes", "2", "--name", "m", timeout=180)
+    assert up.returncode == 0, up.stdout + up.stderr
+    [first] = [p.metadata.uid for p in pods(k8s, "cloudtrain.dev/node=1")]
+    train = k8s_sh.popen("train", "-c", "m", "--managed", str(EXAMPLE), "--",
+                         "--epochs", "6", "--pause", "1")  # fmt: skip
+    assert train.stdout is not None
+    out = ""
+    while "epoch 3/6" not in out:
+        line = train.stdout.readline()
+        assert line, out
+        out += line
+    api = api_client(k8s)
+    try:
+        eviction = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name="m-1", namespace="default"),
+            delete_options=client.V1DeleteOptions(grace_period_seconds=2),  # shorter than the job
+        )
+        client.CoreV1Api(api).create_namespaced_pod_eviction("m-1", "default", eviction)
+    finally:
+        api.close()
+    rest, _ = train.communicate(timeout=300)
+    out += rest
+    assert train.returncode == 0, out
+    assert "node 1's cloud will end it (kubernetes notice); the job was told" in out, out
+    assert re.search(r"recovery 1/3: node 1 went away", out), out
+    resumed = re.search(r"resumed from epoch (\d+)", out)
+    assert resumed, out
+    assert int(resumed.group(1)) >= 2, out
+    accuracy = re.search(r"final test accuracy: ([\d.]+)", out)
+    assert accuracy, out
+    assert float(accuracy.group(1)) >= 0.95, out
+    [again] = pods(k8s, "cloudtrain.dev/node=1")
+    assert again.metadata.uid != first, "a new pod 1"
+    assert again.status.phase == "Running"
+    assert k8s_sh("down", "m").returncode == 0
+    assert k8s.is_empty(), k8s.leftovers()
