@@ -67,6 +67,7 @@ class Cluster:
         self._wake.set()
         self._scheduler.join(5)
         self.kubelet.kill_all()
+        self.kubelet.groups.close()
 
     def wake(self) -> None:
         self._wake.set()

@@ -22,7 +22,9 @@ container instance (the one before a restart is kept for ``previous``). Back-off
 An exec (`spawn`) runs in a session of its own with its container's environment and cwd; it
 may start while the container's main process runs (a terminating pod's too, until the grace
 period ends), and it and whatever it left running die with that process, as in the
-container's PID namespace. A pod is reported stopped only once none of its processes lives.
+container's PID namespace: every process the kubelet starts joins its container's cgroup
+first (`cgroups`), so one that left its session (``setsid``) is found and killed too. A pod
+is reported stopped only once none of its processes lives.
 
 Departures: the image is never pulled nor used (only `fail_image` looks at it); no volumes,
 probes, init containers or resource limits; SIGTERM goes to each container's whole process
@@ -41,6 +43,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.k8s.cgroups import Groups
 from tests.k8s.containers import (
     ConfigError,
     Container,
@@ -73,6 +76,7 @@ class Kubelet:
         self.pods: dict[tuple[str, str], PodRun] = {}
         self.failed_images: set[str] = set()
         self.sessions: set[int] = set()  # every process group it started
+        self.groups = Groups(root.name)  # every process of a container, in any session
         self.lock = threading.Lock()
 
     # -- start -------------------------------------------------------------------------------
@@ -143,7 +147,7 @@ class Kubelet:
                 self._kill(instance.proc.pid, signal.SIGKILL)
                 with run.lock:  # its execs die with it, as in the container's PID namespace
                     execs = {s for s, name in run.execs.items() if name == c.name}
-                self._kill_dead(execs)
+                self._kill_dead(execs, f"{run.namespace}/{run.name}/{c.name}")
                 instance.done.wait(5)  # a daemon that left the session may hold the pipes
                 self._terminated(instance, code)
             restart = self.restarts(run, instance)
@@ -212,6 +216,7 @@ class Kubelet:
                 old = run.logs / f"{c.name}.{number - 2}.log"
                 old.unlink(missing_ok=True)
             instance.started = now()
+            join, joined = self.groups.preexec(f"{run.namespace}/{run.name}/{c.name}")
             try:
                 proc = subprocess.Popen(
                     argv,
@@ -221,8 +226,10 @@ class Kubelet:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
+                    preexec_fn=join,
                 )
             except OSError as exc:
+                joined()
                 instance.log.touch()
                 instance.done.set()
                 c.instances.append(instance)
@@ -239,6 +246,7 @@ class Kubelet:
                 }
                 self._event(run, c, "Warning", "Failed", f"Error: {instance.terminated['message']}")
                 return instance
+            joined()
             instance.proc = proc
             with self.lock:
                 self.sessions.add(proc.pid)
@@ -317,7 +325,7 @@ class Kubelet:
         with run.lock:
             run.dead = True
             sessions = {p.pid for p in procs} | set(run.execs)
-        self._kill_dead(sessions)
+        self._kill_dead(sessions, f"{namespace}/{name}/")
         for c in run.containers.values():
             if c.thread is not None:
                 c.thread.join(10)
@@ -338,7 +346,7 @@ class Kubelet:
             with run.lock:
                 procs = [i.proc for c in run.containers.values() for i in c.instances if i.proc]
                 sessions = {p.pid for p in procs} | set(run.execs)
-            self._kill_dead(sessions)
+            self._kill_dead(sessions, f"{namespace}/{name}/")
 
     def _event_by_proc(self, run: PodRun, proc: subprocess.Popen[bytes]) -> None:
         for c in run.containers.values():
@@ -355,9 +363,11 @@ class Kubelet:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
 
-    def _kill_dead(self, sessions: set[int], timeout: float = 10) -> None:
-        """SIGKILL to every process of `sessions`, until none is left alive (a process dies a
-        little after the signal: the kubelet reports a container stopped once it is)."""
+    def _kill_dead(self, sessions: set[int], group: str, timeout: float = 10) -> None:
+        """SIGKILL to every process of `sessions` and of the cgroups of `group` (a key's
+        prefix: a daemon that left its session too), until none is left alive (a process dies
+        a little after the signal: the kubelet reports a container stopped once it is)."""
+        self.groups.kill(group, timeout)
         deadline = time.monotonic() + timeout
         while True:
             for session in sessions:
@@ -373,13 +383,14 @@ class Kubelet:
             self.stop(*key, grace=0)
         with self.lock:
             sessions = set(self.sessions)
-        self._kill_dead(sessions)
+        self._kill_dead(sessions, "")
 
     def alive(self) -> list[int]:
-        """PIDs of live (not zombie) processes in the sessions this kubelet started."""
+        """PIDs of live (not zombie) processes in the sessions this kubelet started, or in its
+        containers' cgroups (in any session)."""
         with self.lock:
             sessions = set(self.sessions)
-        return members(sessions)
+        return sorted(set(members(sessions)) | set(self.groups.pids()))
 
     def pids(self, namespace: str, name: str) -> dict[str, int]:
         """The PID of each running container's main process."""
@@ -411,15 +422,20 @@ class Kubelet:
         run, c = self.running(namespace, name, container)
         with run.lock:
             self.running(namespace, name, container)  # again, now that nothing can change
-            proc = subprocess.Popen(
-                argv,
-                cwd=c.cwd,
-                env=c.env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT if tty else subprocess.PIPE,
-                start_new_session=True,
-            )
+            join, joined = self.groups.preexec(f"{namespace}/{name}/{container}")
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=c.cwd,
+                    env=c.env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT if tty else subprocess.PIPE,
+                    start_new_session=True,
+                    preexec_fn=join,
+                )
+            finally:
+                joined()
             run.execs[proc.pid] = container
             with self.lock:
                 self.sessions.add(proc.pid)

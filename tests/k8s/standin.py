@@ -13,6 +13,7 @@ messages, chunked watch streams, and the exec WebSocket protocol (`exec`). Its p
 ``nodes``       node objects, the scheduler's filters and messages, ResourceQuota admission
 ``cluster``     admission, the scheduler thread, graceful deletion, eviction, node loss
 ``kubelet``     each pod's containers as real process trees: phases, restarts, logs
+``cgroups``     a cgroup per container, so what left its session still dies with its pod
 ``exec``        ``pods/exec``: the WebSocket handshake, frames and the channel protocol
 ``routes``      URL → verb and resource → handler; discovery; logs; access reviews
 ==============  ===============================================================================
@@ -20,7 +21,8 @@ messages, chunked watch streams, and the exec WebSocket protocol (`exec`). Its p
 The test process drives the faults: `lose_node`, `forbid` (403 with RBAC's words, and
 SelfSubjectAccessReview agrees), `set_quota`, `fail_image`, `drop_watches`, `compact`; and
 inspects: `calls` (every request), `pod_dir`, `pids`, `leftovers` / `is_empty` (objects, and
-live processes found by the sessions the kubelet started), `reset`, `close`.
+live processes: in the sessions the kubelet started or its containers' cgroups), `reset`,
+`close`.
 
 Where it departs from a real cluster (besides what `kubelet`'s docstring lists):
 

@@ -180,6 +180,29 @@ def test_an_exec_dies_with_its_pod(k8s: StandIn, core: Any) -> None:
     assert k8s.processes() == []
 
 
+def test_a_daemon_an_exec_started_dies_with_its_pod_whatever_its_session(
+    k8s: StandIn, core: Any
+) -> None:
+    """A process that left its session (``setsid``: a node agent, a warm server) is still the
+    container's, as in its cgroup on a real node: the pod's end ends it, and a leak check sees
+    it until then."""
+    from tests.conftest import unavailable
+
+    if k8s.cluster.kubelet.groups.top is None:
+        unavailable("no writable cgroup v1 pids hierarchy here (root is needed)")
+    name = running(k8s, core)
+    before = set(k8s.processes())
+    done = execute(core, name, ["sh", "-c", "setsid sleep 300 >/dev/null 2>&1 </dev/null &"])
+    assert done.returncode == 0
+    daemon = eventually(lambda: set(k8s.processes()) - before)
+    assert len(daemon) == 1
+    (pid,) = daemon
+    assert os.getsid(pid) == pid, "a session of its own"
+    core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+    eventually(lambda: not os.path.exists(f"/proc/{pid}"))
+    assert k8s.processes() == []
+
+
 def test_a_bare_websocket_speaks_v4_with_fragments_and_pings(k8s: StandIn, core: Any) -> None:
     import websocket
 
