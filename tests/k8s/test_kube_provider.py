@@ -216,3 +216,20 @@ def test_an_eviction_is_a_notice_on_the_node_within_its_grace_period(
     assert ex.run(["true"]).ok, "the pod lives on in its grace period"
     prov.terminate("ev", "c0ffee000001")
     assert k8s.is_empty(), k8s.leftovers()
+
+
+def test_two_ups_of_one_name_at_once_make_one_set_of_pods(k8s: StandIn, tmp_path: Path) -> None:
+    """From two machines (no shared lock): a pod the other made first (409) is kept."""
+    from cloudtrain.executors.base import fan_out
+
+    k8s.add_node("n1", gpus=0)
+    provs = [provider(tmp_path / "a"), provider(tmp_path / "b")]
+    s = spec("twice", nodes=2)
+    made = fan_out(lambda p: p.apply(p.plan(s)), provs)
+    first, second = ([n.node_id for n in nodes] for nodes in made)
+    assert first == second, "both see the same two pods"
+    creates = [c for c in k8s.calls("create", "pods") if not c.subresource]
+    assert sum(c.code == 201 for c in creates) == 2, "the later create of a pod is a 409"
+    assert len(provs[0].describe("twice")) == 2
+    provs[0].terminate("twice", "c0ffee000001")
+    assert k8s.is_empty(), k8s.leftovers()
