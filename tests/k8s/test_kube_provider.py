@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -233,3 +234,17 @@ def test_two_ups_of_one_name_at_once_make_one_set_of_pods(k8s: StandIn, tmp_path
     assert len(provs[0].describe("twice")) == 2
     provs[0].terminate("twice", "c0ffee000001")
     assert k8s.is_empty(), k8s.leftovers()
+
+
+def test_a_pod_of_the_name_made_by_hand_is_refused_and_left_alone(
+    k8s: StandIn, core: Any, tmp_path: Path
+) -> None:
+    from tests.k8s.fixtures import pod
+
+    k8s.add_node("n1", gpus=0)
+    core.create_namespaced_pod("default", pod("hand-1", "sleep", "60"))
+    prov = provider(tmp_path)
+    with pytest.raises(ConfigError, match="pod hand-1 in namespace default is not this cluster's"):
+        prov.apply(prov.plan(spec("hand", nodes=2)))
+    assert k8s.leftovers()["pods"] == ["default/hand-1"], "only the user's own pod"
+    assert k8s.leftovers()["services"] == []

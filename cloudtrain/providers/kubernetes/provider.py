@@ -113,18 +113,13 @@ class KubernetesProvider:
         service, *pods = plan.requests
         made: list[str] = []
         try:
-            self._create("service", service, lambda body: self.api.core.create_namespaced_service(
-                self.api.namespace, body))  # fmt: skip
+            self._create("service", service)
             for index, body in enumerate(pods):
-                if index not in live and self._create(
-                    "pod",
-                    body,
-                    lambda b: self.api.core.create_namespaced_pod(self.api.namespace, b),
-                ):
+                if index not in live and self._create("pod", body):
                     made.append(str(body["metadata"]["name"]))
             if made:
                 on_event(Event("node", f"made pod(s) {', '.join(made)} in {self.api.namespace}"))
-            self._untilrunning(spec, on_event)
+            self._until_running(spec, on_event)
         except BaseException:
             self._delete(made)  # all or nothing: what this apply made goes
             self._until_gone(spec.name, spec.cluster_id, set(made))
@@ -135,22 +130,36 @@ class KubernetesProvider:
         fan_out(lambda n: self._make_node(spec, n), nodes)
         return self.describe(spec.name, spec.cluster_id)
 
-    def _create(self, kind: str, body: Mapping[str, Any], create: Any) -> bool:
-        """Create `body`; False when it exists already and is this cluster's (another `apply`
-        made it); `ConfigError` when it is someone else's, or the namespace is not there."""
-        name = body["metadata"]["name"]
+    def _create(self, kind: str, body: Mapping[str, Any]) -> bool:
+        """Create the pod or service `body`; False when this cluster's exists already
+        (another `apply` made it: 409); `ConfigError` when the object of that name is not this
+        cluster's (someone's pod or service made by hand), or the namespace is not there."""
+        core, namespace, name = self.api.core, self.api.namespace, body["metadata"]["name"]
+        create, read = (
+            (core.create_namespaced_pod, core.read_namespaced_pod)
+            if kind == "pod"
+            else (core.create_namespaced_service, core.read_namespaced_service)
+        )
         try:
             with self.api.calling(f"create {kind} {name}"):
-                create(dict(body))
+                create(namespace, dict(body))
             return True
-        except Conflict:
-            return False  # `_refuse_others` passed: the other apply's, of this owner and id
         except NotFound as exc:
             raise ConfigError(
-                f"--namespace {self.api.namespace!r}: not found at {self.api.host} ({exc})"
+                f"--namespace {namespace!r}: not found at {self.api.host} ({exc})"
             ) from exc
+        except Conflict:
+            with self.api.calling(f"read {kind} {name}"):
+                found = read(name, namespace).metadata.labels or {}
+        wanted = body["metadata"]["labels"]
+        if any(found.get(k) != wanted[k] for k in (_pods.LABEL_CLUSTER, _pods.LABEL_OWNER)):
+            raise ConfigError(
+                f"{kind} {name} in namespace {namespace} is not this cluster's (made by hand, "
+                "or by another tool): choose another cluster name, or delete it"
+            )
+        return False
 
-    def _untilrunning(self, spec: ClusterSpec, on_event: OnEvent) -> None:
+    def _until_running(self, spec: ClusterSpec, on_event: OnEvent) -> None:
         """Wait until every pod of the cluster runs with an address; `CapacityError` past
         ``--wait`` with the scheduler's reason, `ConfigError` at once for an image that cannot
         be pulled, `ProviderError` for a pod that ended."""
