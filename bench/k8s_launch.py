@@ -91,8 +91,10 @@ def by_hand(standin: StandIn, folder: Path, name: str) -> tuple[float, float]:
                        "--nproc-per-node=1", "--rdzv-backend=c10d",
                        f"--rdzv-endpoint={head}:{port}", f"--rdzv-id={run}", str(EXAMPLE),
                        *ARGS, "--checkpoint-dir", str(folder / run / pod)]  # fmt: skip
-            ws = stream(core.connect_get_namespaced_pod_exec, pod, "default", command=command,
-                        stdout=True, stderr=True, _preload_content=False)  # fmt: skip
+            own = api_client(standin)  # stream() swaps its client's transport: one each
+            connect = client.CoreV1Api(own).connect_get_namespaced_pod_exec
+            ws = stream(connect, pod, "default", command=command, stdout=True, stderr=True,
+                        _preload_content=False)  # fmt: skip
             seen = ""
             while ws.is_open():
                 ws.update(timeout=0.1)
@@ -100,6 +102,8 @@ def by_hand(standin: StandIn, folder: Path, name: str) -> tuple[float, float]:
                 if not first and MARK in seen:
                     first.append(time.perf_counter())
             ws.close()
+            ws.sock.shutdown()  # websocket-client leaves it open after the server's close
+            own.close()
 
         threads = [threading.Thread(target=rank, args=(p,)) for p in pods]
         for t in threads:
