@@ -121,7 +121,7 @@ class ExecExecutor:
         code, out, err = self._exec(command, [request.encode()], timeout=120)
         if code != 0:
             raise CommandError(code, ("files", *texts), (err or out).decode("utf-8", "replace"))
-        return out.decode().strip().endswith("written")
+        return out.decode("utf-8", "replace").strip().endswith("written")
 
     def put(self, local: Path, remote: str, *, excludes: Sequence[str] = ()) -> None:
         command = [self.python, "-c", files.source(), "unpack", remote]
