@@ -155,6 +155,8 @@ def test_an_image_that_cannot_be_pulled_ends_up_at_once_naming_it(
     [
         ({"namespace": "Bad_NS"}, "--namespace 'Bad_NS' is not a namespace's name"),
         ({"node_selector": "gpu"}, "--node-selector 'gpu': give KEY=VALUE pairs"),
+        ({"node_selector": "a=b;c"}, "--node-selector 'a=b;c': give KEY=VALUE pairs"),
+        ({"node_selector": "-a=b"}, "--node-selector '-a=b': give KEY=VALUE pairs"),
         ({"context": "nope"}, "--context 'nope': "),
         ({"wait": "-1"}, "--wait '-1': give seconds"),
     ],

@@ -22,6 +22,7 @@ which a managed job replaces.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,6 +55,10 @@ notice() {
 trap notice TERM
 while :; do sleep 3600 & wait $!; done
 """
+#: A label's name and value as Kubernetes allows them (a key may have a DNS prefix and '/').
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}")
+_LABEL_VALUE = re.compile(rf"({_NAME})?")
 #: Kueue's labels and annotation that make the pods one gang (its plain-pod integration).
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
@@ -97,10 +102,10 @@ def node_selector(text: str | None, accelerator: str | None) -> dict[str, str]:
     found: dict[str, str] = {}
     for item in text.split(","):
         key, sep, value = item.strip().partition("=")
-        if not sep or not key or any(c.isspace() for c in item.strip()):
+        if not sep or not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
             raise ConfigError(
-                f"--node-selector {text!r}: give KEY=VALUE pairs separated by ',' "
-                "(e.g. nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB)"
+                f"--node-selector {text!r}: give KEY=VALUE pairs separated by ',', each a "
+                "label as Kubernetes allows it (e.g. nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB)"
             )
         found[key] = value
     return found
