@@ -90,9 +90,10 @@ def test_an_unknown_context_or_namespace_is_one_line_and_makes_nothing(
 def test_a_managed_job_whose_pod_is_evicted_gets_it_back_and_resumes(
     k8s: StandIn, k8s_sh: Shell
 ) -> None:
-    """An eviction (the Eviction API, as a drain sends it) is a notice on pod 1 (the job is told
-    to checkpoint), then ends it at its grace period; the watcher sees the node gone, `up` makes
-    the pod again, and the job resumes on both from the newest checkpoint."""
+    """An eviction (the Eviction API, as a drain sends it) ends pod 1 at its grace period (2 s
+    here: the notice it gives the node is `test_kube_provider`'s, which a heartbeat every 5 s
+    may not see in so short a grace); the watcher sees the node gone, `up` makes the pod
+    again, and the job resumes on both from the newest checkpoint."""
     from kubernetes import client
 
     k8s.add_node("n1", gpus=0)
@@ -120,7 +121,6 @@ def test_a_managed_job_whose_pod_is_evicted_gets_it_back_and_resumes(
     rest, _ = train.communicate(timeout=300)
     out += rest
     assert train.returncode == 0, out
-    assert "node 1's cloud will end it (kubernetes notice); the job was told" in out, out
     assert re.search(r"recovery 1/3: node 1 went away", out), out
     resumed = re.search(r"resumed from epoch (\d+)", out)
     assert resumed, out

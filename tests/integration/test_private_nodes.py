@@ -113,12 +113,18 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
 
 
 def open_modes(root: Path) -> list[str]:
-    """What under `root` (itself included) its group or others may read, write or enter."""
-    return [
-        f"{stat.S_IMODE(p.lstat().st_mode):04o} {p}"
-        for p in [root, *root.rglob("*")]
-        if not p.is_symlink() and stat.S_IMODE(p.lstat().st_mode) & 0o077
-    ]
+    """What under `root` (itself included) its group or others may read, write or enter. A
+    file gone between the listing and its look (an agent's beat, written beside and renamed
+    into place while the nodes run) is passed over."""
+    found = []
+    for p in [root, *root.rglob("*")]:
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o077:
+            found.append(f"{stat.S_IMODE(st.st_mode):04o} {p}")
+    return found
 
 
 def read_as_nobody(path: Path) -> subprocess.CompletedProcess[str]:
