@@ -21,9 +21,7 @@ for the first job. ``--quick``: one round, for CI's check that the bench still r
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,13 +32,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from launched import ARGS, EXAMPLE, MARK, cloudtrain  # noqa: E402
+
 from tests.k8s.fixtures import api_client  # noqa: E402
 from tests.k8s.standin import StandIn  # noqa: E402
 from tests.sshd import free_port  # noqa: E402
-
-EXAMPLE = REPO / "examples" / "digits_ddp.py"
-MARK = "cloudtrain: first step"
-ARGS = ["--epochs", "1"]
 
 
 def _pod(name: str) -> Any:
@@ -123,36 +119,6 @@ def by_hand(standin: StandIn, folder: Path, name: str) -> tuple[float, float]:
         api.close()
 
 
-def cloudtrain(standin: StandIn, home: Path, name: str) -> tuple[float, float]:
-    """Seconds from `up` to the first step of a `train`, and of a second `train` in the same
-    pods; the cluster is taken down after."""
-    env = {**os.environ, **standin.env(), "CLOUDTRAIN_HOME": str(home)}
-    cli = [sys.executable, "-m", "cloudtrain.cli"]
-
-    def train() -> float:
-        start = time.perf_counter()
-        argv = [*cli, "train", "-c", name, str(EXAMPLE), "--", *ARGS]
-        proc = subprocess.Popen(
-            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        first = None
-        for line in proc.stdout or ():
-            if first is None and MARK in line:
-                first = time.perf_counter() - start
-        if proc.wait() != 0 or first is None:
-            raise SystemExit(f"cloudtrain train failed ({proc.returncode})")
-        return first
-
-    start = time.perf_counter()
-    subprocess.run([*cli, "up", "--provider", "kubernetes", "--nodes", "2", "--name", name],
-                   env=env, check=True, capture_output=True)  # fmt: skip
-    up = time.perf_counter() - start
-    try:
-        return up + train(), train()
-    finally:
-        subprocess.run([*cli, "down", name], env=env, check=True, capture_output=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -170,7 +136,7 @@ def main() -> None:
                 if side == "hand":
                     firsts = by_hand(standin, folder, f"hand{r}")
                 else:
-                    firsts = cloudtrain(standin, folder / "home", f"ct{r}")
+                    firsts = cloudtrain("kubernetes", standin.env(), folder / "home", f"ct{r}")
                 times[f"{side} 1st"].append(firsts[0])
                 times[f"{side} 2nd"].append(firsts[1])
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()))

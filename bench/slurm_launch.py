@@ -18,9 +18,7 @@ It prints the medians and each one's ratio to its hand-written peer: the issue's
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,12 +27,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from launched import ARGS, EXAMPLE, MARK, cloudtrain  # noqa: E402
+
 from tests.slurmlab import ENDED, SlurmLab, lab  # noqa: E402
 from tests.sshd import free_port  # noqa: E402
-
-EXAMPLE = REPO / "examples" / "digits_ddp.py"
-MARK = "cloudtrain: first step"
-ARGS = ["--epochs", "1"]
 
 
 def by_hand(slurm: SlurmLab, folder: Path, name: str) -> float:
@@ -65,36 +61,6 @@ def by_hand(slurm: SlurmLab, folder: Path, name: str) -> float:
     return first
 
 
-def cloudtrain(slurm: SlurmLab, home: Path, name: str) -> tuple[float, float]:
-    """Seconds from `up` to the first step of a `train`, and of a second `train` on the same
-    allocation; the cluster is taken down after."""
-    env = {**os.environ, **slurm.env, "CLOUDTRAIN_HOME": str(home)}
-    cli = [sys.executable, "-m", "cloudtrain.cli"]
-
-    def train() -> float:
-        start = time.perf_counter()
-        argv = [*cli, "train", "-c", name, str(EXAMPLE), "--", *ARGS]
-        proc = subprocess.Popen(
-            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        first = None
-        for line in proc.stdout or ():
-            if first is None and MARK in line:
-                first = time.perf_counter() - start
-        if proc.wait() != 0 or first is None:
-            raise SystemExit(f"cloudtrain train failed ({proc.returncode})")
-        return first
-
-    start = time.perf_counter()
-    subprocess.run([*cli, "up", "--provider", "slurm", "--nodes", "2", "--name", name], env=env,
-                   check=True, capture_output=True)  # fmt: skip
-    up = time.perf_counter() - start
-    try:
-        return up + train(), train()
-    finally:
-        subprocess.run([*cli, "down", name], env=env, check=True, capture_output=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -111,7 +77,7 @@ def main() -> None:
                         by_hand(slurm, folder, f"hand{r}b"),
                     )
                 else:
-                    firsts = cloudtrain(slurm, folder / "home", f"ct{r}")
+                    firsts = cloudtrain("slurm", slurm.env, folder / "home", f"ct{r}")
                 times[f"{side} 1st"].append(firsts[0])
                 times[f"{side} 2nd"].append(firsts[1])
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()))
