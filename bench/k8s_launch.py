@@ -39,8 +39,9 @@ from tests.k8s.standin import StandIn  # noqa: E402
 from tests.sshd import free_port  # noqa: E402
 
 
-def _pod(name: str) -> Any:
-    """A pod of a hand-written manifest (the client takes the dict as it is)."""
+def hand_pod(name: str, **resources: dict[str, str]) -> Any:
+    """A pod of a hand-written manifest (the client takes the dict as it is): a shell that
+    sleeps, as a user's pod spec would keep a pod up; `resources` as its container's."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -51,7 +52,8 @@ def _pod(name: str) -> Any:
                 {
                     "name": "main",
                     "image": "pytorch/pytorch",
-                    "command": ["sleep", "infinity"],
+                    "command": ["sh", "-c", "while :; do sleep 3600; done"],
+                    **({"resources": resources} if resources else {}),
                 }
             ],
         },
@@ -69,7 +71,7 @@ def by_hand(standin: StandIn, folder: Path, name: str) -> tuple[float, float]:
     pods = [f"{name}-0", f"{name}-1"]
     start = time.perf_counter()
     for pod in pods:
-        core.create_namespaced_pod("default", _pod(pod))
+        core.create_namespaced_pod("default", hand_pod(pod))
     while True:
         found: list[Any] = [core.read_namespaced_pod(p, "default").status for p in pods]
         if all(f is not None and f.phase == "Running" and f.pod_ip for f in found):

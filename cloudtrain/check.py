@@ -74,10 +74,12 @@ class Quota:
 
 @dataclass(frozen=True)
 class Finding:
-    """A problem, and what to do about it (empty when there is nothing to do)."""
+    """A problem, and what to do about it (empty when there is nothing to do); `blocks`: `up`
+    would fail because of it (a verb the credentials may not use), so the cloud is not usable."""
 
     problem: str
     fix: str = ""
+    blocks: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,10 +120,10 @@ class CloudCheck:
 
     @property
     def usable(self) -> bool:
-        """Valid credentials, a machine of interest offered, and room for at least one node
-        of it where that is known (no quota read, or none governing: not known, so not held
-        against the cloud)."""
-        if not self.valid or not self.offered:
+        """Valid credentials, a machine of interest offered, no finding that blocks `up`, and
+        room for at least one node of it where that is known (no quota read, or none
+        governing: not known, so not held against the cloud)."""
+        if not self.valid or not self.offered or any(f.blocks for f in self.findings):
             return False
         known = [r for r in self.room if r.nodes is not None]
         return not known or any(r.nodes for r in known)
@@ -158,7 +160,9 @@ class CloudCheck:
                 }
                 for r in self.room
             ],
-            "findings": [{"problem": f.problem, "fix": f.fix} for f in self.findings],
+            "findings": [
+                {"problem": f.problem, "fix": f.fix, "blocks": f.blocks} for f in self.findings
+            ],
         }
 
 

@@ -36,24 +36,39 @@ EXIT_NOT_USABLE = 1
 
 
 def machines(provider: str, gpus: Sequence[str]) -> list[InstanceType]:
-    """The catalog's machines of `provider` that match any of `gpus` (all when empty).
+    """The catalog's machines of `provider` that match any of `gpus` (all when empty); for a
+    provider the catalog does not price (a cluster the team runs), one node of each of `gpus`.
     Raises `ConfigError` for an accelerator the catalog does not know."""
     from cloudtrain.plan import catalog
     from cloudtrain.spec import parse_gpus
 
     cat = catalog.load()
-    rows = cat.find(provider=provider)
-    if not gpus:
-        return rows
     wanted = []
     for raw in gpus:
         name, count = parse_gpus(raw, cat.accelerators(), "--gpus")
         wanted.append((name, count if ":" in raw else None))
+    if not registry.plugin(provider).cloud:
+        return [_node(provider, name, count or 1) for name, count in wanted]
+    rows = cat.find(provider=provider)
+    if not gpus:
+        return rows
     return [
         r
         for r in rows
         if any(r.accelerator == n and c in (None, r.accelerator_count) for n, c in wanted)
     ]
+
+
+def _node(provider: str, accelerator: str, count: int) -> InstanceType:
+    """One node of `count` `accelerator`s where the catalog has no machines: named by its GPUs,
+    in every region (`cloudtrain.check.GLOBAL`), priced at nothing."""
+    from cloudtrain.check import GLOBAL
+    from cloudtrain.plan.catalog import InstanceType
+
+    gpus = f"{accelerator}:{count}"
+    return InstanceType(
+        provider, gpus, accelerator, count, 0, "", 0, 0, GLOBAL, (), 0.0, None, "", ""
+    )
 
 
 def account_options(flags: dict[str, Any], clouds: Sequence[str]) -> dict[str, Any]:
@@ -152,8 +167,8 @@ def room_table(c: CloudCheck) -> Table:
     "--provider",
     "providers",
     multiple=True,
-    type=click.Choice(registry.clouds()),
-    help="Only this cloud (repeat for more; default: every cloud).",
+    type=click.Choice(registry.checked()),
+    help="Only this cloud or cluster (repeat for more; default: every one).",
 )
 @click.option(
     "--gpus",
@@ -173,7 +188,7 @@ def check(
     from cloudtrain.check import check as check_cloud
     from cloudtrain.provision.registry import account_keys
 
-    clouds = list(dict.fromkeys(providers)) or registry.clouds()
+    clouds = list(dict.fromkeys(providers)) or registry.checked()
     rows = {p: machines(p, gpus) for p in clouds}  # bad input: exit 2 before any call
     given = account_options(flags, clouds)
     wanted = ", ".join(gpus)

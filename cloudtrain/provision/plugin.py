@@ -65,10 +65,11 @@ class Plugin:
     - `name`: what ``--provider`` takes, and what the catalog calls its rows;
     - `provider`: the `Provider` class (its SDK imported only when this is called);
     - `options`: what ``up --provider NAME`` takes beyond the spec;
-    - `credentials`: whether its credentials are present, offline (`Presence`); a provider
-      with one is a *cloud*: the optimizer chooses among the clouds, `check` checks them;
-    - `quota`: its `QuotaCheck` for `cloudtrain check`;
-    - `prices`: its price-list reader for ``cloudtrain catalog update``;
+    - `credentials`: whether its credentials are present, offline (`Presence`);
+    - `quota`: its `QuotaCheck` for `cloudtrain check` (which checks every provider that has
+      one and `credentials`);
+    - `prices`: its price-list reader for ``cloudtrain catalog update``; a provider with one
+      is a *cloud*: its machines are the catalog's, and the optimizer chooses among the clouds;
     - `store`: its object storage, where a task's ``checkpoint:`` bucket of that scheme is
       kept (`cloudtrain.provision.store`);
     - `default`: where a task that names no provider goes (one provider: this machine);
@@ -87,8 +88,13 @@ class Plugin:
 
     @property
     def cloud(self) -> bool:
-        """Whether it is a cloud: its credentials are known offline."""
-        return self.credentials is not None
+        """Whether it is a cloud: its machines and prices are the catalog's."""
+        return self.prices is not None and self.credentials is not None
+
+    @property
+    def checked(self) -> bool:
+        """Whether `cloudtrain check` checks it: its credentials and its quotas are read."""
+        return self.quota is not None and self.credentials is not None
 
 
 def _attribute(module: str, name: str) -> Any:
@@ -101,6 +107,7 @@ def laid_out(
     options: tuple[Option, ...] = (),
     *,
     cloud: bool = False,
+    checked: bool = False,
     default: bool = False,
     for_tests: bool = False,
     store: str | None = None,
@@ -108,7 +115,8 @@ def laid_out(
 ) -> Plugin:
     """The plugin of `package` (its ``__name__``), laid out as the built-in providers are:
     the class `provider` in ``provider.py``; for a `cloud`, ``_credentials.present(options)``,
-    the ``_check`` module (a `QuotaCheck`) and ``_prices.read(rows)``; for a `store` (its URL
+    the ``_check`` module (a `QuotaCheck`) and ``_prices.read(rows)``; for one `checked` but
+    with no prices in the catalog (a cluster the team runs), the first two; for a `store` (its URL
     scheme; `store_form`, its URLs after ``SCHEME://``), ``_store.open_store(url)`` and
     ``_store.refused(url)``. Each is imported when
     first used; `tests/unit/test_registry.py` loads every built-in one's."""
@@ -134,8 +142,14 @@ def laid_out(
     def read(rows: Sequence[InstanceType]) -> Reading:
         return cast("Reading", _attribute(f"{package}._prices", "read")(rows))
 
-    kept = Store(store, open_store, refused, store_form) if store else None
-    if not cloud:
-        return Plugin(name, load_provider, options, default=default, for_tests=for_tests,
-                      store=kept)  # fmt: skip
-    return Plugin(name, load_provider, options, presence, quota, read, default, for_tests, kept)
+    return Plugin(
+        name,
+        load_provider,
+        options,
+        presence if cloud or checked else None,
+        quota if cloud or checked else None,
+        read if cloud else None,
+        default,
+        for_tests,
+        Store(store, open_store, refused, store_form) if store else None,
+    )

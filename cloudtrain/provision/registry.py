@@ -144,9 +144,15 @@ def default() -> str:
 
 
 def clouds() -> list[str]:
-    """The clouds, sorted: the providers whose credentials are known offline (their prices are
-    in the catalog; the optimizer chooses among them, `cloudtrain check` checks them)."""
+    """The clouds, sorted: the providers whose machines and prices are in the catalog and
+    whose credentials are known offline (the optimizer chooses among them)."""
     return sorted(p.name for p in every() if p.cloud)
+
+
+def checked() -> list[str]:
+    """What `cloudtrain check` checks, sorted: the clouds, and the clusters a team runs whose
+    credentials and quotas can be read (Kubernetes)."""
+    return sorted(p.name for p in every() if p.checked)
 
 
 def stores() -> dict[str, Store]:

@@ -18,10 +18,7 @@ short, a connection closed unanswered.
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import ipaddress
 import json
-import ssl
 import tempfile
 import threading
 import uuid
@@ -34,6 +31,7 @@ from urllib.parse import parse_qsl, urlsplit
 from tests.azure.arm import SIZES, ArmError, Fault, Store
 from tests.azure.routes import CLIENT_SECRET, SUBSCRIPTION, Routes
 from tests.raw import send_raw
+from tests.tls import certificate, serve_tls
 
 __all__ = ["CLIENT_SECRET", "SUBSCRIPTION", "Call", "StandIn"]
 
@@ -112,49 +110,12 @@ class RawFault:
         )
 
 
-def _certificate(folder: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (it is its own CA)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cloudtrain azure stand-in")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = folder / "ca.pem", folder / "key.pem"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_file, key_file
-
-
 class StandIn(Routes):
     """The server and its state. Use as a context manager; `reset` between tests."""
 
     def __init__(self) -> None:
         self._folder = tempfile.TemporaryDirectory(prefix="azure-standin-")
-        self.ca_file, key_file = _certificate(Path(self._folder.name))
+        self.ca_file, key_file = certificate(Path(self._folder.name), "cloudtrain azure stand-in")
         self.lock = threading.RLock()
         self.store = Store(SUBSCRIPTION)
         self.calls: list[Call] = []
@@ -166,9 +127,7 @@ class StandIn(Routes):
         self.reset()
         handler = type("Handler", (_Handler,), {"standin": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(self.ca_file, key_file)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.server.socket = serve_tls(self.server.socket, self.ca_file, key_file)
         self.port = self.server.server_address[1]
         self.base = f"https://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)

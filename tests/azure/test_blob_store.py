@@ -21,8 +21,8 @@ from cloudtrain.providers.azure._client import Clients
 from cloudtrain.provision import registry
 from cloudtrain.provision.store import ObjectStore
 from tests.azure.blob import ACCOUNT, CONTAINER, AzureBlobStandIn, Azurite
-from tests.azure.standin import _certificate
 from tests.contract.stores import Seen
+from tests.tls import certificate
 
 STORAGE_SCOPE = "https://storage.azure.com/.default"
 
@@ -64,7 +64,7 @@ def azurite_oauth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[A
     """Azurite over https (a certificate made here, trusted through ``REQUESTS_CA_BUNDLE``)
     taking bearer tokens; the store pointed at it with no key, so it asks the provider's
     credential chain."""
-    cert, key = _certificate(tmp_path)
+    cert, key = certificate(tmp_path, "cloudtrain azure stand-in")
     with Azurite("--oauth", "basic", "--cert", str(cert), "--key", str(key)) as azurite:
         assert azurite.base.startswith("https://")
         monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert))

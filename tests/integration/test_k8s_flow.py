@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import REPO, Shell
+from tests.integration.conftest import REPO, Shell, wait_for
 from tests.k8s.fixtures import api_client
 from tests.k8s.standin import StandIn
 
@@ -87,6 +87,31 @@ def test_an_unknown_context_or_namespace_is_one_line_and_makes_nothing(
         assert k8s.is_empty(), k8s.leftovers()
 
 
+def evict(k8s: StandIn, pod: str, grace_s: int) -> None:
+    """Evict `pod` through the Eviction API, as a drain does, with `grace_s` of grace."""
+    from kubernetes import client
+
+    api = api_client(k8s)
+    try:
+        eviction = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=pod, namespace="default"),
+            delete_options=client.V1DeleteOptions(grace_period_seconds=grace_s),
+        )
+        client.CoreV1Api(api).create_namespaced_pod_eviction(pod, "default", eviction)
+    finally:
+        api.close()
+
+
+def read_until(train: Any, mark: str) -> str:
+    """What `train` (a ``Popen``) printed up to the line with `mark`."""
+    out = ""
+    while mark not in out:
+        line = train.stdout.readline()
+        assert line, out
+        out += line
+    return out
+
+
 def test_a_managed_job_whose_pod_is_evicted_gets_it_back_and_resumes(
     k8s: StandIn, k8s_sh: Shell
 ) -> None:
@@ -94,7 +119,6 @@ def test_a_managed_job_whose_pod_is_evicted_gets_it_back_and_resumes(
     here: the notice it gives the node is `test_kube_provider`'s, which a heartbeat every 5 s
     may not see in so short a grace); the watcher sees the node gone, `up` makes the pod
     again, and the job resumes on both from the newest checkpoint."""
-    from kubernetes import client
 
     k8s.add_node("n1", gpus=0)
     k8s_sh.env["CLOUDTRAIN_CHECKPOINT_PULL_S"] = "1"
@@ -103,21 +127,8 @@ def test_a_managed_job_whose_pod_is_evicted_gets_it_back_and_resumes(
     [first] = [p.metadata.uid for p in pods(k8s, "cloudtrain.dev/node=1")]
     train = k8s_sh.popen("train", "-c", "m", "--managed", str(EXAMPLE), "--",
                          "--epochs", "6", "--pause", "1")  # fmt: skip
-    assert train.stdout is not None
-    out = ""
-    while "epoch 3/6" not in out:
-        line = train.stdout.readline()
-        assert line, out
-        out += line
-    api = api_client(k8s)
-    try:
-        eviction = client.V1Eviction(
-            metadata=client.V1ObjectMeta(name="m-1", namespace="default"),
-            delete_options=client.V1DeleteOptions(grace_period_seconds=2),  # shorter than the job
-        )
-        client.CoreV1Api(api).create_namespaced_pod_eviction("m-1", "default", eviction)
-    finally:
-        api.close()
+    out = read_until(train, "epoch 3/6")
+    evict(k8s, "m-1", grace_s=2)  # shorter than the job
     rest, _ = train.communicate(timeout=300)
     out += rest
     assert train.returncode == 0, out
@@ -132,4 +143,86 @@ def test_a_managed_job_whose_pod_is_evicted_gets_it_back_and_resumes(
     assert again.metadata.uid != first, "a new pod 1"
     assert again.status.phase == "Running"
     assert k8s_sh("down", "m").returncode == 0
+    assert k8s.is_empty(), k8s.leftovers()
+
+
+def test_idle_pods_end_themselves_and_the_next_command_deletes_them(
+    k8s: StandIn, k8s_sh: Shell
+) -> None:
+    """`up --idle-minutes`: each pod's agent removes its node when idle, the pod's main process
+    then ends, and the pod with it (its GPUs back to the cluster; it holds no token to delete
+    itself); the next command here finds the pods ended, deletes them and says why."""
+    k8s.add_node("n1", gpus=0)
+    where = ["--provider", "kubernetes", "--nodes", "2", "--name", "idle"]
+    up = k8s_sh("up", *where, "--idle-minutes", "0.05", timeout=180)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "idle stops itself after 0.05 idle minute(s)" in up.stderr
+
+    def ended() -> bool:
+        return all(p.status.phase == "Succeeded" for p in pods(k8s, "cloudtrain.dev/cluster"))
+
+    wait_for(ended, timeout=90, what="the pods to end themselves")
+    assert k8s.processes() == [], "nothing of a pod lives on"
+
+    refreshed = k8s_sh("status", "idle", "--refresh")
+    assert refreshed.returncode == 0, refreshed.stderr
+    said = "idle stopped itself (it was idle); removed what was left: node 0 ("
+    assert said in refreshed.stderr, refreshed.stderr
+    assert "Traceback" not in refreshed.stderr
+    assert k8s_sh.status()["clusters"] == []
+    assert k8s.is_empty(), k8s.leftovers()
+
+
+def test_a_managed_elastic_job_goes_on_without_an_evicted_pod_and_gets_it_back(
+    k8s: StandIn, k8s_sh: Shell
+) -> None:
+    """`--managed --nodes 1:2`: pod 1 is evicted; node 0 goes on alone while the watcher makes
+    pod 1 again, then the job starts again on both from the newest checkpoint and ends there."""
+    k8s.add_node("n1", gpus=0)
+    k8s_sh.env["CLOUDTRAIN_CHECKPOINT_PULL_S"] = "1"
+    up = k8s_sh("up", "--provider", "kubernetes", "--nodes", "2", "--name", "e", timeout=180)
+    assert up.returncode == 0, up.stdout + up.stderr
+    train = k8s_sh.popen("train", "-c", "e", "--managed", "--nodes", "1:2", str(EXAMPLE), "--",
+                         "--epochs", "12", "--pause", "1")  # fmt: skip
+    out = read_until(train, "epoch 3/12")
+    evict(k8s, "e-1", grace_s=2)
+    rest, _ = train.communicate(timeout=300)
+    out += rest
+    assert train.returncode == 0, out
+    assert re.search(
+        r"recovery 1/3: node 1 (went away|was lost); the others go on \(elastic\)", out
+    ), out
+    assert re.search(r"node 1 is back after \d+\.\d s; the job starts again on all", out), out
+    resumed = [int(e) for e in re.findall(r"resumed from epoch (\d+)", out)]
+    assert resumed, out
+    assert resumed[-1] >= 2, out
+    accuracy = re.search(r"final test accuracy: ([\d.]+)", out)
+    assert accuracy, out
+    assert float(accuracy.group(1)) >= 0.9, out
+    assert k8s_sh("down", "e").returncode == 0
+    assert k8s.is_empty(), k8s.leftovers()
+
+
+@pytest.mark.parametrize("mark", ["made pod(s)", "bootstrap"])
+def test_an_up_killed_midway_is_completed_by_the_next_and_down_finds_everything(
+    k8s: StandIn, k8s_sh: Shell, mark: str
+) -> None:
+    """`up` killed (SIGKILL: no cleanup of its own) once its pods are made, or while the
+    nodes bootstrap: the next `up` completes the same pods, and `down` from a machine with no
+    record finds everything by label."""
+    k8s.add_node("n1", gpus=0)
+    where = ["--provider", "kubernetes", "--nodes", "2", "--name", "k"]
+    up = k8s_sh.popen("up", *where)
+    read_until(up, mark)
+    up.kill()
+    up.communicate(timeout=30)
+    made = {p.metadata.uid for p in pods(k8s, "cloudtrain.dev/cluster=k")}
+    assert made, "the pods were made before the kill"
+
+    again = k8s_sh("up", *where, timeout=180)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert {p.metadata.uid for p in pods(k8s, "cloudtrain.dev/cluster=k")} == made, "the same"
+    (k8s_sh.home / "state.db").unlink()
+    down = k8s_sh("down", "k", "--provider", "kubernetes")
+    assert down.returncode == 0, down.stdout + down.stderr
     assert k8s.is_empty(), k8s.leftovers()

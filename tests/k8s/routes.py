@@ -2,7 +2,8 @@
 
 Paths are the API server's: ``/api/v1/namespaces/NS/RESOURCE[/NAME[/SUBRESOURCE]]``, the
 cluster-wide ``/api/v1/RESOURCE`` (lists across namespaces too),
-``/apis/authorization.k8s.io/v1/selfsubjectaccessreviews``, ``/version``, ``/api``, ``/apis``.
+``/apis/authorization.k8s.io/v1/selfsubjectaccessreviews``,
+``/apis/authentication.k8s.io/v1/selfsubjectreviews``, ``/version``, ``/api``, ``/apis``.
 The verb is the one RBAC sees: get / list / watch / create / update / patch / delete /
 deletecollection (``pods/exec`` is ``create``, as with websocket upgrades on 1.31).
 A handler answers a `Reply`: a JSON body, a stream of chunks (watches, followed logs), or
@@ -108,9 +109,9 @@ class Request:
 def target(method: str, path: str, query: dict[str, list[str]], upgrade: bool) -> Target | None:
     """The verb and resource of a request (None: not a resource path)."""
     group = ""
-    if path.startswith("/apis/authorization.k8s.io/v1/"):
-        resource = path.rsplit("/", 1)[-1]
-        return Target("create", resource, group="authorization.k8s.io")
+    for review_group in ("authorization.k8s.io", "authentication.k8s.io"):
+        if path.startswith(f"/apis/{review_group}/v1/"):
+            return Target("create", path.rsplit("/", 1)[-1], group=review_group)
     m = _CORE.match(path)
     if m is None:
         return None
@@ -136,6 +137,8 @@ def dispatch(standin: StandIn, request: Request, t: Target) -> Reply:
     store = standin.store
     if t.resource == "selfsubjectaccessreviews":
         return _access_review(standin, request)
+    if t.resource == "selfsubjectreviews":
+        return _who_am_i(request)
     namespaced = KINDS[t.resource][1]
     missing = store.get("namespaces", "", t.namespace) is None
     if namespaced and t.namespace and t.verb == "create" and missing:
@@ -410,6 +413,18 @@ def _access_review(standin: StandIn, request: Request) -> Reply:
     return Reply(201, review)
 
 
+def _who_am_i(request: Request) -> Reply:
+    """``kubectl auth whoami``: the user the request's token is, as a real server answers."""
+    user = {"username": request.user, "groups": ["system:authenticated"]}
+    review = {
+        "kind": "SelfSubjectReview",
+        "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {"creationTimestamp": None},
+        "status": {"userInfo": user},
+    }
+    return Reply(201, review)
+
+
 def discovery(path: str, address: str) -> Obj | None:
     """The discovery documents a client reads (``/api``, ``/apis``, ``/api/v1``)."""
     if path == "/version":
@@ -424,7 +439,7 @@ def discovery(path: str, address: str) -> Obj | None:
                 "versions": [{"groupVersion": f"{g}/v1", "version": "v1"}],
                 "preferredVersion": {"groupVersion": f"{g}/v1", "version": "v1"},
             }
-            for g in ("authorization.k8s.io", "policy")
+            for g in ("authentication.k8s.io", "authorization.k8s.io", "policy")
         ]
         return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
     if path == "/api/v1":

@@ -60,6 +60,7 @@ from tests.k8s.cluster import Cluster
 from tests.k8s.nodes import forbidden
 from tests.k8s.routes import Reply, Request, Target
 from tests.k8s.store import ApiError, Obj, Store, bad_request
+from tests.tls import certificate, serve_tls
 
 USER = "system:serviceaccount:default:cloudtrain"
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -113,13 +114,20 @@ class StandIn:
         namespaces: Iterable[str] = ("default",),
         backoff: tuple[float, float] = (0.2, 2.0),
         history: int = 1000,
+        *,
+        tls: bool = False,
     ) -> None:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._server.daemon_threads = True
         self._server.standin = self  # type: ignore[attr-defined]
         self.port = self._server.server_port
-        self.url = f"http://127.0.0.1:{self.port}"
         self.root = Path(tempfile.mkdtemp(prefix="k8s-standin-"))
+        #: With `tls`, its certificate (its own CA), as a pod's service account has it.
+        self.ca_file: Path | None = None
+        if tls:
+            self.ca_file, key_file = certificate(self.root, "cloudtrain kubernetes stand-in")
+            self._server.socket = serve_tls(self._server.socket, self.ca_file, key_file)
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.token = secrets.token_urlsafe(24)
         self.store = Store(history)
         # the pods' addresses: a /24 of loopback of this stand-in's own, named by its port
@@ -188,7 +196,7 @@ class StandIn:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "standin", "cluster": self._cluster()}],
             "users": [{"name": "standin", "user": {"token": token or self.token}}],
             "contexts": [
                 {"name": c, "context": {"cluster": "standin", "user": "standin", "namespace": ns}}
@@ -200,6 +208,11 @@ class StandIn:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(config, indent=2))
         return path
+
+    def _cluster(self) -> dict[str, str]:
+        if self.ca_file is None:
+            return {"server": self.url}
+        return {"server": self.url, "certificate-authority": str(self.ca_file)}
 
     def env(self) -> dict[str, str]:
         """What a process needs to reach only this stand-in."""

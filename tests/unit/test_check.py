@@ -178,11 +178,12 @@ def test_every_cloud_is_checked_and_one_usable_is_enough(run_cli: Cli, clouds: C
     done = run_cli("check", "--json")
     assert done.exit_code == 0
     data = json.loads(done.output)
-    assert [c["provider"] for c in data["clouds"]] == ["aws", "azure", "gcp"]
-    assert data["usable"] == ["aws", "azure"]
-    assert data["clouds"][2]["findings"] == [{"problem": "no credentials found", "fix": "log in"}]
+    assert [c["provider"] for c in data["clouds"]] == ["aws", "azure", "gcp", "kubernetes"]
+    assert data["usable"] == ["aws", "azure", "kubernetes"]
+    said = {"problem": "no credentials found", "fix": "log in", "blocks": False}
+    assert data["clouds"][2]["findings"] == [said]
 
-    for name in ("aws", "azure"):
+    for name in ("aws", "azure", "kubernetes"):
         clouds.answers[name] = not_usable(name)
     assert run_cli("check").exit_code == 1
 

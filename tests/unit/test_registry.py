@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.errors import ConfigError
-from cloudtrain.plan.prices import PriceListError
+from cloudtrain.plan.prices import PriceListError, Reading
 from cloudtrain.providers.fake.provider import FakeProvider
 from cloudtrain.provision import credentials, registry
 from cloudtrain.provision.credentials import Presence
@@ -55,12 +55,16 @@ def test_a_plugin_object_is_what_an_entry_point_names(
     """The contract of a third-party package: its entry point names a `Plugin`; the core reads
     its options, its credentials check and its class from it, and nothing else."""
     mine = Plugin(
-        "mycloud", lambda: FakeProvider, credentials=lambda o: Presence("mycloud", True, "here")
+        "mycloud",
+        lambda: FakeProvider,
+        credentials=lambda o: Presence("mycloud", True, "here"),
+        prices=lambda rows: Reading({}),
     )
     monkeypatch.setitem(sys.modules, "mycloud_plugin", types.SimpleNamespace(PLUGIN=mine))
     monkeypatch.setattr(registry, "_plugins", lambda: {"mycloud": "mycloud_plugin:PLUGIN"})
     assert registry.plugin("mycloud") is mine
-    assert "mycloud" in registry.clouds(), "credentials known offline: a cloud"
+    assert "mycloud" in registry.clouds(), "priced, its credentials known offline: a cloud"
+    assert "mycloud" not in registry.checked(), "no quota reader: not checked"
     assert credentials.present("mycloud").source == "here"
     assert isinstance(registry.create("mycloud", ProviderContext(home=tmp_path)), FakeProvider)
     monkeypatch.setattr(registry, "_plugins", lambda: {"mycloud": "mycloud_plugin:NOTHING"})
@@ -77,6 +81,7 @@ def test_the_built_in_providers_are_the_folders_each_with_its_plugin() -> None:
     assert {p.name for p in registry.builtin()} == folders
     assert registry.default() == "local"
     assert registry.clouds() == ["aws", "azure", "gcp"]
+    assert registry.checked() == ["aws", "azure", "gcp", "kubernetes"]
     # slurm: not offered until sites without a shared home are served (issue 30)
     assert [p.name for p in registry.builtin() if p.for_tests] == ["fake"]
     for plugin in registry.builtin():

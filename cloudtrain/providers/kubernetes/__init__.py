@@ -35,9 +35,18 @@ OPTIONS = (
         "kubernetes: the nodes' labels the pods must run on, KEY=VALUE[,KEY=VALUE] (default: "
         "the GPU's product label, nvidia.com/gpu.product, where the GPU is known).",
     ),
+    Option(
+        "cpus",
+        "kubernetes: CPUs each pod requests, e.g. 8 or 7.5 or 7500m (default: 2 per GPU, 1 "
+        "without).",
+    ),
+    Option(
+        "memory",
+        "kubernetes: memory each pod requests, e.g. 32Gi (default: 8Gi per GPU, 2Gi without).",
+    ),
     Option("wait", "kubernetes: seconds the pods may stay pending before `up` deletes them (300)."),
     Option("python", "kubernetes: the image's Python, with torch (default: python3)."),
     NODE_PRICE,
 )
 
-PLUGIN = laid_out(__name__, "KubernetesProvider", OPTIONS)
+PLUGIN = laid_out(__name__, "KubernetesProvider", OPTIONS, checked=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -42,7 +43,7 @@ class Conflict(ProviderError):
     """The object exists already, or changed meanwhile (HTTP 409)."""
 
 
-def _client_module() -> Any:
+def client_module() -> Any:
     try:
         import kubernetes
     except ImportError as exc:
@@ -57,8 +58,8 @@ class Api:
     """The API server of one kubeconfig context (or of the pod this runs in), in one namespace."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        k8s = _client_module()
-        self.kubeconfig = _kubeconfig(options.get("kubeconfig"))
+        k8s = client_module()
+        self.kubeconfig = kubeconfig(options.get("kubeconfig"))
         context = options.get("context") or None
         try:
             if self.kubeconfig is None:
@@ -68,6 +69,7 @@ class Api:
                 found = SERVICE_ACCOUNT / "namespace"
                 default = found.read_text().strip() if found.is_file() else "default"
                 self.where = "this pod's service account"
+                self.user = "this pod's service account"
             else:
                 contexts, active = k8s.config.list_kube_config_contexts(str(self.kubeconfig))
                 chosen = next((c for c in contexts if c.get("name") == context), None)
@@ -78,13 +80,20 @@ class Api:
                         f"(it has: {names})"
                     )
                 chosen = chosen or active
-                self.client = k8s.config.new_client_from_config(
-                    config_file=str(self.kubeconfig),
-                    context=chosen.get("name"),
-                    persist_config=False,
-                )
-                default = (chosen.get("context") or {}).get("namespace") or "default"
                 self.where = f"context {chosen.get('name')!r} of {self.kubeconfig}"
+                with _plugin_errors() as said:
+                    self.client = k8s.config.new_client_from_config(
+                        config_file=str(self.kubeconfig),
+                        context=chosen.get("name"),
+                        persist_config=False,
+                    )
+                if said:  # its credential plugin failed: every call would be refused
+                    raise AuthError(
+                        NAME, "CredentialPlugin", f"{self.where}: its credential plugin failed: "
+                        + " ".join(said[0].split())[:400],
+                    )  # fmt: skip
+                default = (chosen.get("context") or {}).get("namespace") or "default"
+                self.user = str((chosen.get("context") or {}).get("user") or "")
         except k8s.config.ConfigException as exc:
             raise ConfigError(f"kubernetes: {self.kubeconfig}: {exc}") from exc
         self.namespace = str(options.get("namespace") or default)
@@ -101,7 +110,7 @@ class Api:
         """A `CoreV1Api` of its own for one exec: the client's `stream` swaps its client's
         transport for the WebSocket while it connects, which would take every other thread's
         call on a shared one with it."""
-        k8s = _client_module()
+        k8s = client_module()
         client = k8s.client.ApiClient(self.client.configuration)
         try:
             yield k8s.client.CoreV1Api(client)
@@ -111,13 +120,15 @@ class Api:
     @contextlib.contextmanager
     def calling(self, what: str) -> Iterator[None]:
         """Map what the client raises while doing `what` to cloudtrain's errors."""
-        k8s = _client_module()
+        k8s = client_module()
+        import urllib3  # the client's transport
+
         try:
             yield
         except k8s.client.exceptions.ApiException as exc:
             raise self.error(what, exc) from exc
-        except OSError as exc:  # urllib3's connection errors are OSErrors
-            raise self.unreachable(what, str(exc)) from exc
+        except (OSError, urllib3.exceptions.HTTPError) as exc:  # no answer, after its retries
+            raise self.unreachable(what, _why(exc)) from exc
         except ValueError as exc:  # an answer the client's models cannot read
             said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ProviderError(
@@ -165,7 +176,33 @@ class Api:
         )
 
 
-def _kubeconfig(given: object) -> Path | None:
+class _Said(logging.Handler):
+    """What the client's kubeconfig loader logs as an error (it logs a credential plugin's
+    failure, its exit and its stderr, and goes on without credentials)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if f"{os.sep}kubernetes{os.sep}config{os.sep}" in record.pathname:
+            self.lines.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _plugin_errors() -> Iterator[list[str]]:
+    """The errors the client logs meanwhile, kept from the terminal (a handler on the root
+    logger also keeps ``logging.error`` from configuring it for the whole process)."""
+    said = _Said()
+    root = logging.getLogger()
+    root.addHandler(said)
+    try:
+        yield said.lines
+    finally:
+        root.removeHandler(said)
+
+
+def kubeconfig(given: object) -> Path | None:
     """The kubeconfig file to read: `given`, ``$KUBECONFIG`` (its first file), or
     ``~/.kube/config``; None inside a pod with no kubeconfig (its service account)."""
     if given:
@@ -186,6 +223,14 @@ def _kubeconfig(given: object) -> Path | None:
         "kubernetes: no kubeconfig (--kubeconfig, $KUBECONFIG or ~/.kube/config) and not "
         "inside a pod with a service account"
     )
+
+
+def _why(exc: BaseException) -> str:
+    """Why a connection failed, in one line: urllib3's last reason, without its objects'
+    reprs (``<urllib3.connection.HTTPConnection object at 0x…>: Failed to establish…``)."""
+    reason = getattr(exc, "reason", None) or exc
+    text = re.sub(r"<[^<>]*object at 0x[0-9a-f]+>:?\s*", "", str(reason))
+    return " ".join(text.split())[:300] or type(exc).__name__
 
 
 def _message(body: object) -> str:

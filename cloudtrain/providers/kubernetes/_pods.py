@@ -12,11 +12,16 @@ annotation. Everything of a cluster is found by a label selector, never by local
 reaps what exec'd commands leave behind, and turns the grace period's SIGTERM (an eviction, a
 drain, a node going away) into the node's notice (``python -m cloudtrain.node notice``), the
 same "checkpoint now" a cloud's preemption notice gives; it then lives on, so the job has the
-whole grace period (``terminationGracePeriodSeconds``, 30) to save before the kill. Its GPUs
-are limits (the device plugin's ``nvidia.com/gpu``), its shared memory a memory-backed
-``/dev/shm`` (NCCL needs more than a container's 64 MiB), and it gets no service account token:
-nothing on a node calls the API. ``restartPolicy: Never``: a pod that ends is a node lost,
-which a managed job replaces.
+whole grace period (``terminationGracePeriodSeconds``, 30) to save before the kill. When the
+node's folder, once made, is gone (its agent removed the node: autostop), the keeper ends, and
+with it the pod: its GPUs go back to the cluster, though no one deleted it (the pod holds no
+token to do so; the next command here does, `cloudtrain.autostop`).
+
+Its GPUs are limits (the device plugin's ``nvidia.com/gpu``), its CPUs and memory requests
+only (it may use more where its node has them: ``--cpus``, ``--memory``), its shared memory a
+memory-backed ``/dev/shm`` (NCCL needs more than a container's 64 MiB), and it gets no service
+account token: nothing on a node calls the API. ``restartPolicy: Never``: a pod that ends is
+a node lost, which a managed job replaces.
 """
 
 from __future__ import annotations
@@ -24,9 +29,11 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
 from cloudtrain.errors import ConfigError
+from cloudtrain.providers.kubernetes import _quantity
 
 PREFIX = "cloudtrain.dev/"
 LABEL_CLUSTER = PREFIX + "cluster"
@@ -53,7 +60,11 @@ notice() {
     --source kubernetes --action end >/dev/null 2>&1
 }
 trap notice TERM
-while :; do sleep 3600 & wait $!; done
+made=""
+while :; do
+  sleep 2 & wait $!
+  if [ -d "$root" ]; then made=1; elif [ -n "$made" ]; then exit 0; fi
+done
 """
 #: A label's name and value as Kubernetes allows them (a key may have a DNS prefix and '/').
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
@@ -63,6 +74,9 @@ _LABEL_VALUE = re.compile(rf"({_NAME})?")
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
 KUEUE_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+#: What a pod may request: CPUs and bytes of memory, as (least, most, the words for both).
+CPUS = (Fraction(1, 1000), Fraction(1024), "more than 0 (1m at least) and at most 1024")
+MEMORY = (Fraction(64 << 20), Fraction(64 << 40), "from 64Mi to 64Ti")
 
 
 def node_root(home: str) -> str:
@@ -111,6 +125,28 @@ def node_selector(text: str | None, accelerator: str | None) -> dict[str, str]:
     return found
 
 
+def requests(cpus: object, memory: object, gpus: int) -> dict[str, str]:
+    """The pod's ``cpu`` and ``memory`` requests: ``--cpus`` and ``--memory`` as given, or 2
+    CPUs and 8Gi per GPU (1 and 2Gi without); `ConfigError` naming the flag for a value that is
+    not a quantity, or is outside what a pod may ask (`CPUS`, `MEMORY`)."""
+    cpu = _given(cpus) or str(2 * gpus if gpus else 1)
+    mem = _given(memory) or (f"{8 * gpus}Gi" if gpus else "2Gi")
+    for flag, text, (least, most, allowed), example in (
+        ("--cpus", cpu, CPUS, "8, 7.5 or 7500m"),
+        ("--memory", mem, MEMORY, "32Gi or 512Mi; a number alone is bytes"),
+    ):
+        value = _quantity.parse(text)
+        if value is None or not least <= value <= most:
+            raise ConfigError(
+                f"{flag} {text!r}: give a Kubernetes quantity {allowed} per pod (e.g. {example})"
+            )
+    return {"cpu": cpu, "memory": mem}
+
+
+def _given(value: object) -> str:
+    return "" if value is None else str(value).strip()
+
+
 def labels(cluster: str, owner: str, cluster_id: str | None) -> dict[str, str]:
     found = {LABEL_CLUSTER: cluster, LABEL_OWNER: owner_label(owner)}
     if cluster_id:
@@ -129,9 +165,12 @@ def pod(
     gpus: int,
     nodes: int,
     selector: Mapping[str, str],
+    requests: Mapping[str, str],
     queue: str | None = None,
 ) -> dict[str, Any]:
-    """Node `index`'s pod of a cluster of `nodes` nodes."""
+    """Node `index`'s pod of a cluster of `nodes` nodes: its GPUs as limits (and requests),
+    its `requests` of cpu and memory as requests only, so that it may use more when the node
+    has it."""
     meta_labels = {**labels(cluster, owner, cluster_id), LABEL_NODE: str(index)}
     annotations = {LABEL_OWNER: owner}
     if queue:
@@ -139,6 +178,7 @@ def pod(
         meta_labels[KUEUE_GROUP] = f"{cluster}-{cluster_id or 'x'}"
         annotations[KUEUE_COUNT] = str(nodes)
     limits = {GPU: str(gpus)} if gpus else {}
+    resources = {**({"limits": limits} if limits else {}), "requests": {**limits, **requests}}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -161,7 +201,7 @@ def pod(
                     "image": image,
                     "command": ["sh", "-c", KEEPER],
                     "env": [{"name": "CT_PYTHON", "value": python}],
-                    "resources": {"limits": limits, "requests": dict(limits)} if limits else {},
+                    "resources": resources,
                     "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
                 }
             ],

@@ -1,13 +1,14 @@
 """Clusters on a Kubernetes cluster the team already runs: each node a pod.
 
-`apply` makes a headless Service and one pod per node (`_pods`), all or nothing: it waits until
-every pod runs, says why one is pending (the scheduler's own words: ``0/4 nodes are available:
-4 Insufficient nvidia.com/gpu``), and past ``--wait`` deletes every pod it made and raises
-`CapacityError` with that reason; an image that cannot be pulled ends the wait at once, naming
-the image. Once they run, each pod's folder is learned from its ``$HOME`` (recorded on the pod
-as an annotation: `describe` needs no command) and its check-only bootstrap starts through exec
-(`_executor`), as on a Slurm node: the image brings Python and torch, cloudtrain's wheel comes
-from here.
+`apply` makes a headless Service and one pod per node (`_pods`: the GPUs, and the CPUs and
+memory ``--cpus``/``--memory`` ask), all or nothing: it waits until every pod runs (one list,
+then one watch: `_wait`), says why one is pending (the scheduler's own words: ``0/4 nodes are
+available: 4 Insufficient nvidia.com/gpu``), and past ``--wait`` deletes every pod it made and
+raises `CapacityError` with that reason; an image that cannot be pulled ends the wait at once,
+naming the image. Once they run, each pod's folder is learned from its ``$HOME`` (recorded on
+the pod as an annotation: `describe` needs no command) and its check-only bootstrap starts
+through exec (`_executor`), as on a Slurm node: the image brings Python and torch, cloudtrain's
+wheel comes from here.
 
 Everything is found by label selector (`_pods.selector`), never by local state: `describe`,
 `clusters`, `leftovers` and `terminate` (which deletes the pods and the Service by label and
@@ -18,18 +19,18 @@ that exists already (409) is the other's, and is kept.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
-import time
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar
 
 from cloudtrain.boot import bootstrap
-from cloudtrain.errors import CapacityError, ConfigError, ProviderError
+from cloudtrain.errors import ConfigError, ProviderError
 from cloudtrain.executors.base import fan_out
 from cloudtrain.model import Capability, Event, NodeInfo, Offer, OnEvent, Plan, ignore_event
-from cloudtrain.providers.kubernetes import _pods, _read
+from cloudtrain.providers.kubernetes import _pods, _read, _wait
 from cloudtrain.providers.kubernetes._api import NAME, Api, Conflict, NotFound
 from cloudtrain.providers.kubernetes._executor import ExecExecutor
 from cloudtrain.provision.provider import (
@@ -56,7 +57,7 @@ class KubernetesProvider:
 
     name: ClassVar[str] = NAME
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.MULTI_NODE, Capability.GPU, Capability.IMAGE}
+        {Capability.MULTI_NODE, Capability.GPU, Capability.IMAGE, Capability.AUTOSTOP}
     )
 
     def __init__(self, context: ProviderContext) -> None:
@@ -84,23 +85,31 @@ class KubernetesProvider:
             r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?", self.queue
         ):
             raise ConfigError(f"--queue {self.queue!r} is not a LocalQueue's name")
+        asked = _pods.requests(
+            self._options.get("cpus"), self._options.get("memory"), count if accel else 0
+        )
         self._refuse_others(spec.name, spec.cluster_id)  # the API answers, before any record
         offer = Offer(
             NAME, self.api.namespace, (self.api.namespace,), "pod", self.node_price, False,
             accel, count if accel else 0,
         )  # fmt: skip
-        requests = [self._pod(spec, i, image, selector) for i in range(spec.num_nodes)]
+        requests = [self._pod(spec, i, image, selector, asked) for i in range(spec.num_nodes)]
         service = _pods.service(spec.name, self.owner, spec.cluster_id)
         return Plan(spec=spec, offers=(offer,), requests=(service, *requests))
 
     def _pod(
-        self, spec: ClusterSpec, index: int, image: str, selector: Mapping[str, str]
+        self,
+        spec: ClusterSpec,
+        index: int,
+        image: str,
+        selector: Mapping[str, str],
+        asked: Mapping[str, str],
     ) -> dict[str, Any]:
         accel, count = spec.resources.accelerator, spec.resources.count
         return _pods.pod(
             spec.name, index, owner=self.owner, cluster_id=spec.cluster_id, image=image,
             python=self.python, gpus=count if accel else 0, nodes=spec.num_nodes,
-            selector=selector, queue=self.queue,
+            selector=selector, requests=asked, queue=self.queue,
         )  # fmt: skip
 
     def apply(self, plan: Plan, on_event: OnEvent = ignore_event) -> list[NodeInfo]:
@@ -121,14 +130,24 @@ class KubernetesProvider:
                 on_event(Event("node", f"made pod(s) {', '.join(made)} in {self.api.namespace}"))
             self._until_running(spec, on_event)
         except BaseException:
-            self._delete(made)  # all or nothing: what this apply made goes
-            self._until_gone(spec.name, spec.cluster_id, set(made))
-            if not self._pods(spec.name, spec.cluster_id):
-                self._delete_services(spec.name, spec.cluster_id)
+            self._undo(spec, made)
             raise
         nodes = self.describe(spec.name, spec.cluster_id)
         fan_out(lambda n: self._make_node(spec, n), nodes)
         return self.describe(spec.name, spec.cluster_id)
+
+    def _undo(self, spec: ClusterSpec, made: Sequence[str]) -> None:
+        """All or nothing: delete the pods this `apply` made, and the Service when no other
+        pod of the cluster is left. Each step is tried whatever the one before met (the error
+        that ended `apply` is the one to report)."""
+        with contextlib.suppress(ProviderError):
+            self._delete(made)
+        with contextlib.suppress(ProviderError):
+            self._until_gone(spec.name, spec.cluster_id, set(made))
+        with contextlib.suppress(ProviderError):
+            left = {p.metadata.name for p in self._pods(spec.name, spec.cluster_id)}
+            if left <= set(made):  # none but those going: the Service is this apply's too
+                self._delete_services(spec.name, spec.cluster_id)
 
     def _create(self, kind: str, body: Mapping[str, Any]) -> bool:
         """Create the pod or service `body`; False when this cluster's exists already
@@ -160,36 +179,11 @@ class KubernetesProvider:
         return False
 
     def _until_running(self, spec: ClusterSpec, on_event: OnEvent) -> None:
-        """Wait until every pod of the cluster runs with an address; `CapacityError` past
-        ``--wait`` with the scheduler's reason, `ConfigError` at once for an image that cannot
-        be pulled, `ProviderError` for a pod that ended."""
-        deadline = time.monotonic() + self.wait_s
-        said = ""
-        while True:
-            pods = self._pods(spec.name, spec.cluster_id)
-            running = [p for p in pods if _read.running(p)]
-            if len(running) >= spec.num_nodes:
-                return
-            for p in pods:
-                image_error = _read.image_error(p)
-                if image_error:
-                    raise ConfigError(f"pod {p.metadata.name}: {image_error}")
-                if _read.ended(p):
-                    raise ProviderError(
-                        NAME, "PodEnded", f"pod {p.metadata.name} ended as it started: "
-                        f"{_read.why(p)}; {self._log_tail(p.metadata.name)}",
-                    )  # fmt: skip
-            why = next((w for p in pods if (w := _read.pending(p))), "")
-            if why and why != said:
-                on_event(Event("node", f"pending: {why}"))
-                said = why
-            if time.monotonic() > deadline:
-                raise CapacityError(
-                    NAME, "Unschedulable",
-                    f"{len(running)} of {spec.num_nodes} pod(s) running after {self.wait_s:.0f} s "
-                    f"(--wait); {why or 'the pods are still being made'}",
-                )  # fmt: skip
-            time.sleep(0.5)
+        """Wait until every pod of the cluster runs with an address (`_wait.until_running`:
+        one list and one watch; `CapacityError` past ``--wait``)."""
+        selector = _pods.selector(spec.name, self.owner, spec.cluster_id)
+        what = f"the pods of {spec.name!r}"
+        _wait.until_running(self.api, selector, what, spec.num_nodes, self.wait_s, on_event)
 
     def _make_node(self, spec: ClusterSpec, node: NodeInfo) -> None:
         """Learn the pod's folder (recorded on it), and start its check-only bootstrap."""
@@ -235,11 +229,13 @@ class KubernetesProvider:
         """Delete the cluster's pods and Service by label, and wait until the pods are gone."""
         selector = _pods.selector(cluster, self.owner, cluster_id)
         with self.api.calling(f"delete the pods of {cluster!r}"):
-            self.api.core.delete_collection_namespaced_pod(
-                self.api.namespace,
-                label_selector=selector,
-                grace_period_seconds=1,  # the jobs were stopped: no grace to save in
-                _preload_content=False,
+            _drain(
+                self.api.core.delete_collection_namespaced_pod(
+                    self.api.namespace,
+                    label_selector=selector,
+                    grace_period_seconds=1,  # the jobs were stopped: no grace to save in
+                    _preload_content=False,
+                )
             )
         self._delete_services(cluster, cluster_id)
         self._until_gone(cluster, cluster_id, None)
@@ -317,8 +313,10 @@ class KubernetesProvider:
         for name in pods:
             try:
                 with self.api.calling(f"delete pod {name}"):
-                    self.api.core.delete_namespaced_pod(
-                        name, self.api.namespace, grace_period_seconds=1, _preload_content=False
+                    _drain(
+                        self.api.core.delete_namespaced_pod(
+                            name, self.api.namespace, grace_period_seconds=1, _preload_content=False
+                        )
                     )
             except NotFound:
                 pass  # gone already
@@ -327,35 +325,23 @@ class KubernetesProvider:
         for s in self._services(cluster, cluster_id):
             try:
                 with self.api.calling(f"delete service {s.metadata.name}"):
-                    self.api.core.delete_namespaced_service(
-                        s.metadata.name, self.api.namespace, _preload_content=False
+                    _drain(
+                        self.api.core.delete_namespaced_service(
+                            s.metadata.name, self.api.namespace, _preload_content=False
+                        )
                     )
             except NotFound:
                 pass
 
     def _until_gone(self, cluster: str, cluster_id: str | None, names: set[str] | None) -> None:
         """Wait until the pods `names` (None: every pod of the cluster) are gone."""
-        if names is not None and not names:
-            return
-        deadline = time.monotonic() + GONE_S
-        while True:
-            left = [p.metadata.name for p in self._pods(cluster, cluster_id)]
-            left = [n for n in left if names is None or n in names]
-            if not left:
-                return
-            if time.monotonic() > deadline:
-                raise ProviderError(
-                    NAME, "NotGone", f"pod(s) {', '.join(left)} still there after {GONE_S:.0f} s"
-                )
-            time.sleep(0.3)
+        if names is None or names:
+            selector = _pods.selector(cluster, self.owner, cluster_id)
+            _wait.until_gone(self.api, selector, f"the pods of {cluster!r}", names, GONE_S)
 
-    def _log_tail(self, pod: str) -> str:
-        try:
-            with self.api.calling(f"read the log of pod {pod}"):
-                text = str(
-                    self.api.core.read_namespaced_pod_log(pod, self.api.namespace, tail_lines=10)
-                )
-        except ProviderError:
-            return "no log"
-        lines = [line for line in text.splitlines() if line.strip()]
-        return "its last lines: " + " | ".join(lines[-5:]) if lines else "it wrote nothing"
+
+def _drain(response: Any) -> None:
+    """Read an answer left unparsed (a delete's: the objects as they go, of no use here) to
+    its end, so that its connection goes back to the pool, not reset when it is collected."""
+    response.read()
+    response.release_conn()
