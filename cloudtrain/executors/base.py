@@ -58,6 +58,20 @@ IGNORE_FILES = (".gitignore", IGNORE_FILE)
 SSH_FAILED = 255
 #: What a streamed run (`Executor.run` with `on_output`) keeps of its output: its last lines.
 STREAM_TAIL = 200
+#: The most a command's stdout, or its stderr, may send to `Executor.run` when it is kept whole
+#: (no `on_output`): what a node sends is untrusted, and this machine's memory is the user's.
+MAX_OUTPUT = 64 << 20
+
+
+def too_much(argv: Sequence[str], stream: str) -> CommandError:
+    """The error of a command whose `stream` went past `MAX_OUTPUT` (it was stopped)."""
+    return CommandError(
+        SSH_FAILED,
+        tuple(argv),
+        f"it sent more than {MAX_OUTPUT >> 20} MiB on its {stream}, more than a command whose "
+        "output is kept may send: stopped",
+    )
+
 
 #: Starts "$@" detached: its own session, stdin from /dev/null, stdout+stderr to
 #: JOB_DIR/node.log; writes JOB_DIR/pid now and, when it ends, JOB_DIR/ended_at (the node's
@@ -119,8 +133,8 @@ class Executor(Protocol):
     ) -> RunResult:
         """Run `argv` to completion. `on_output` gets each line of stdout+stderr as it comes
         (then `stdout` holds the last `STREAM_TAIL` lines of both: a node's output, however
-        long, is never all held here). Raises `CommandError` only when it cannot start or
-        times out."""
+        long, is never all held here). Raises `CommandError` only when it cannot start, times
+        out, or sends more than `MAX_OUTPUT` on stdout or stderr without `on_output`."""
         ...
 
     def start_detached(

@@ -21,8 +21,14 @@ from pathlib import Path
 from typing import IO, cast
 
 from cloudtrain.errors import CommandError
-from cloudtrain.executors import received
-from cloudtrain.executors.base import DETACH_SCRIPT, STREAM_TAIL, RunResult, sync_listing
+from cloudtrain.executors import base, received
+from cloudtrain.executors.base import (
+    DETACH_SCRIPT,
+    STREAM_TAIL,
+    RunResult,
+    sync_listing,
+    too_much,
+)
 
 
 class LocalExecutor:
@@ -93,14 +99,32 @@ class LocalExecutor:
         stdin: str | None,
     ) -> RunResult:
         proc = self._start(args, env, cwd, stdin, stderr=subprocess.PIPE)
+        over: list[str] = []  # the stream that sent too much: the command is stopped
+        readers = [
+            _Reader(cast("IO[str]", pipe), name, proc, over)
+            for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))
+        ]
         try:
-            out, err = proc.communicate(stdin, timeout=timeout)
+            if proc.stdin is not None:
+                try:
+                    with proc.stdin:
+                        proc.stdin.write(stdin or "")
+                except BrokenPipeError:  # it exited before reading it all
+                    pass
+            proc.wait(timeout=timeout)
+            for reader in readers:
+                reader.join()
         finally:
             if proc.poll() is None:  # timed out, or interrupted: do not leak it
                 _kill(proc)
-                proc.communicate()
+                proc.wait()
+            for reader in readers:
+                reader.join()
             with self._lock:
                 self._running.discard(proc)
+        if over:
+            raise too_much(args, over[0])
+        out, err = ("".join(r.parts) for r in readers)
         return RunResult(args, proc.returncode, out, err)
 
     def _stream(
@@ -198,6 +222,30 @@ class LocalExecutor:
         for proc in running:
             if proc.poll() is None:
                 _kill(proc)
+
+
+class _Reader(threading.Thread):
+    """Reads one of a command's pipes to its end, keeping at most `base.MAX_OUTPUT`: past it,
+    the command is stopped and `over` names the pipe."""
+
+    def __init__(
+        self, pipe: IO[str], name: str, proc: subprocess.Popen[str], over: list[str]
+    ) -> None:
+        super().__init__(daemon=True)
+        self.pipe, self.name, self.proc, self.over = pipe, name, proc, over
+        self.parts: list[str] = []
+        self.start()
+
+    def run(self) -> None:
+        kept = 0
+        with self.pipe:
+            while chunk := self.pipe.read(1 << 16):
+                kept += len(chunk)
+                if kept > base.MAX_OUTPUT:
+                    self.over.append(self.name)
+                    _kill(self.proc)
+                    return
+                self.parts.append(chunk)
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:

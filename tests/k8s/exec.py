@@ -282,12 +282,12 @@ def _feed(proc: subprocess.Popen[bytes], feed: queue.Queue[bytes | None] | None)
 
 
 def _pump(ws: WebSocket, number: int, pipe: BinaryIO) -> None:
-    broken = False
-    while chunk := os.read(pipe.fileno(), 65536):
-        if broken:
-            continue  # the client is gone: drain, so the process is never blocked
-        try:
-            ws.channel(number, chunk)
-        except OSError:
-            broken = True
-    pipe.close()
+    """Copies the process's stdout or stderr to the socket. When the client is gone, the pipe
+    is closed, as the container runtime closes the exec's streams: the process's next write
+    fails (SIGPIPE), so a command that writes without end ends with its client."""
+    with pipe:
+        while chunk := os.read(pipe.fileno(), 65536):
+            try:
+                ws.channel(number, chunk)
+            except OSError:
+                return

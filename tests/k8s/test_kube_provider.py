@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from cloudtrain.errors import AuthError, CapacityError, ConfigError, QuotaError
+from cloudtrain.errors import AuthError, CapacityError, CommandError, ConfigError, QuotaError
+from cloudtrain.executors import base
 from cloudtrain.executors.base import SSH_FAILED
 from cloudtrain.model import NodeInfo
 from cloudtrain.providers.kubernetes.provider import KubernetesProvider
@@ -59,7 +60,9 @@ def test_pods_are_nodes_found_by_label_and_down_leaves_nothing(
     assert k8s.is_empty(), k8s.leftovers()
 
 
-def test_exec_runs_commands_and_carries_files_both_ways(k8s: StandIn, tmp_path: Path) -> None:
+def test_exec_runs_commands_and_carries_files_both_ways(
+    k8s: StandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     k8s.add_node("n1", gpus=0)
     prov = provider(tmp_path)
     (node,) = prov.apply(prov.plan(spec("kx", nodes=1)))
@@ -93,10 +96,17 @@ def test_exec_runs_commands_and_carries_files_both_ways(k8s: StandIn, tmp_path: 
     assert not (back / ".env").exists()
     assert not ex.get(f"{node.root}/nothing-here", tmp_path / "none")
 
-    # a pod that lies: a link to this machine's files comes back as nothing
+    # a pod that lies: a link to this machine's files comes back as nothing; an answer
+    # without end is stopped at the bound, not held
     ex.run(["ln", "-s", "/etc/passwd", f"{node.root}/work/passwd"]).check()
     assert ex.get(f"{node.root}/work", back)
     assert not (back / "passwd").exists()
+    monkeypatch.setattr(base, "MAX_OUTPUT", 1 << 20)
+    for stream in ("", ">&2"):
+        with pytest.raises(CommandError, match=r"more than 1 MiB on its std(out|err).*stopped"):
+            ex.run(["sh", "-c", f"yes {stream}"], timeout=60)
+    with pytest.raises(CommandError, match="timed out after 1 s"):  # not held by the flood
+        ex.run(["yes"], timeout=1, on_output=lambda line: None)
 
     prov.terminate("kx", "c0ffee000001")
     assert ex.run(["true"]).returncode == SSH_FAILED  # the pod is gone: no answer

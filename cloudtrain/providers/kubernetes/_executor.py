@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.errors import CommandError, NodeDataError, ProviderError
-from cloudtrain.executors import received
+from cloudtrain.executors import base, received
 from cloudtrain.executors.base import (
     DETACH_SCRIPT,
     SSH_FAILED,
     STREAM_TAIL,
     RunResult,
     sync_listing,
+    too_much,
 )
 from cloudtrain.node import files
 from cloudtrain.providers.kubernetes._api import Api
@@ -68,6 +69,8 @@ except OSError as e:
 """
 #: Bytes of stdin per WebSocket frame.
 CHUNK = 1 << 16
+#: The most frames one `update` of the exec's WebSocket reads (`_in_batches`).
+BATCH = 64
 
 
 class ExecExecutor:
@@ -187,6 +190,7 @@ class ExecExecutor:
                 )
         except ProviderError as exc:  # refused (the pod is gone, or not running) or unreachable
             return SSH_FAILED, b"", f"{exc}\n".encode()
+        _in_batches(ws)
         deadline = None if timeout is None else time.monotonic() + timeout
         out, err, status = bytearray(), bytearray(), bytearray()
         partial = [b""]
@@ -224,6 +228,10 @@ class ExecExecutor:
                 drain()
                 if sink is not None and written >= bound:
                     break  # more than it may send: stopped, refused by the caller
+                over = [n for n, b in (("stdout", out), ("stderr", err), ("status", status))
+                        if len(b) > base.MAX_OUTPUT]  # fmt: skip
+                if over:
+                    raise too_much(command, over[0])  # and the exec is closed
                 if deadline is not None and time.monotonic() > deadline:
                     raise CommandError(124, tuple(command), f"timed out after {timeout:.0f} s")
             drain()
@@ -234,6 +242,27 @@ class ExecExecutor:
         if on_output is not None and partial[0]:
             on_output(partial[0].decode("utf-8", "replace"))
         return _status(bytes(status)), bytes(out), bytes(err)
+
+
+def _in_batches(ws: Any) -> None:
+    """Make `ws.update` return after `BATCH` frames at most. The client's (37) reads every
+    frame already waiting before it returns: under a command that writes without end (a pod
+    that lies, or `yes`) it never did, and neither a bound nor a deadline of ours was checked
+    (seen). It asks `_frames_immediately_available` whether to go on; older clients do not,
+    and are unchanged."""
+    waiting = getattr(ws, "_frames_immediately_available", None)
+    if waiting is None:
+        return
+    read = [0]
+
+    def in_batch() -> bool:
+        read[0] += 1
+        if read[0] >= BATCH:
+            read[0] = 0
+            return False
+        return bool(waiting())
+
+    ws._frames_immediately_available = in_batch
 
 
 def _close(ws: Any) -> None:

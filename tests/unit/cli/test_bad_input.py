@@ -125,7 +125,7 @@ CASES = [
     (
         ["up", "--name", "x", "--provider", "fake", "--idle-minutes", "5"],
         "provider 'fake' takes no --idle-minutes (got 5.0); drop it, or choose a provider "
-        "that does: aws, azure, gcp, local, slurm, ssh",
+        "that does: aws, azure, gcp, kubernetes, local, slurm, ssh",
     ),
     (["up", "--name", "de\x1b]0;x\x07mo"], "name 'de\\x1b]0;x\\x07mo' is not a valid"),
     (

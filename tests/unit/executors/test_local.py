@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.errors import CommandError
+from cloudtrain.executors import base
 from cloudtrain.executors.local import LocalExecutor
 
 
@@ -33,6 +34,21 @@ def test_run_times_out_with_a_clear_error() -> None:
         ex.run(["sleep", "5"], timeout=0.3, on_output=lambda line: None)
     with pytest.raises(CommandError, match="No such file"):
         ex.run(["/no/such/binary"])
+
+
+def test_a_command_that_sends_too_much_is_stopped_not_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that lies may answer a command kept whole with gigabytes: past `MAX_OUTPUT` on
+    either stream it is stopped and the call fails in one line; below, output comes whole,
+    input included."""
+    monkeypatch.setattr(base, "MAX_OUTPUT", 1 << 20)
+    ex = LocalExecutor()
+    started = time.monotonic()
+    for stream in ("", ">&2"):
+        with pytest.raises(CommandError, match=r"more than 1 MiB on its std(out|err).*stopped"):
+            ex.run(["sh", "-c", f"yes {stream}"], timeout=60)
+    assert time.monotonic() - started < 30, "stopped at the bound, not at the timeout"
+    done = ex.run(["sh", "-c", "head -c 1000000 /dev/zero; cat >&2"], stdin="in" * 1000)
+    assert (len(done.stdout), done.stderr) == (1_000_000, "in" * 1000)
 
 
 def test_start_detached_outlives_the_call_and_records_its_exit(tmp_path: Path) -> None:
