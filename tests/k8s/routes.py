@@ -56,7 +56,12 @@ POD_UPDATES = (
     "set to 1 if it was previously negative)"
 )
 SUBRESOURCES = {("pods", "exec"), ("pods", "log"), ("pods", "eviction"), ("pods", "status")}
-_CORE = re.compile(r"^/api/v1(?:/namespaces/(?P<ns>[^/]+)(?=/[^/]+))?(?:/(?P<rest>.*))?$")
+#: The groups served besides the core one (``/apis/GROUP/v1/...``), with their resources.
+GROUPS = ("networking.k8s.io",)
+_CORE = re.compile(
+    r"^/(?:api/v1|apis/(?P<group>networking\.k8s\.io)/v1)"
+    r"(?:/namespaces/(?P<ns>[^/]+)(?=/[^/]+))?(?:/(?P<rest>.*))?$"
+)
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,6 @@ class Request:
 
 def target(method: str, path: str, query: dict[str, list[str]], upgrade: bool) -> Target | None:
     """The verb and resource of a request (None: not a resource path)."""
-    group = ""
     for review_group in ("authorization.k8s.io", "authentication.k8s.io"):
         if path.startswith(f"/apis/{review_group}/v1/"):
             return Target("create", path.rsplit("/", 1)[-1], group=review_group)
@@ -119,6 +123,9 @@ def target(method: str, path: str, query: dict[str, list[str]], upgrade: bool) -
     parts = (m["rest"] or "").split("/") if m["rest"] else []
     if not parts or len(parts) > 3 or parts[0] not in KINDS:
         return None
+    group = m["group"] or ""
+    if KINDS[parts[0]][2] != (f"{group}/v1" if group else "v1"):
+        return None  # not a resource of that group
     resource, name, sub = (*parts, "", "")[:3]
     if sub and (resource, sub) not in SUBRESOURCES:
         return None
@@ -164,7 +171,7 @@ def dispatch(standin: StandIn, request: Request, t: Target) -> Reply:
             200,
             {
                 "kind": f"{kind}List",
-                "apiVersion": "v1",
+                "apiVersion": KINDS[t.resource][2],
                 "metadata": {"resourceVersion": version},
                 "items": items,
             },
@@ -201,7 +208,7 @@ def dispatch(standin: StandIn, request: Request, t: Target) -> Reply:
             200,
             {
                 "kind": f"{kind}List",
-                "apiVersion": "v1",
+                "apiVersion": KINDS[t.resource][2],
                 "metadata": {"resourceVersion": str(store.rv)},
                 "items": gone,
             },
@@ -295,7 +302,7 @@ def _change(standin: StandIn, request: Request, t: Target) -> Obj:
             obj.clear()
             obj.update(new)
             obj["metadata"] = {**(new.get("metadata") or {}), **keep}
-            obj["kind"], obj["apiVersion"] = KINDS[t.resource][0], "v1"
+            obj["kind"], obj["apiVersion"] = KINDS[t.resource][0], KINDS[t.resource][2]
             if status is not None and t.resource not in ("events",):
                 obj["status"] = status
 
@@ -439,7 +446,7 @@ def discovery(path: str, address: str) -> Obj | None:
                 "versions": [{"groupVersion": f"{g}/v1", "version": "v1"}],
                 "preferredVersion": {"groupVersion": f"{g}/v1", "version": "v1"},
             }
-            for g in ("authentication.k8s.io", "authorization.k8s.io", "policy")
+            for g in ("authentication.k8s.io", "authorization.k8s.io", "policy", *GROUPS)
         ]
         return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
     if path == "/api/v1":
@@ -460,7 +467,8 @@ def discovery(path: str, address: str) -> Obj | None:
                     "watch",
                 ],
             }
-            for r, (k, ns, _) in KINDS.items()
+            for r, (k, ns, version) in KINDS.items()
+            if version == "v1"
         ]
         resources += [
             {"name": f"pods/{s}", "singularName": "", "namespaced": True, "kind": k, "verbs": v}

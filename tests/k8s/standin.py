@@ -64,7 +64,7 @@ from tests.tls import certificate, serve_tls
 
 USER = "system:serviceaccount:default:cloudtrain"
 A100 = "NVIDIA-A100-SXM4-80GB"
-KEPT = ("pods", "services", "secrets", "configmaps")
+KEPT = ("pods", "services", "secrets", "configmaps", "networkpolicies")
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ KINDS: dict[str, tuple[str, bool, str]] = {
     "configmaps": ("ConfigMap", True, "v1"),
     "events": ("Event", True, "v1"),
     "resourcequotas": ("ResourceQuota", True, "v1"),
+    "networkpolicies": ("NetworkPolicy", True, "networking.k8s.io/v1"),
 }
 #: What `FieldSelector` accepts per kind, beyond ``metadata.name`` and ``metadata.namespace``.
 FIELDS: dict[str, tuple[str, ...]] = {

@@ -120,8 +120,9 @@ def test_the_guides_role_is_the_one_checked() -> None:
     [block] = re.findall(r"```yaml\n(kind: Role.*?|apiVersion: rbac.*?)```", guide, re.S)
     role = yaml.safe_load(block)
     granted = {
-        tuple((*resource.split("/"), "")[:2]): tuple(rule["verbs"])
+        (group, *(*resource.split("/"), "")[:2]): tuple(rule["verbs"])
         for rule in role["rules"]
+        for group in rule["apiGroups"]
         for resource in rule["resources"]
     }
     assert granted == RULES

@@ -50,7 +50,17 @@ def test_pods_are_nodes_found_by_label_and_down_leaves_nothing(
     assert [(n.index, n.private_ip, n.root) for n in again] == [
         (n.index, n.private_ip, n.root) for n in nodes
     ]
-    assert prov.leftovers("kp") == ["service kp-nodes"]
+    assert prov.leftovers("kp") == ["service kp-nodes", "network policy kp-nodes"]
+    # the pods take traffic from the cluster's own pods alone: its listeners stay its own
+    [policy] = k8s.store.all("networkpolicies", "default")
+    labels = dict(k8s.store.need("pods", "default", "kp-0")["metadata"]["labels"])
+    del labels["cloudtrain.dev/node"]
+    own = {"matchLabels": labels}
+    assert policy["spec"] == {
+        "podSelector": own,
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": own}]}],
+    }
 
     prov.terminate("kp", "c0ffee000001")
     prov.terminate("kp", "c0ffee000001")  # idempotent
@@ -191,6 +201,14 @@ def test_a_verb_the_role_lacks_or_a_quota_is_one_line_and_makes_nothing(
     k8s.forbid("create", "pods")
     with pytest.raises(AuthError, match=r'cannot create resource "pods" in API group ""'):
         prov.apply(prov.plan(spec("nope", nodes=2)))
+    assert k8s.is_empty(), k8s.leftovers()
+
+    k8s.reset()  # no pod listens before its NetworkPolicy is there
+    k8s.add_node("n1", gpus=8)
+    k8s.forbid("create", "networkpolicies")
+    with pytest.raises(AuthError, match=r'cannot create resource "networkpolicies" in API grou'):
+        prov.apply(prov.plan(spec("open", nodes=2)))
+    assert k8s.calls("create", "pods") == []
     assert k8s.is_empty(), k8s.leftovers()
 
     k8s.reset()

@@ -55,7 +55,7 @@ def test_the_plan_is_the_request_with_the_defaults_per_gpu(
     requests: dict[str, str],
 ) -> None:
     plan = provider(tmp_path, **options).plan(spec("dflt", nodes=2, gpus=gpus))
-    _, *pods = plan.requests
+    _, _, *pods = plan.requests  # the Service, the NetworkPolicy, the pods
     assert [container(p)["resources"]["requests"] for p in pods] == [requests, requests]
     limits = {k: v for k, v in requests.items() if k == "nvidia.com/gpu"}
     assert all(container(p)["resources"].get("limits", {}) == limits for p in pods)

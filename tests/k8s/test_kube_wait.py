@@ -76,7 +76,7 @@ def test_up_and_down_make_a_constant_number_of_lists_and_watches(
         start = len(k8s.calls())
         prov.terminate(name, "c0ffee000001")
         seen[count] = (up, calls_of(k8s, start))
-        assert up["create"] == count + 1, "the pods and one Service"
+        assert up["create"] == count + 2, "the pods, one Service, one NetworkPolicy"
     assert k8s.is_empty(), k8s.leftovers()
     for phase in (0, 1):  # up, down
         few, many = (seen[n][phase] for n in (2, 6))

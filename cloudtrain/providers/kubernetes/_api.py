@@ -103,6 +103,7 @@ class Api:
                 "letters, digits and '-', a letter or digit at each end)"
             )
         self.core = k8s.client.CoreV1Api(self.client)
+        self.net = k8s.client.NetworkingV1Api(self.client)
         self.host = str(self.client.configuration.host)
 
     @contextlib.contextmanager

@@ -37,13 +37,16 @@ CREDENTIALS_FIX = (
     "get-credentials`, `az aks get-credentials`), or choose another with --context"
 )
 GUIDE = "docs/guide/kubernetes.md"
-#: The Role a namespace must grant (the guide's): (resource, subresource) → verbs.
-RULES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("pods", ""): ("get", "list", "watch", "create", "delete", "deletecollection", "patch"),
-    ("pods", "exec"): ("create", "get"),
-    ("pods", "log"): ("get",),
-    ("services", ""): ("get", "list", "create", "delete"),
-}
+#: The Role a namespace must grant (the guide's): (API group, resource, subresource) → verbs.
+RULES: dict[tuple[str, str, str], tuple[str, ...]] = {
+    ("", "pods", ""): ("get", "list", "watch", "create", "delete", "deletecollection", "patch"),
+    ("", "pods", "exec"): ("create", "get"),
+    ("", "pods", "log"): ("get",),
+    ("", "services", ""): ("get", "list", "create", "delete"),
+    ("networking.k8s.io", "networkpolicies", ""): (
+        "get", "list", "create", "delete", "deletecollection",
+    ),
+}  # fmt: skip
 #: The quotas read: the key in a ResourceQuota's ``hard`` → the unit, and what one node takes.
 GPUS, PODS = "requests.nvidia.com/gpu", "pods"
 
@@ -78,7 +81,7 @@ def _denied(api: Api) -> list[Finding]:
     asked = [(res, verb) for res, verbs in RULES.items() for verb in verbs]
     with ThreadPoolExecutor(max_workers=8) as pool:
         answers = list(pool.map(lambda rv: _may(api, *rv), asked))
-    denied: dict[tuple[str, str], list[str]] = {}
+    denied: dict[tuple[str, str, str], list[str]] = {}
     for (res, verb), allowed in zip(asked, answers, strict=True):
         if allowed is False:
             denied.setdefault(res, []).append(verb)
@@ -88,8 +91,7 @@ def _denied(api: Api) -> list[Finding]:
             ]
     return [
         Finding(
-            f"may not {', '.join(verbs)} {'/'.join(filter(None, res))} in namespace "
-            f"{api.namespace}",
+            f"may not {', '.join(verbs)} {_named(res)} in namespace {api.namespace}",
             f"ask for the Role in {GUIDE} (`kubectl auth can-i --list -n {api.namespace}` "
             "shows what these credentials may do)",
             blocks=True,
@@ -98,10 +100,18 @@ def _denied(api: Api) -> list[Finding]:
     ]
 
 
-def _may(api: Api, res: tuple[str, str], verb: str) -> bool | CloudtrainError:
+def _named(res: tuple[str, str, str]) -> str:
+    """``pods/exec``, ``networkpolicies.networking.k8s.io``: as RBAC names them."""
+    group, resource, subresource = res
+    return "/".join(filter(None, (".".join(filter(None, (resource, group))), subresource)))
+
+
+def _may(api: Api, res: tuple[str, str, str], verb: str) -> bool | CloudtrainError:
     k8s = client_module()
-    resource, subresource = res
+    group, resource, subresource = res
     attributes = {"namespace": api.namespace, "verb": verb, "resource": resource}
+    if group:
+        attributes["group"] = group
     if subresource:
         attributes["subresource"] = subresource
     review = {
@@ -110,7 +120,7 @@ def _may(api: Api, res: tuple[str, str], verb: str) -> bool | CloudtrainError:
         "spec": {"resourceAttributes": attributes},
     }
     try:
-        with api.calling(f"ask whether {verb} {'/'.join(filter(None, res))} is allowed"):
+        with api.calling(f"ask whether {verb} {_named(res)} is allowed"):
             done = k8s.client.AuthorizationV1Api(api.client).create_self_subject_access_review(
                 review
             )

@@ -226,3 +226,25 @@ def service(cluster: str, owner: str, cluster_id: str | None) -> dict[str, Any]:
             "publishNotReadyAddresses": True,
         },
     }
+
+
+def network_policy(cluster: str, owner: str, cluster_id: str | None) -> dict[str, Any]:
+    """The NetworkPolicy that keeps the cluster's listeners its own: its pods take traffic
+    from its pods alone (the rendezvous, the collectives' sockets), as a cloud cluster's
+    security group does. Exec goes through the API server and the kubelet, not the pod
+    network, so commands are not held by it; egress is left as the namespace has it."""
+    own = {"matchLabels": labels(cluster, owner, cluster_id)}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": service_name(cluster),
+            "labels": labels(cluster, owner, cluster_id),
+            "annotations": {LABEL_OWNER: owner},
+        },
+        "spec": {
+            "podSelector": own,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": own}]}],
+        },
+    }

@@ -95,7 +95,8 @@ class KubernetesProvider:
         )  # fmt: skip
         requests = [self._pod(spec, i, image, selector, asked) for i in range(spec.num_nodes)]
         service = _pods.service(spec.name, self.owner, spec.cluster_id)
-        return Plan(spec=spec, offers=(offer,), requests=(service, *requests))
+        policy = _pods.network_policy(spec.name, self.owner, spec.cluster_id)
+        return Plan(spec=spec, offers=(offer,), requests=(service, policy, *requests))
 
     def _pod(
         self,
@@ -119,10 +120,11 @@ class KubernetesProvider:
         self._delete([p.metadata.name for p in ended])  # a node lost: made again below
         self._until_gone(spec.name, spec.cluster_id, {p.metadata.name for p in ended})
         live = {_read.index(p) for p in self._pods(spec.name, spec.cluster_id)}
-        service, *pods = plan.requests
+        service, policy, *pods = plan.requests
         made: list[str] = []
         try:
             self._create("service", service)
+            self._create("network policy", policy)  # before a pod listens
             for index, body in enumerate(pods):
                 if index not in live and self._create("pod", body):
                     made.append(str(body["metadata"]["name"]))
@@ -147,18 +149,22 @@ class KubernetesProvider:
         with contextlib.suppress(ProviderError):
             left = {p.metadata.name for p in self._pods(spec.name, spec.cluster_id)}
             if left <= set(made):  # none but those going: the Service is this apply's too
-                self._delete_services(spec.name, spec.cluster_id)
+                self._delete_shared(spec.name, spec.cluster_id)
 
     def _create(self, kind: str, body: Mapping[str, Any]) -> bool:
-        """Create the pod or service `body`; False when this cluster's exists already
-        (another `apply` made it: 409); `ConfigError` when the object of that name is not this
-        cluster's (someone's pod or service made by hand), or the namespace is not there."""
-        core, namespace, name = self.api.core, self.api.namespace, body["metadata"]["name"]
-        create, read = (
-            (core.create_namespaced_pod, core.read_namespaced_pod)
-            if kind == "pod"
-            else (core.create_namespaced_service, core.read_namespaced_service)
-        )
+        """Create the pod, service or network policy `body`; False when this cluster's exists
+        already (another `apply` made it: 409); `ConfigError` when the object of that name is
+        not this cluster's (made by hand), or the namespace is not there."""
+        core, net = self.api.core, self.api.net
+        namespace, name = self.api.namespace, body["metadata"]["name"]
+        create, read = {
+            "pod": (core.create_namespaced_pod, core.read_namespaced_pod),
+            "service": (core.create_namespaced_service, core.read_namespaced_service),
+            "network policy": (
+                net.create_namespaced_network_policy,
+                net.read_namespaced_network_policy,
+            ),
+        }[kind]
         try:
             with self.api.calling(f"create {kind} {name}"):
                 create(namespace, dict(body))
@@ -237,7 +243,7 @@ class KubernetesProvider:
                     _preload_content=False,
                 )
             )
-        self._delete_services(cluster, cluster_id)
+        self._delete_shared(cluster, cluster_id)
         self._until_gone(cluster, cluster_id, None)
 
     def clusters(self) -> list[str]:
@@ -248,13 +254,20 @@ class KubernetesProvider:
         )
 
     def leftovers(self, cluster: str, cluster_id: str | None = None) -> list[str]:
-        """The cluster's Service, and pods that ended (a node lost: not a node any more)."""
+        """The cluster's Service and NetworkPolicy, and pods that ended (a node lost: not a
+        node any more)."""
         found = [
             f"pod {p.metadata.name} ({p.status.phase})"
             for p in self._pods(cluster, cluster_id)
             if _read.ended(p)
         ]
-        return found + [f"service {s.metadata.name}" for s in self._services(cluster, cluster_id)]
+        selector = _pods.selector(cluster, self.owner, cluster_id)
+        with self.api.calling(f"list the network policies of {cluster!r}"):
+            policies = self.api.net.list_namespaced_network_policy(
+                self.api.namespace, label_selector=selector
+            ).items
+        found += [f"service {s.metadata.name}" for s in self._services(cluster, cluster_id)]
+        return found + [f"network policy {p.metadata.name}" for p in policies]
 
     def executor(self, node: NodeInfo) -> ExecExecutor:
         pod = node.extra.get("pod")
@@ -321,7 +334,15 @@ class KubernetesProvider:
             except NotFound:
                 pass  # gone already
 
-    def _delete_services(self, cluster: str, cluster_id: str | None) -> None:
+    def _delete_shared(self, cluster: str, cluster_id: str | None) -> None:
+        """Delete the cluster's NetworkPolicy, then its Service (what `clusters` finds last)."""
+        selector = _pods.selector(cluster, self.owner, cluster_id)
+        with self.api.calling(f"delete the network policy of {cluster!r}"):
+            _drain(
+                self.api.net.delete_collection_namespaced_network_policy(
+                    self.api.namespace, label_selector=selector, _preload_content=False
+                )
+            )
         for s in self._services(cluster, cluster_id):
             try:
                 with self.api.calling(f"delete service {s.metadata.name}"):
