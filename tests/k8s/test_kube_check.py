@@ -163,3 +163,27 @@ def test_an_api_server_that_does_not_answer_is_one_line_for_check_and_up(
     assert "does not answer" in line
     assert "Traceback" not in up.output
     assert run_cli("status", "--json").output.count('"name"') == 0, "no record"
+
+
+def test_cpu_and_memory_quotas_count_what_the_pods_ask(k8s: StandIn, run_cli: Cli) -> None:
+    """A pod of A100:4 asks 8 CPUs and 32Gi by default (`_pods.requests`): a quota of 20 CPUs
+    and 100Gi leaves room for 2 of them; and a quota that makes pods set CPU limits, which
+    cloudtrain's do not, refuses `up` as a quota, in one line."""
+    k8s.set_quota("default", "box", {"requests.cpu": "20", "requests.memory": "100Gi"})
+    code, found = check(run_cli, "--gpus", "A100:4")
+    assert code == 0
+    quotas = {q["name"]: q for q in found["quotas"]}
+    assert quotas["ResourceQuota box: requests.memory"]["limit"] == 100
+    assert quotas["ResourceQuota box: requests.memory"]["unit"] == "GiB"
+    assert quotas["ResourceQuota box: requests.cpu"]["unit"] == "CPUs"
+    assert [r["nodes"] for r in found["room"]] == [2]
+
+    k8s.set_quota("default", "box", {"limits.cpu": "20"})
+    k8s.add_node("n1", gpus=0)
+    up = run_cli("up", "--provider", "kubernetes", "--name", "lim")
+    assert up.exit_code != 0
+    [line] = [t for t in up.output.splitlines() if t.startswith("error:")]
+    assert "QuotaExceeded" in line
+    assert "failed quota: box: must specify cpu" in line
+    assert k8s.calls("create", "pods")
+    assert k8s.is_empty(), k8s.leftovers()

@@ -160,7 +160,7 @@ class Api:
                 "Unauthorized",
                 f"{what}: {self.where} is not accepted by {self.host} ({said})",
             )
-        if status == 403 and "exceeded quota" in said:
+        if status == 403 and ("exceeded quota" in said or "failed quota" in said):
             return QuotaError(NAME, "QuotaExceeded", f"{what}: {said}")
         if status == 403:
             return AuthError(NAME, "Forbidden", f"{what}: {said}")

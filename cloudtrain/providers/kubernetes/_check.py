@@ -9,8 +9,9 @@ Calls, all read-only (a review creates nothing that stays):
     SelfSubjectAccessReview,     each verb of the Role the namespace must grant (`RULES`, the
     one per verb                 guide's Role): a verb denied blocks `up`, so the cluster is
                                  not usable until it is granted
-    ResourceQuota list           the namespace's quotas on GPUs (``requests.nvidia.com/gpu``)
-                                 and pods, with what is used
+    ResourceQuota list           the namespace's quotas on GPUs (``requests.nvidia.com/gpu``),
+                                 pods, and CPU and memory requests (of the pods' defaults,
+                                 `_pods.requests`), with what is used
 
 A quota that cannot be read is a finding, not a failure; only the identity call decides
 whether the credentials are valid.
@@ -18,13 +19,14 @@ whether the credentials are valid.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.check import GLOBAL, Finding, Quota, Report, unread
 from cloudtrain.errors import CloudtrainError
-from cloudtrain.providers.kubernetes import _quantity
+from cloudtrain.providers.kubernetes import _pods, _quantity
 from cloudtrain.providers.kubernetes._api import Api, NotFound, client_module
 
 if TYPE_CHECKING:
@@ -47,8 +49,9 @@ RULES: dict[tuple[str, str, str], tuple[str, ...]] = {
         "get", "list", "create", "delete", "deletecollection",
     ),
 }  # fmt: skip
-#: The quotas read: the key in a ResourceQuota's ``hard`` → the unit, and what one node takes.
+#: The quotas read besides CPU and memory requests: keys of a ResourceQuota's ``hard``.
 GPUS, PODS = "requests.nvidia.com/gpu", "pods"
+GIB = 1 << 30
 
 
 def check(options: Mapping[str, Any], rows: Sequence[InstanceType]) -> Report:
@@ -133,15 +136,24 @@ def _quotas(api: Api, rows: Sequence[InstanceType]) -> list[Quota]:
     """The namespace's quotas on GPUs and pods; `needs`: what one node of each row takes."""
     with api.calling(f"list the resource quotas of namespace {api.namespace}"):
         found = api.core.list_namespaced_resource_quota(api.namespace).items
-    needs = {
-        GPUS: ("GPUs", tuple((r.instance_type, r.accelerator_count) for r in rows)),
-        PODS: ("pods", tuple((r.instance_type, 1) for r in rows)),
+    asked = {r.instance_type: _pods.requests(None, None, r.accelerator_count) for r in rows}
+
+    def each(key: str, scale: int = 1) -> tuple[tuple[str, int], ...]:
+        return tuple(
+            (t, math.ceil((_quantity.parse(a[key]) or 0) / scale)) for t, a in asked.items()
+        )
+
+    needs = {  # key: unit, what one node of each row takes, and the unit's size
+        GPUS: ("GPUs", tuple((r.instance_type, r.accelerator_count) for r in rows), 1),
+        PODS: ("pods", tuple((r.instance_type, 1) for r in rows), 1),
+        "requests.cpu": ("CPUs", each("cpu"), 1),
+        "requests.memory": ("GiB", each("memory", GIB), GIB),
     }
     quotas = []
     for q in found:
         hard = (q.status.hard if q.status else None) or (q.spec.hard if q.spec else None) or {}
         used = (q.status.used if q.status else None) or {}
-        for key, (unit, takes) in needs.items():
+        for key, (unit, takes, scale) in needs.items():
             limit = _quantity.parse(str(hard.get(key, "")))
             if limit is None:
                 continue
@@ -150,8 +162,8 @@ def _quotas(api: Api, rows: Sequence[InstanceType]) -> list[Quota]:
                 Quota(
                     GLOBAL,
                     f"ResourceQuota {q.metadata.name}: {key}",
-                    float(limit),
-                    None if spent is None else float(spent),
+                    float(limit / scale),
+                    None if spent is None else float(spent / scale),
                     unit,
                     needs=takes,
                     how=f"ask the cluster's admins (namespace {api.namespace})",
