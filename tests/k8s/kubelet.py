@@ -353,13 +353,27 @@ class Kubelet:
             if c.current is not None and c.current.proc is proc:
                 self._event(run, c, "Normal", "Killing", f"Stopping container {c.name}")
 
+    def _members(self, sessions: set[int]) -> list[int]:
+        """The live processes of `sessions` that are this kubelet's. A session is named by its
+        leader's PID, which the system gives again once that leader is reaped (a long run
+        wraps 32768 PIDs): where the containers' cgroups exist, only processes in them count,
+        so a stale session never names someone else's process (a Slurm daemon, another
+        pod's exec: seen in CI, killed)."""
+        found = members(sessions)
+        if self.groups.top is None:
+            return found  # no cgroups (not root): sessions are all there is to go by
+        ours = set(self.groups.pids())
+        return [pid for pid in found if pid in ours]
+
     def _kill(self, session: int, sig: int) -> None:
         """`sig` to the process group `session` leads and, for SIGKILL, to every process of
-        its session (a child may have moved to a process group of its own)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(session, sig)
-        if sig == signal.SIGKILL:
-            for pid in members({session}):
+        its session (a child may have moved to a process group of its own); with cgroups, to
+        the session's processes in them alone (`_members`)."""
+        if self.groups.top is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(session, sig)
+        if sig == signal.SIGKILL or self.groups.top is not None:
+            for pid in self._members({session}):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
 
@@ -372,7 +386,7 @@ class Kubelet:
         while True:
             for session in sessions:
                 self._kill(session, signal.SIGKILL)
-            if not members(sessions) or time.monotonic() > deadline:
+            if not self._members(sessions) or time.monotonic() > deadline:
                 return
             time.sleep(0.02)
 
@@ -384,13 +398,15 @@ class Kubelet:
         with self.lock:
             sessions = set(self.sessions)
         self._kill_dead(sessions, "")
+        with self.lock:  # all dead: their numbers are the system's to give again
+            self.sessions -= sessions
 
     def alive(self) -> list[int]:
         """PIDs of live (not zombie) processes in the sessions this kubelet started, or in its
         containers' cgroups (in any session)."""
         with self.lock:
             sessions = set(self.sessions)
-        return sorted(set(members(sessions)) | set(self.groups.pids()))
+        return sorted(set(self._members(sessions)) | set(self.groups.pids()))
 
     def pids(self, namespace: str, name: str) -> dict[str, int]:
         """The PID of each running container's main process."""
