@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -139,6 +140,18 @@ def wait_for(predicate: Any, timeout: float = 60, what: str = "condition") -> No
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def came_back_on_all(out: str) -> None:
+    """An elastic job's output after a lost node: it was made again, the job started again on
+    all nodes, resumed from epoch 2 or later, and ended at a test accuracy of 0.9 or more."""
+    assert re.search(r"node 1 is back after \d+\.\d s; the job starts again on all", out), out
+    resumed = [int(e) for e in re.findall(r"resumed from epoch (\d+)", out)]
+    assert resumed, out
+    assert resumed[-1] >= 2, out
+    accuracy = re.search(r"final test accuracy: ([\d.]+)", out)
+    assert accuracy, out
+    assert float(accuracy.group(1)) >= 0.9, out
 
 
 def require(found: bool, why: str) -> None:
